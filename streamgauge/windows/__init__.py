@@ -1,0 +1,1 @@
+"""streamgauge.windows"""
