@@ -1,3 +1,3 @@
-"""streamgauge: StatsD metrics → durable segment log → Spark event-time windows → PostgreSQL → Grafana."""
+"""streamgauge: StatsD metrics → segment log → Spark event-time windows → PostgreSQL → Grafana."""
 
 __version__ = "0.1.0"

@@ -1,0 +1,425 @@
+"""``streamgauge``: run | ingest | process | validate | send | query | status.
+
+``run`` is the whole daemon on one machine: an embedded PostgreSQL (unless ``--postgres-url``),
+one UDP receiver process writing the segment log, and the Spark window job in this process.
+``ingest`` and ``process`` run the two halves alone, for several hosts sharing one spool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import decimal
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from streamgauge.clock import SystemClock
+
+DEFAULT_CONFIG = "configs/quickstart.yaml"
+DEFAULT_DATA_DIR = "streamgauge-data"
+DEFAULT_LISTEN = "127.0.0.1:8125"
+DEFAULT_MASTER = "local[*]"
+RECEIVER_NAME = "udp-0"
+
+log = logging.getLogger("streamgauge")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    handler: Any = args.handler
+    return int(handler(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamgauge", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, *, config: bool = True) -> None:
+        if config:
+            p.add_argument("--config", default=DEFAULT_CONFIG, help="window config YAML")
+        p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, type=Path,
+                       help="segment log, checkpoints, embedded PostgreSQL (default ./%(default)s)")
+        p.add_argument("-v", "--verbose", action="store_true")
+
+    run = commands.add_parser("run", help="the whole daemon: receivers, Spark job, store")
+    common(run)
+    run.add_argument("--listen", default=DEFAULT_LISTEN, help="UDP HOST:PORT (default %(default)s)")
+    run.add_argument("--postgres-url", help="use this PostgreSQL instead of the embedded one")
+    run.add_argument("--pg-port", type=int, help="TCP port of the embedded PostgreSQL")
+    run.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
+    run.add_argument("--trigger", default="0.5 seconds", help="micro-batch interval")
+    run.set_defaults(handler=cmd_run)
+
+    ingest = commands.add_parser("ingest", help="UDP receiver only, writing the segment log")
+    common(ingest)
+    ingest.add_argument("--listen", default=DEFAULT_LISTEN)
+    ingest.add_argument("--receiver", default=RECEIVER_NAME, help="stream name in the spool")
+    ingest.add_argument("--inherit-fd", type=int, help=argparse.SUPPRESS)
+    ingest.set_defaults(handler=cmd_ingest)
+
+    process = commands.add_parser("process", help="Spark window job only, reading the spool")
+    common(process)
+    process.add_argument("--postgres-url")
+    process.add_argument("--pg-port", type=int)
+    process.add_argument("--master", default=DEFAULT_MASTER)
+    process.add_argument("--trigger", default="0.5 seconds")
+    process.set_defaults(handler=cmd_process)
+
+    validate = commands.add_parser("validate", help="check a config; print the compiled form")
+    validate.add_argument("file")
+    validate.set_defaults(handler=cmd_validate)
+
+    send = commands.add_parser("send", help="send StatsD lines over UDP")
+    send.add_argument("lines", nargs="+", help="lines such as 'api.requests:1|c'; - reads stdin")
+    send.add_argument("--to", default=DEFAULT_LISTEN, help="HOST:PORT (default %(default)s)")
+    send.set_defaults(handler=cmd_send)
+
+    query = commands.add_parser("query", help="run SQL against the result store")
+    query.add_argument("sql")
+    where = query.add_mutually_exclusive_group()
+    where.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
+    where.add_argument("--postgres-url")
+    query.add_argument("--json", action="store_true", help="one JSON object per row")
+    query.set_defaults(handler=cmd_query)
+
+    status = commands.add_parser("status", help="what a running daemon is doing")
+    status.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
+    status.set_defaults(handler=cmd_status)
+    return parser
+
+
+# -- validate -----------------------------------------------------------------------------------
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from streamgauge.configs import ConfigError, load_config
+
+    try:
+        config = load_config(args.file)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        print(f"{args.file}: {len(error.issues)} error(s)", file=sys.stderr)
+        return 1
+    print(yaml.safe_dump(config.to_canonical_dict(), sort_keys=False), end="")
+    return 0
+
+
+def _load_config_or_exit(path: str) -> Any:
+    from streamgauge.configs import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+# -- run / ingest / process ---------------------------------------------------------------------
+
+
+class StopRequested:
+    """Turns SIGINT/SIGTERM into a flag the supervising loop polls."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signal = signum
+
+    def __bool__(self) -> bool:
+        return self.signal is not None
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from streamgauge.ingest.process import IngestSettings, parse_listen, run_ingest
+
+    config = _load_config_or_exit(args.config)
+    settings = IngestSettings(args.data_dir.resolve(), args.receiver, config.pane_ms)
+    sock = None
+    if args.inherit_fd is not None:
+        sock = socket.socket(fileno=args.inherit_fd)
+    run_ingest(settings, sock=sock, listen=parse_listen(args.listen))
+    return 0
+
+
+def _start_store(args: argparse.Namespace, data_dir: Path) -> tuple[str, Any]:
+    """The store URL, and the embedded server to stop afterwards (None if external)."""
+    if args.postgres_url:
+        return str(args.postgres_url), None
+    from streamgauge.sinks.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(data_dir, port=args.pg_port)
+    return server.start(), server
+
+
+class WindowJob:
+    """The Spark half of the daemon: session, one query per window, clean shutdown."""
+
+    def __init__(self, args: argparse.Namespace, config: Any, data_dir: Path, url: str) -> None:
+        from streamgauge.sinks.store import ResultStore
+        from streamgauge.windows.job import JobPaths, start_window_queries
+        from streamgauge.windows.session import build_spark_session
+
+        store = ResultStore(url)
+        store.ensure_schema()
+        store.close()
+        self.spark = build_spark_session(args.master)
+        paths = JobPaths(spool=data_dir / "spool", checkpoints=data_dir / "checkpoints")
+        paths.spool.mkdir(parents=True, exist_ok=True)
+        self.queries = start_window_queries(
+            self.spark, config, paths, lambda: ResultStore(url), SystemClock(),
+            trigger_interval=args.trigger,
+        )
+
+    @property
+    def ui_url(self) -> str | None:
+        return self.spark.sparkContext.uiWebUrl
+
+    def failure(self) -> str | None:
+        for query in self.queries:
+            if not query.isActive:
+                error = query.exception()
+                return f"query {query.name} stopped: {error or 'no error reported'}"
+        return None
+
+    def stop(self, *, drain: bool) -> None:
+        for query in self.queries:
+            if drain and query.isActive:
+                # Everything the receivers flushed is in the spool: process it before stopping.
+                query.processAllAvailable()
+            query.stop()
+        self.spark.stop()
+
+
+def cmd_process(args: argparse.Namespace) -> int:
+    config = _load_config_or_exit(args.config)
+    data_dir = args.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    stop = StopRequested()
+    url, server = _start_store(args, data_dir)
+    try:
+        job = WindowJob(args, config, data_dir, url)
+        print(f"spark ui: {job.ui_url}", flush=True)
+        failure = _supervise(stop, job, ingest=None)
+        job.stop(drain=failure is None)
+        return 0 if failure is None else 1
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from streamgauge.ingest.process import parse_listen
+    from streamgauge.ingest.receiver import bind_udp
+    from streamgauge.redaction import redact_url
+
+    config = _load_config_or_exit(args.config)
+    data_dir = args.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    run_file = data_dir / "run.json"
+    run_file.unlink(missing_ok=True)
+    stop = StopRequested()
+    host, port = parse_listen(args.listen)
+    sock = bind_udp(host, port)  # bound here so a busy port fails before anything starts
+    udp = f"{sock.getsockname()[0]}:{sock.getsockname()[1]}"
+    url, server = _start_store(args, data_dir)
+    ingest: subprocess.Popen[bytes] | None = None
+    job: WindowJob | None = None
+    failure: str | None = None
+    try:
+        ingest = subprocess.Popen(
+            [sys.executable, "-m", "streamgauge", "ingest", "--config", str(args.config),
+             "--data-dir", str(data_dir), "--receiver", RECEIVER_NAME,
+             "--inherit-fd", str(sock.fileno())],
+            pass_fds=[sock.fileno()],
+        )
+        sock.close()
+        job = WindowJob(args, config, data_dir, url)
+        info = {
+            "udp": udp,
+            "postgres_url": url,
+            "spark_ui": job.ui_url,
+            "data_dir": str(data_dir),
+            "config": str(Path(args.config).resolve()),
+            "config_name": config.name,
+            "pid": os.getpid(),
+            "ingest_pid": ingest.pid,
+        }
+        _write_private_json(run_file, info)
+        print(
+            f"streamgauge {config.name}: udp {udp} | postgres {redact_url(url)} | "
+            f"spark ui {job.ui_url} | data {data_dir}\n"
+            f"  send:  streamgauge send 'api.requests:1|c' --to {udp}\n"
+            f"  query: streamgauge query --data-dir {data_dir} 'select * from window_results'",
+            flush=True,
+        )
+        failure = _supervise(stop, job, ingest)
+    finally:
+        failure = _shutdown(ingest, job, server, failure) or failure
+        run_file.unlink(missing_ok=True)
+    if failure:
+        log.error("%s", failure)
+        return 1
+    return 0
+
+
+def _supervise(
+    stop: StopRequested, job: WindowJob, ingest: subprocess.Popen[bytes] | None
+) -> str | None:
+    while not stop:
+        if ingest is not None and ingest.poll() is not None:
+            return f"ingest process exited with status {ingest.returncode}"
+        failure = job.failure()
+        if failure:
+            return failure
+        time.sleep(0.2)
+    log.info("signal %s: stopping", stop.signal)
+    return None
+
+
+def _shutdown(
+    ingest: subprocess.Popen[bytes] | None, job: WindowJob | None, server: Any, failure: str | None
+) -> str | None:
+    """Stop in data-path order so what was received reaches the store: receivers flush their
+    last segment, the job processes what is in the spool, then the store stops."""
+    problem = None
+    if ingest is not None and ingest.poll() is None:
+        ingest.send_signal(signal.SIGTERM)
+        try:
+            ingest.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            ingest.kill()
+            problem = "ingest did not stop within 30 s and was killed"
+    if job is not None:
+        try:
+            job.stop(drain=failure is None)
+        except Exception as error:  # noqa: BLE001 - report, then still stop the store
+            problem = f"stopping the Spark job failed: {error}"
+    if server is not None:
+        server.stop()
+    return problem
+
+
+def _write_private_json(path: Path, payload: dict[str, Any]) -> None:
+    """run.json holds the store password: create it readable by the owner only."""
+    temporary = path.with_suffix(".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle, indent=2)
+    os.replace(temporary, path)
+
+
+# -- send / query / status ----------------------------------------------------------------------
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    import statsd
+
+    from streamgauge.ingest.process import parse_listen
+
+    host, port = parse_listen(args.to)
+    lines = [line for arg in args.lines for line in _expand_stdin(arg)]
+    client = statsd.StatsClient(host, port)
+    # The client's incr/timing/gauge sample client-side and rewrite the line; `send` must put
+    # each line on the wire exactly as given, so it uses the client's transport directly.
+    for line in lines:
+        client._send(line)
+    client.close()
+    print(f"sent {len(lines)} line(s) to {host}:{port}", file=sys.stderr)
+    return 0
+
+
+def _expand_stdin(arg: str) -> list[str]:
+    if arg != "-":
+        return [arg]
+    return [line.rstrip("\n") for line in sys.stdin if line.strip()]
+
+
+def _resolve_url(data_dir: Path | None, url: str | None) -> str:
+    if url:
+        return url
+    assert data_dir is not None
+    run_file = data_dir / "run.json"
+    if run_file.exists():
+        return str(json.loads(run_file.read_text())["postgres_url"])
+    from streamgauge.sinks.embedded import read_connection_url
+
+    found = read_connection_url(data_dir)
+    if found is None:
+        raise SystemExit(
+            f"no store found under {data_dir}: start `streamgauge run --data-dir {data_dir}` "
+            "or pass --postgres-url"
+        )
+    return found
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from streamgauge.sinks.store import run_sql
+
+    url = _resolve_url(args.data_dir, args.postgres_url)
+    columns, rows = run_sql(url, args.sql)
+    if args.json:
+        for row in rows:
+            print(json.dumps(dict(zip(columns, row, strict=True)), default=_json_value))
+        return 0
+    if columns:
+        print("\t".join(columns))
+    for row in rows:
+        print("\t".join("" if v is None else str(_json_value(v)) for v in row))
+    return 0
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True) if not isinstance(value, dict) else value
+    return value
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from streamgauge.ingest.log import describe_spool
+    from streamgauge.redaction import redact_url
+
+    data_dir = args.data_dir.resolve()
+    report: dict[str, Any] = {"data_dir": str(data_dir)}
+    run_file = data_dir / "run.json"
+    if run_file.exists():
+        running = json.loads(run_file.read_text())
+        running["postgres_url"] = redact_url(running["postgres_url"])
+        report["running"] = running
+    report["spool"] = describe_spool(data_dir / "spool")
+    ingest_dir = data_dir / "ingest"
+    if ingest_dir.exists():
+        report["ingest"] = {
+            p.stem: json.loads(p.read_text()) for p in sorted(ingest_dir.glob("*.json"))
+        }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,422 @@
+"""The compiled window config: the frozen description the windowing job, sinks and Grafana read.
+
+``WindowSpec`` and ``PipelineConfig`` check themselves at construction with the same rules the
+YAML loader reports (``config_problems``), so a spec built in Python by a test or by the Spark
+job is held to exactly what a YAML file is held to, and no consumer re-checks anything.
+
+The rules run on ``WindowDraft``s, windows in which any value may be missing, rather than on
+finished specs: the loader has to keep checking a window whose ``size`` was unreadable, so that
+a user sees every mistake in one run instead of one per run.
+
+Windows are half-open ``[start, end)`` on event time. All durations are integer milliseconds.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from streamgauge.configs.durations import format_duration_ms
+
+WindowKind = Literal["tumbling", "hopping", "sliding", "session"]
+WINDOW_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping", "sliding", "session")
+
+#: Keys whose meaning depends on the kind; every other window key is valid for every kind.
+KIND_SPECIFIC_KEYS: tuple[str, ...] = ("size", "hop", "offset", "gap", "key")
+KIND_KEYS: Mapping[WindowKind, frozenset[str]] = {
+    "tumbling": frozenset({"size", "offset"}),
+    "hopping": frozenset({"size", "hop"}),
+    "sliding": frozenset({"size"}),
+    "session": frozenset({"gap", "key"}),
+}
+REQUIRED_KEYS: Mapping[WindowKind, tuple[str, ...]] = {
+    "tumbling": ("size",),
+    "hopping": ("size", "hop"),
+    "sliding": ("size",),
+    "session": ("gap", "key"),
+}
+
+DEFAULT_PANE_MS = 1_000
+DEFAULT_WATERMARK_DELAY_MS = 1_000
+DEFAULT_ALLOWED_LATENESS_MS = 0
+DEFAULT_METRICS: tuple[str, ...] = ("*",)
+
+#: Config and window names end up in result rows, series keys and generated identifiers
+#: (Grafana UIDs, PostgreSQL object names), so they are restricted to characters every one of
+#: those accepts, and to PostgreSQL's identifier length (NAMEDATALEN - 1).
+NAME_PATTERN = re.compile(r"[a-z0-9_]+")
+NAME_MAX_LENGTH = 63
+
+#: A tag key is what precedes ``:`` in a DogStatsD ``|#key:value,key2`` section, so it can
+#: never contain these; a ``group_by`` entry that does could never match a tag.
+_TAG_FORBIDDEN = frozenset(":,|")
+
+#: A location in the document: keys and list indexes, e.g. ``("windows", 1, "hop")``.
+Loc = tuple[str | int, ...]
+#: One broken rule: where, and a sentence saying what is wrong.
+Problem = tuple[Loc, str]
+
+
+def format_path(loc: Loc) -> str:
+    """``("windows", 1, "hop")`` -> ``windows[1].hop``: the spelling users search their YAML for."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a config or a window, or ``None`` if it can."""
+    if not NAME_PATTERN.fullmatch(name):
+        return f"{name!r} is not a valid name; use only lowercase letters, digits and _"
+    if len(name) > NAME_MAX_LENGTH:
+        return f"{name!r} is {len(name)} characters long; the limit is {NAME_MAX_LENGTH}"
+    return None
+
+
+def tag_problem(tag: str) -> str | None:
+    """Why ``tag`` cannot be a tag key, or ``None`` if it can."""
+    if not tag.strip():
+        return "a tag name cannot be empty"
+    if any(ch in _TAG_FORBIDDEN or ch.isspace() for ch in tag):
+        return f"{tag!r} is not a tag name; tag names contain no whitespace, ':', ',' or '|'"
+    return None
+
+
+def _show(ms: int) -> str:
+    """Durations in messages, as the user would write them (negatives only come from Python)."""
+    return format_duration_ms(ms) if ms >= 0 else f"{ms}ms"
+
+
+@dataclass(frozen=True)
+class WindowDraft:
+    """A window as far as it could be read; ``None`` marks a value missing or already reported.
+
+    ``given`` holds the keys the user wrote, valid or not, so that a key with a bad value is not
+    reported a second time as missing. A ``None`` inside ``metrics`` or ``group_by`` is an entry
+    that was unreadable; it keeps its place so the other entries keep their indexes.
+    """
+
+    given: frozenset[str]
+    name: str | None = None
+    kind: WindowKind | None = None
+    size_ms: int | None = None
+    hop_ms: int | None = None
+    offset_ms: int | None = None
+    gap_ms: int | None = None
+    key: str | None = None
+    watermark_delay_ms: int | None = None
+    allowed_lateness_ms: int | None = None
+    metrics: Sequence[str | None] | None = None
+    group_by: Sequence[str | None] | None = None
+
+
+def _not_allowed(key: str, kind: WindowKind) -> str:
+    owners = [k for k in WINDOW_KINDS if key in KIND_KEYS[k]]
+    listed = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
+    message = f"not allowed on a {kind} window ({key} belongs to {listed} windows)"
+    if kind == "sliding" and key == "hop":
+        # Flink and Spark call fixed-size windows that advance by a slide "sliding windows";
+        # here those are hopping windows, and sliding means Kafka Streams' SlidingWindows.
+        message += "; for fixed windows that advance by hop, use kind: hopping"
+    return message
+
+
+def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
+    """Every rule a single window breaks, with locations relative to the window.
+
+    ``pane_ms`` is ``None`` when the pane is unknown (a spec built on its own, or a pane that was
+    itself invalid); the multiple-of-pane rules are then skipped rather than guessed.
+    """
+    problems: list[Problem] = []
+    given = draft.given
+    kind = draft.kind
+
+    if "name" not in given:
+        problems.append((("name",), "required; every window needs a name, stored with its rows"))
+    elif draft.name is not None and (problem := name_problem(draft.name)):
+        problems.append((("name",), problem))
+
+    if "kind" not in given:
+        problems.append((("kind",), f"required; one of {', '.join(WINDOW_KINDS)}"))
+
+    allowed = set(KIND_SPECIFIC_KEYS) if kind is None else set(KIND_KEYS[kind])
+    if kind is not None:
+        for key in KIND_SPECIFIC_KEYS:
+            if key in given and key not in allowed:
+                problems.append(((key,), _not_allowed(key, kind)))
+        for key in REQUIRED_KEYS[kind]:
+            if key not in given:
+                problems.append(((key,), f"required for a {kind} window"))
+
+    def usable(key: str, value: int | None, *, positive: bool) -> int | None:
+        """The value if later rules may rely on it; reports it if it is out of range."""
+        if value is None or key not in allowed | {"watermark_delay", "allowed_lateness"}:
+            return None
+        if positive and value <= 0:
+            problems.append(((key,), f"must be greater than 0, not {_show(value)}"))
+            return None
+        if value < 0:
+            problems.append(((key,), f"must be 0 or more, not {_show(value)}"))
+            return None
+        return value
+
+    size = usable("size", draft.size_ms, positive=True)
+    hop = usable("hop", draft.hop_ms, positive=True)
+    offset = usable("offset", draft.offset_ms, positive=False)
+    gap = usable("gap", draft.gap_ms, positive=True)
+    usable("watermark_delay", draft.watermark_delay_ms, positive=False)
+    usable("allowed_lateness", draft.allowed_lateness_ms, positive=False)
+
+    if offset is not None and size is not None and offset >= size:
+        problems.append(
+            (("offset",), f"offset {_show(offset)} must be smaller than size {_show(size)}")
+        )
+    if hop is not None and size is not None:
+        if hop > size:
+            problems.append(
+                (
+                    ("hop",),
+                    f"hop {_show(hop)} is larger than size {_show(size)}; events between two "
+                    "windows would fall in none (hop must be at most size)",
+                )
+            )
+        elif size % hop:
+            problems.append((("hop",), f"size {_show(size)} is not a multiple of hop {_show(hop)}"))
+
+    if pane_ms is not None:
+        # Windows are unions of panes; a boundary inside a pane would need data the ingest
+        # tier has already summed away.
+        for key, value in (("size", size), ("hop", hop), ("offset", offset), ("gap", gap)):
+            if value is not None and value % pane_ms:
+                problems.append(
+                    ((key,), f"{_show(value)} is not a multiple of the pane {_show(pane_ms)}")
+                )
+
+    if draft.key is not None and "key" in allowed and (problem := tag_problem(draft.key)):
+        problems.append((("key",), problem))
+
+    if draft.metrics is not None:
+        if not draft.metrics:
+            problems.append((("metrics",), "must list at least one glob; ['*'] matches all"))
+        for index, glob in enumerate(draft.metrics):
+            if glob is not None and not glob.strip():
+                problems.append((("metrics", index), "an empty glob matches no metric"))
+
+    if draft.group_by is not None:
+        first_seen: dict[str, int] = {}
+        for index, tag in enumerate(draft.group_by):
+            if tag is None:
+                continue
+            if problem := tag_problem(tag):
+                problems.append((("group_by", index), problem))
+            elif tag in first_seen:
+                problems.append(
+                    (
+                        ("group_by", index),
+                        f"duplicate tag {tag!r} (already group_by[{first_seen[tag]}])",
+                    )
+                )
+            else:
+                first_seen[tag] = index
+    return problems
+
+
+def config_problems(
+    *,
+    given: Collection[str],
+    name: str | None,
+    pane_ms: int | None,
+    windows: Sequence[WindowDraft | None] | None,
+) -> list[Problem]:
+    """Every rule a whole config breaks, windows included, with locations from the root.
+
+    A ``None`` in ``windows`` is an entry that could not be read at all (already reported);
+    it still holds its index so that later paths stay right.
+    """
+    problems: list[Problem] = []
+    if name is not None and (problem := name_problem(name)):
+        problems.append((("name",), problem))
+    if pane_ms is not None and pane_ms <= 0:
+        problems.append((("pane",), f"must be greater than 0, not {_show(pane_ms)}"))
+        pane_ms = None
+
+    if windows is None:
+        if "windows" not in given:
+            problems.append((("windows",), "required; a config needs at least one window"))
+        return problems
+    if not windows:
+        problems.append((("windows",), "no windows; a config needs at least one window"))
+
+    first_seen: dict[str, int] = {}
+    for index, draft in enumerate(windows):
+        if draft is None:
+            continue
+        for loc, message in window_problems(draft, pane_ms):
+            problems.append((("windows", index, *loc), message))
+        if draft.name is None:
+            continue
+        if draft.name in first_seen:
+            problems.append(
+                (
+                    ("windows", index, "name"),
+                    f"duplicate window name {draft.name!r} (already used by "
+                    f"windows[{first_seen[draft.name]}])",
+                )
+            )
+        else:
+            first_seen[draft.name] = index
+    return problems
+
+
+def _raise_problems(what: str, problems: list[Problem]) -> None:
+    if problems:
+        details = "; ".join(f"{format_path(loc)}: {message}" for loc, message in problems)
+        raise ValueError(f"invalid {what}: {details}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _glob_pattern(globs: tuple[str, ...]) -> re.Pattern[str]:
+    """One regex for all globs: ``matches`` runs once per metric name on the hot path."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(glob)})" for glob in globs))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowSpec:
+    """One window definition, canonical and valid.
+
+    Canonical means one spelling per window shape: a hopping window whose hop equals its size
+    is stored as the tumbling window it is, so the job runs the cheaper operator and two
+    configs that mean the same compare equal. Only the keys of its kind are set: ``size_ms``
+    for tumbling, hopping and sliding; ``hop_ms`` for hopping; ``gap_ms`` and ``key`` for
+    session; ``offset_ms`` is 0 except on tumbling windows.
+    """
+
+    name: str
+    kind: WindowKind
+    size_ms: int | None = None
+    hop_ms: int | None = None
+    offset_ms: int = 0
+    gap_ms: int | None = None
+    key: str | None = None
+    watermark_delay_ms: int = DEFAULT_WATERMARK_DELAY_MS
+    allowed_lateness_ms: int = DEFAULT_ALLOWED_LATENESS_MS
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    group_by: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in WINDOW_KINDS:
+            raise ValueError(
+                f"invalid window {self.name!r}: kind: {self.kind!r} is not one of "
+                f"{', '.join(WINDOW_KINDS)}"
+            )
+        # Lists passed from Python would make the spec unhashable and mutable behind its back.
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        object.__setattr__(self, "group_by", tuple(self.group_by))
+        _raise_problems(f"window {self.name!r}", window_problems(self.draft(), pane_ms=None))
+        if self.kind == "hopping" and self.hop_ms == self.size_ms:
+            object.__setattr__(self, "kind", "tumbling")
+            object.__setattr__(self, "hop_ms", None)
+
+    def draft(self) -> WindowDraft:
+        """This spec as the rules see it, so ``PipelineConfig`` can check it against its pane."""
+        given = {"name", "kind", "watermark_delay", "allowed_lateness", "metrics", "group_by"}
+        given.update(
+            key
+            for key, value in (
+                ("size", self.size_ms),
+                ("hop", self.hop_ms),
+                ("gap", self.gap_ms),
+                ("key", self.key),
+            )
+            if value is not None
+        )
+        if self.offset_ms != 0:
+            given.add("offset")
+        return WindowDraft(
+            given=frozenset(given),
+            name=self.name,
+            kind=self.kind,
+            size_ms=self.size_ms,
+            hop_ms=self.hop_ms,
+            offset_ms=self.offset_ms,
+            gap_ms=self.gap_ms,
+            key=self.key,
+            watermark_delay_ms=self.watermark_delay_ms,
+            allowed_lateness_ms=self.allowed_lateness_ms,
+            metrics=self.metrics,
+            group_by=self.group_by,
+        )
+
+    def matches(self, metric: str) -> bool:
+        """Whether ``metric`` falls in this window's ``metrics`` globs.
+
+        Case-sensitive on every platform (``fnmatchcase``): StatsD metric names are, and a
+        config must select the same series on a laptop as on the cluster.
+        """
+        if self.metrics == DEFAULT_METRICS:
+            return True
+        return _glob_pattern(self.metrics).match(metric) is not None
+
+    def to_canonical_dict(self) -> dict[str, object]:
+        """The effective window with every default spelled out, in the YAML's own keys."""
+        out: dict[str, object] = {"name": self.name, "kind": self.kind}
+        if self.size_ms is not None:
+            out["size"] = format_duration_ms(self.size_ms)
+        if self.hop_ms is not None:
+            out["hop"] = format_duration_ms(self.hop_ms)
+        if self.kind == "tumbling":
+            out["offset"] = format_duration_ms(self.offset_ms)
+        if self.gap_ms is not None:
+            out["gap"] = format_duration_ms(self.gap_ms)
+        if self.key is not None:
+            out["key"] = self.key
+        out["watermark_delay"] = format_duration_ms(self.watermark_delay_ms)
+        out["allowed_lateness"] = format_duration_ms(self.allowed_lateness_ms)
+        out["metrics"] = list(self.metrics)
+        out["group_by"] = list(self.group_by)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """A whole config file: its name (stored with every result row), pane and windows."""
+
+    name: str
+    pane_ms: int = DEFAULT_PANE_MS
+    windows: tuple[WindowSpec, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "windows", tuple(self.windows))
+        _raise_problems(
+            f"config {self.name!r}",
+            config_problems(
+                given={"name", "pane", "windows"},
+                name=self.name,
+                pane_ms=self.pane_ms,
+                windows=[window.draft() for window in self.windows],
+            ),
+        )
+
+    def window(self, name: str) -> WindowSpec:
+        """The window called ``name``; ``KeyError`` naming the ones that exist otherwise."""
+        for window in self.windows:
+            if window.name == name:
+                return window
+        known = ", ".join(window.name for window in self.windows)
+        raise KeyError(f"config {self.name!r} has no window {name!r} (windows: {known})")
+
+    def to_canonical_dict(self) -> dict[str, object]:
+        """The effective config, defaults included; loading its YAML gives an equal config."""
+        return {
+            "name": self.name,
+            "pane": format_duration_ms(self.pane_ms),
+            "windows": [window.to_canonical_dict() for window in self.windows],
+        }

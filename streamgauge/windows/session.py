@@ -1,0 +1,42 @@
+"""One SparkSession per process, configured for small, stateful streaming jobs.
+
+Spark's cold start costs seconds (DESIGN.md §9), so the daemon and the test run each build one
+session and share it. ``spark.sql.shuffle.partitions`` is the number of state-store
+partitions of every stateful query and is frozen into its checkpoint: Spark's default of 200
+makes each micro-batch of a small job run 200 tasks, so it defaults to a few per core here.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import SparkSession
+
+from streamgauge.windows.source import SpoolDataSource
+
+
+def build_spark_session(
+    master: str = "local[*]",
+    *,
+    app_name: str = "streamgauge",
+    shuffle_partitions: int | None = None,
+    ui_port: int | None = None,
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
+    partitions = shuffle_partitions or max(2, 2 * (os.cpu_count() or 1))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.metricsEnabled", "true")
+    )
+    if ui_port is not None:
+        builder = builder.config("spark.ui.port", str(ui_port))
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(SpoolDataSource)
+    return spark

@@ -1,0 +1,145 @@
+"""A PySpark streaming data source over the segment log (``format("streamgauge_spool")``).
+
+Offset = per receiver, the last segment sequence included, plus that segment's heartbeat::
+
+    {"receivers": {"udp-0": {"seq": 41, "heartbeat_ms": 1763765000250, "closed": false}}}
+
+Spark writes each batch's end offset to its checkpoint (``offsets/<batch id>``) before running
+the batch, so the job is exactly-once over the log, and the sink reads the heartbeats of the
+batch it is writing from there (``batch_heartbeats``): a deterministic watermark per batch.
+
+Rows are yielded as Arrow record batches (no per-row Python objects).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.types import StructType
+
+from streamgauge.ingest.log import (
+    SEGMENT_SCHEMA,
+    list_receivers,
+    list_segments,
+    read_heartbeat,
+    read_segment,
+)
+
+SOURCE_NAME = "streamgauge_spool"
+
+#: The Spark schema of the source: SEGMENT_SCHEMA, plus the receiver the row came from.
+SOURCE_DDL = (
+    "metric string, metric_type string, tags string, pane_start_ms bigint, count bigint, "
+    "sum double, min double, max double, last double, last_event_ms bigint, "
+    "first_recv_ms bigint, last_recv_ms bigint"
+)
+
+
+class SegmentPartition(InputPartition):
+    """A contiguous run of one receiver's segments; picklable (paths as strings)."""
+
+    def __init__(self, receiver: str, paths: list[str]) -> None:
+        super().__init__((receiver, paths))
+        self.receiver = receiver
+        self.paths = paths
+
+
+class SpoolStreamReader(DataSourceStreamReader):
+    def __init__(self, spool: Path, max_segments_per_partition: int) -> None:
+        self._spool = spool
+        self._max_segments_per_partition = max_segments_per_partition
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"receivers": {}}
+
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:  # noqa: N802
+        known: dict[str, Any] = dict(start.get("receivers", {}))
+        for receiver in list_receivers(self._spool):
+            previous = known.get(receiver, {"seq": -1})
+            segments = list_segments(self._spool, receiver, after=previous["seq"])
+            if not segments:
+                continue
+            newest = segments[-1]
+            heartbeat = read_heartbeat(newest.path)
+            known[receiver] = {
+                "seq": newest.sequence,
+                "heartbeat_ms": heartbeat.heartbeat_ms,
+                "closed": heartbeat.closed,
+            }
+        return {"receivers": known}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begun = start.get("receivers", {})
+        parts: list[InputPartition] = []
+        for receiver, position in sorted(end.get("receivers", {}).items()):
+            after = begun.get(receiver, {"seq": -1})["seq"]
+            segments = list_segments(self._spool, receiver, after=after, upto=position["seq"])
+            step = self._max_segments_per_partition
+            for index in range(0, len(segments), step):
+                chunk = [str(s.path) for s in segments[index : index + step]]
+                parts.append(SegmentPartition(receiver, chunk))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentPartition)
+        for path in partition.paths:
+            for batch in read_segment(Path(path)):
+                if batch.num_rows:
+                    yield batch
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Retention of committed segments is owned by the ingest tier, not by the reader."""
+
+
+class SpoolDataSource(DataSource):
+    """``spark.readStream.format("streamgauge_spool").option("path", SPOOL).load()``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SOURCE_DDL
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        spool = Path(self.options["path"])
+        per_partition = int(self.options.get("maxSegmentsPerPartition", "64"))
+        return SpoolStreamReader(spool, per_partition)
+
+
+def batch_heartbeats(checkpoint: Path, batch_id: int) -> dict[str, dict[str, Any]]:
+    """The per-receiver offsets Spark logged for ``batch_id`` (written before the batch ran).
+
+    The offset log format is ``v1``, a metadata line, then one JSON line per source.
+    """
+    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    offset = json.loads(lines[-1])
+    receivers: dict[str, dict[str, Any]] = offset.get("receivers", {})
+    return receivers
+
+
+def receivers_heartbeat_ms(receivers: dict[str, dict[str, Any]]) -> int | None:
+    """The time before which no receiver will send more events: the minimum over open streams.
+
+    A slow receiver holds the watermark back so its data is not declared late; a cleanly
+    closed one no longer does. With every stream closed, all data is in: the latest heartbeat.
+    """
+    open_streams = [int(r["heartbeat_ms"]) for r in receivers.values() if not r.get("closed")]
+    if open_streams:
+        return min(open_streams)
+    closed = [int(r["heartbeat_ms"]) for r in receivers.values()]
+    return max(closed) if closed else None
+
+
+assert [f.name for f in SEGMENT_SCHEMA] == [
+    part.split()[0] for part in SOURCE_DDL.split(", ")
+], "SOURCE_DDL must list SEGMENT_SCHEMA's columns in order"

@@ -1,0 +1,217 @@
+"""The whole pipeline as a user runs it: `streamgauge run` in a subprocess, the reference
+`statsd` client sending real UDP datagrams, results read back with `streamgauge query`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import statsd
+
+CONFIG = """
+name: e2e
+pane: 1s
+windows:
+  - name: per_2s
+    kind: tumbling
+    size: 2s
+    watermark_delay: 1s
+    allowed_lateness: 1s
+    metrics: ["e2e.*"]
+"""
+START_TIMEOUT_S = 240
+FINAL_TIMEOUT_S = 120
+
+
+@dataclass
+class Daemon:
+    process: subprocess.Popen[bytes]
+    data_dir: Path
+    info: dict[str, Any]
+    log_path: Path
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "streamgauge", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        out = self.cli("query", "--data-dir", str(self.data_dir), "--json", sql)
+        return [json.loads(line) for line in out.splitlines()]
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    root = tmp_path_factory.mktemp("e2e")
+    config = root / "e2e.yaml"
+    config.write_text(CONFIG)
+    data_dir = root / "data"
+    log_path = root / "daemon.log"
+    port = _free_udp_port()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamgauge", "run", "--config", str(config),
+             "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    run_file = data_dir / "run.json"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not run_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"daemon did not start:\n{log_path.read_text()[-5000:]}")
+        time.sleep(0.2)
+    info = json.loads(run_file.read_text())
+    daemon = Daemon(process, data_dir, info, log_path)
+    yield daemon
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+class RecordingStatsClient(statsd.StatsClient):  # type: ignore[misc]
+    """The reference client, unchanged on the wire; it also notes every line it really sent
+    (the client drops `@rate` lines at random, so the expectation comes from what it sent)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+        self.sent: list[str] = []
+
+    def _send(self, data: str) -> None:
+        self.sent.extend(data.split("\n"))
+        super()._send(data)
+
+
+@dataclass
+class Expected:
+    count: int = 0
+    total: float = 0.0
+    minimum: float = float("inf")
+    maximum: float = float("-inf")
+    last: float | None = None
+
+
+def _expectations(lines: list[str]) -> dict[str, Expected]:
+    expected: dict[str, Expected] = collections.defaultdict(Expected)
+    for line in lines:
+        name, rest = line.split(":", 1)
+        fields = rest.split("|")
+        value = float(fields[0])
+        rate = float(fields[2][1:]) if len(fields) > 2 else 1.0
+        entry = expected[name]
+        entry.count += 1
+        if fields[1] == "c":
+            entry.total += value / rate
+        entry.minimum = min(entry.minimum, value)
+        entry.maximum = max(entry.maximum, value)
+        entry.last = value
+    return expected
+
+
+def test_run_prints_where_everything_is_and_writes_run_json(daemon: Daemon) -> None:
+    info = daemon.info
+    assert info["udp"].startswith("127.0.0.1:")
+    assert info["postgres_url"].startswith("postgresql://")
+    assert info["pid"] == daemon.process.pid
+    assert (daemon.data_dir / "run.json").stat().st_mode & 0o077 == 0  # holds a password
+    printed = daemon.log_path.read_text()
+    assert f"udp {info['udp']}" in printed
+    assert "spark ui" in printed
+    assert info["postgres_url"].split("@")[0].split(":")[-1] not in printed  # password hidden
+
+
+def test_statsd_traffic_lands_in_final_windows_exactly(daemon: Daemon) -> None:
+    host, port = daemon.info["udp"].rsplit(":", 1)
+    client = RecordingStatsClient(host, int(port))
+    random.seed(20261121)  # the client samples @0.5 lines with `random`
+    names = [f"e2e.counter.{i:02d}" for i in range(20)]
+    for i in range(10_000):
+        name = names[i % 20]
+        if i % 3 == 0:
+            client.incr(name, 1, rate=0.5)
+        else:
+            client.incr(name, 1)
+        if i % 100 == 0:
+            client.timing("e2e.timer", (i % 997) + 0.5)
+            client.gauge("e2e.gauge", i // 100)
+        if i % 250 == 249:
+            time.sleep(0.02)  # stay far from the kernel receive buffer's limit
+    daemon.cli("send", "--to", daemon.info["udp"], "e2e.cli:7|c")
+    sent = client.sent + ["e2e.cli:7|c"]
+    expected = _expectations(sent)
+
+    sql = (
+        "select metric, sum(count)::bigint as count, sum(sum) as sum, min(min) as min, "
+        "max(max) as max, bool_and(is_final) as final from window_results "
+        "where config_name = 'e2e' group by metric order by metric"
+    )
+    deadline = time.monotonic() + FINAL_TIMEOUT_S
+    while True:
+        rows = {r["metric"]: r for r in daemon.query(sql)}
+        settled = set(rows) == set(expected) and all(
+            rows[m]["final"] and rows[m]["count"] == expected[m].count for m in expected
+        )
+        if settled:
+            break
+        if time.monotonic() > deadline:
+            stats = daemon.cli("status", "--data-dir", str(daemon.data_dir))
+            pytest.fail(f"windows not final with all samples: {rows}\n{stats}")
+        time.sleep(1)
+
+    for name in names + ["e2e.cli"]:
+        assert rows[name]["sum"] == expected[name].total, name
+        assert rows[name]["count"] == expected[name].count, name
+        assert rows[name]["min"] is None  # counters have no min/max
+    assert sum(e.count for n, e in expected.items() if n.startswith("e2e.counter")) > 6_000
+    timer = rows["e2e.timer"]
+    assert (timer["min"], timer["max"]) == (expected["e2e.timer"].minimum,
+                                            expected["e2e.timer"].maximum)
+    assert timer["sum"] == pytest.approx(
+        sum(float(line.split(":")[1].split("|")[0]) for line in sent
+            if line.startswith("e2e.timer")), rel=1e-12)
+    last_gauge = daemon.query(
+        "select last from window_results where config_name = 'e2e' and metric = 'e2e.gauge' "
+        "order by window_start desc limit 1"
+    )
+    assert last_gauge == [{"last": expected["e2e.gauge"].last}]
+
+    status = json.loads(daemon.cli("status", "--data-dir", str(daemon.data_dir)))
+    ingest = status["ingest"]["udp-0"]
+    assert ingest["rejected"] == {}
+    assert ingest["lines"] == len(sent)
+
+
+def test_sigterm_stops_every_part_cleanly(daemon: Daemon) -> None:
+    ingest_pid = daemon.info["ingest_pid"]
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.process.wait(timeout=120) == 0, daemon.log_path.read_text()[-3000:]
+    assert not (daemon.data_dir / "run.json").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(ingest_pid, 0)
+    # The embedded PostgreSQL stopped too: its postmaster.pid is gone.
+    assert not (daemon.data_dir / "postgres" / "postmaster.pid").exists()
