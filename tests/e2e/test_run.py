@@ -8,10 +8,12 @@ import collections
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,8 +67,10 @@ def _free_udp_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    root = tmp_path_factory.mktemp("e2e")
+def daemon() -> Iterator[Daemon]:
+    # Not pytest's tmp_path: as root, every pytest session resets /tmp/pytest-of-root to 0700,
+    # which locks the embedded PostgreSQL's system user out of its own cluster.
+    root = Path(tempfile.mkdtemp(prefix="streamgauge-e2e-"))
     config = root / "e2e.yaml"
     config.write_text(CONFIG)
     data_dir = root / "data"
@@ -92,6 +96,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     if process.poll() is None:
         process.kill()
         process.wait()
+    postmaster = data_dir / "postgres" / "postmaster.pid"
+    if postmaster.exists():  # a failed test killed the daemon: stop its server too
+        os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 class RecordingStatsClient(statsd.StatsClient):  # type: ignore[misc]

@@ -1,0 +1,446 @@
+"""Writes window results to PostgreSQL, one transaction per micro-batch, idempotently.
+
+A Spark micro-batch can be delivered twice (a restart replays the interrupted batch with the
+same id) and a window can be emitted several times (every late sample within the allowed
+lateness makes a new revision). ``ResultStore.commit_batch`` makes both harmless, in ONE
+transaction:
+
+1. claim ``(query_name, batch_id)`` in ``sink_batches``; if it is already there the batch was
+   committed before (perhaps by a commit whose acknowledgement was lost), so do nothing;
+2. ``COPY`` the Arrow rows (binary) into a per-connection temporary staging table;
+3. one ``INSERT ... SELECT ... ON CONFLICT (key) DO UPDATE ... WHERE stored.revision <
+   excluded.revision``: a row only ever replaces an older revision of itself, so an older or
+   equal revision arriving late changes nothing and says so (``rows_upserted`` counts only the
+   rows that changed);
+4. mark windows final whose ``window_end + allowed lateness <= watermark``;
+5. upsert ``pipeline_state`` (e.g. the watermark) and record the batch's row count.
+
+Times cross the wire as integer epoch milliseconds and become ``timestamptz`` in SQL as
+``timestamptz 'epoch' + ms * interval '1 millisecond'``: exact to the microsecond for any ms
+below 2**53 / 1000 (the interval multiply is done in float8 but every such product is an
+integer below 2**53), whereas ``to_timestamp(ms / 1000.0)`` goes through float seconds.
+
+When PostgreSQL is unreachable (refused, restarting, connection killed) every call retries with
+exponential backoff, forever by default, logging each failed attempt without credentials: the
+streaming job then stops advancing and the segment log holds the backlog. Errors that retrying
+cannot fix (bad data, wrong password, missing database) raise at once.
+
+A ``ResultStore`` holds one connection and is not thread-safe: one per writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+import pyarrow as pa
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict
+
+from streamgauge.clock import Clock, SystemClock
+from streamgauge.sinks import schema
+
+_logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("config_name", pa.string(), nullable=False),
+        pa.field("window_name", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("tags", pa.string(), nullable=False),  # canonical JSON object text, "{}" if none
+        pa.field("metric_type", pa.string(), nullable=False),
+        pa.field("window_start_ms", pa.int64(), nullable=False),
+        pa.field("window_end_ms", pa.int64(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("sum", pa.float64()),
+        pa.field("min", pa.float64()),
+        pa.field("max", pa.float64()),
+        pa.field("last", pa.float64()),
+        pa.field("p50", pa.float64()),
+        pa.field("p90", pa.float64()),
+        pa.field("p99", pa.float64()),
+        pa.field("distinct_count", pa.float64()),
+        pa.field("revision", pa.int64(), nullable=False),
+        pa.field("is_final", pa.bool_(), nullable=False),
+        pa.field("late_events", pa.int64(), nullable=False),
+        pa.field("emitted_at_ms", pa.int64(), nullable=False),
+    ]
+)
+"""The Arrow schema ``commit_batch`` expects (columns may come in any order; types are cast
+safely, e.g. int32 → int64 or large_string → string; a lossy cast is refused)."""
+
+RESULT_COLUMNS: tuple[str, ...] = tuple(RESULT_SCHEMA.names)
+
+_PG_TYPES = {
+    pa.string(): "text",
+    pa.int64(): "int8",
+    pa.float64(): "float8",
+    pa.bool_(): "bool",
+}
+_STAGING = "sg_results_staging"
+_STAGING_DDL = f"""
+CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} (
+    {", ".join(f"{f.name} {_PG_TYPES[f.type]}" for f in RESULT_SCHEMA)}
+) ON COMMIT DELETE ROWS
+"""
+# Staging holds one transaction's rows: ON COMMIT DELETE ROWS empties it at every commit (a
+# rollback discards them anyway), so the table itself lives as long as the connection.
+
+_KEY = "config_name, window_name, metric, tags, window_start, window_end"
+_VALUE_COLUMNS = (
+    "metric_type", "count", "sum", "min", "max", "last", "p50", "p90", "p99", "distinct_count",
+    "revision", "is_final", "late_events", "emitted_at",
+)  # fmt: skip
+
+
+def _ms_to_ts(expr: str) -> str:
+    return f"(timestamptz 'epoch' + {expr} * interval '1 millisecond')"
+
+
+_UPSERT = f"""
+INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
+SELECT config_name, window_name, metric, tags::jsonb,
+       {_ms_to_ts("window_start_ms")}, {_ms_to_ts("window_end_ms")},
+       metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count,
+       revision, is_final, late_events, {_ms_to_ts("emitted_at_ms")}
+FROM {_STAGING}
+ON CONFLICT ({_KEY}) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}
+WHERE window_results.revision < excluded.revision
+"""
+
+# "window_end + lateness <= watermark", written as "window_end <= watermark - lateness" so the
+# partial index on (config_name, window_name, window_end) WHERE NOT is_final can serve it.
+# "revision <= batch revision", not "<": rows upserted by this same batch carry the batch's
+# revision, and a window emitted provisionally in the batch whose watermark passes it must be
+# final when the batch commits, not one batch later. A row of a newer revision is still never
+# touched, and a replayed batch never gets this far (sink_batches).
+_FINALIZE = f"""
+UPDATE window_results
+SET is_final = true, revision = %(revision)s, emitted_at = {_ms_to_ts("%(now_ms)s")}
+WHERE config_name = %(config_name)s
+  AND window_name = %(window_name)s
+  AND NOT is_final
+  AND window_end <= {_ms_to_ts("%(final_before_ms)s")}
+  AND revision <= %(revision)s
+"""
+
+_CLAIM_BATCH = f"""
+INSERT INTO sink_batches (query_name, batch_id, committed_at, rows_written)
+VALUES (%s, %s, {_ms_to_ts("%s")}, 0)
+ON CONFLICT (query_name, batch_id) DO NOTHING
+"""
+
+_UPSERT_STATE = f"""
+INSERT INTO pipeline_state (config_name, key, value_ms, updated_at)
+VALUES (%s, %s, %s, {_ms_to_ts("%s")})
+ON CONFLICT (config_name, key) DO UPDATE
+SET value_ms = excluded.value_ms, updated_at = excluded.updated_at
+"""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff: ``initial_s``, doubling (``multiplier``), capped at ``max_s``.
+
+    ``max_attempts=None`` retries forever: the daemon's choice, because giving up would either
+    lose the batch or crash the job, while waiting only delays it (the segment log keeps the
+    input). No jitter: there is one writer per store, nothing to de-synchronise.
+    """
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    max_attempts: int | None = None
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.initial_s <= 0:
+            problems.append(f"initial_s must be > 0, got {self.initial_s}")
+        if self.max_s < self.initial_s:
+            problems.append(f"max_s ({self.max_s}) must be >= initial_s ({self.initial_s})")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            problems.append(f"max_attempts must be >= 1 or None, got {self.max_attempts}")
+        if self.multiplier < 1:
+            problems.append(f"multiplier must be >= 1, got {self.multiplier}")
+        if problems:
+            message = "invalid RetryPolicy: " + "; ".join(problems)
+            raise ValueError(message)
+
+    def delay_s(self, failed_attempts: int) -> float:
+        """Seconds to wait after the ``failed_attempts``-th consecutive failure (1-based)."""
+        return float(min(self.max_s, self.initial_s * self.multiplier ** (failed_attempts - 1)))
+
+
+DEFAULT_RETRY = RetryPolicy()
+_SYSTEM_CLOCK = SystemClock()
+_NO_STATE: Mapping[tuple[str, str], int] = types.MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Finalization:
+    """Every non-final window of this config/window whose end + lateness <= watermark is final.
+
+    ``[---)`` a window, ``~~~`` its allowed lateness, ``W`` the watermark::
+
+        [-------)~~~~~~~|         W     final: end + lateness < watermark
+                  [-------)~~~~~~~W     final: end + lateness == watermark
+                      [-------)~~~W~~~| provisional: late samples may still come
+    """
+
+    config_name: str
+    window_name: str
+    watermark_ms: int
+    allowed_lateness_ms: int
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What a ``commit_batch`` did; ``already_committed`` means the batch id was seen before."""
+
+    already_committed: bool
+    rows_upserted: int
+    rows_finalized: int
+
+
+class ResultStoreUnavailable(RuntimeError):
+    """The store stayed unreachable for ``RetryPolicy.max_attempts`` attempts."""
+
+
+def describe_url(url: str) -> str:
+    """``user@host:port/dbname`` of a connection URL: safe to log (no password)."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparseable PostgreSQL URL>"
+    return (
+        f"{params.get('user', '')}@{params.get('host', '')}:{params.get('port', 5432)}"
+        f"/{params.get('dbname', '')}"
+    )
+
+
+# Connection failures carry no SQLSTATE (libpq reports them as text); these phrases, in the
+# server's English messages, mean retrying cannot help. Other locales fall back to retrying.
+_PERMANENT_CONNECT_FAILURES = (
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "does not exist",  # database "x" / role "x" does not exist
+    "password is required",
+)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Whether waiting and reconnecting can fix ``exc``."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False  # bad data, bad SQL, constraint violations: a retry would fail the same way
+    sqlstate = exc.sqlstate or ""
+    if sqlstate.startswith("54"):  # program_limit_exceeded, e.g. an index row too big: data
+        return False
+    if sqlstate.startswith("28") or sqlstate == "3D000":  # bad credentials, no such database
+        return False
+    if exc.sqlstate is None:  # a connection failure, described only in text
+        message = str(exc)
+        return not any(phrase in message for phrase in _PERMANENT_CONNECT_FAILURES)
+    return True
+
+
+class ResultStore:
+    """The PostgreSQL result store of one writer (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Clock = _SYSTEM_CLOCK,
+    ) -> None:
+        # Connecting is lazy (and retried): constructing a store never blocks or fails on I/O.
+        self._url = url
+        self._target = describe_url(url)
+        self._retry = retry
+        self._sleep = sleep
+        self._clock = clock
+        self._conn: psycopg.Connection[Any] | None = None
+
+    # -- public API -------------------------------------------------------------------------
+
+    def ensure_schema(self) -> None:
+        """Create or migrate the tables (idempotent; see :mod:`streamgauge.sinks.schema`)."""
+        self._with_retry("ensure the schema", schema.ensure_schema)
+
+    def commit_batch(
+        self,
+        query_name: str,
+        batch_id: int,
+        results: pa.Table,
+        finalizations: Sequence[Finalization],
+        revision: int,
+        state: Mapping[tuple[str, str], int] = _NO_STATE,
+    ) -> BatchOutcome:
+        """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
+
+        ``revision`` is the batch's revision number, strictly increasing across batches; the
+        rows carry their own ``revision`` column (normally the same number). ``state`` maps
+        ``(config_name, key)`` to an integer (e.g. ``("web", "watermark") → epoch ms``) stored in
+        ``pipeline_state`` in the same transaction, so state never runs ahead of results.
+        """
+        table = _conform(results)
+
+        def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
+            now_ms = self._clock.now_ms()
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(_CLAIM_BATCH, (query_name, batch_id, now_ms))
+                if cur.rowcount == 0:
+                    return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
+                upserted = self._upsert(cur, table) if table.num_rows else 0
+                finalized = 0
+                for fin in finalizations:
+                    cur.execute(
+                        _FINALIZE,
+                        {
+                            "revision": revision,
+                            "now_ms": now_ms,
+                            "config_name": fin.config_name,
+                            "window_name": fin.window_name,
+                            "final_before_ms": fin.watermark_ms - fin.allowed_lateness_ms,
+                        },
+                    )
+                    finalized += max(cur.rowcount, 0)
+                if state:
+                    cur.executemany(
+                        _UPSERT_STATE,
+                        [(cfg, key, int(value), now_ms) for (cfg, key), value in state.items()],
+                    )
+                cur.execute(
+                    "UPDATE sink_batches SET rows_written = %s"
+                    " WHERE query_name = %s AND batch_id = %s",
+                    (upserted + finalized, query_name, batch_id),
+                )
+            return BatchOutcome(
+                already_committed=False, rows_upserted=upserted, rows_finalized=finalized
+            )
+
+        return self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _upsert(self, cur: psycopg.Cursor[Any], table: pa.Table) -> int:
+        # Every time, not once per connection: the CREATE is transactional, so a rolled-back
+        # first batch would take the table with it. IF NOT EXISTS makes this one cheap round trip.
+        cur.execute(_STAGING_DDL)
+        columns = ", ".join(RESULT_COLUMNS)
+        with cur.copy(f"COPY {_STAGING} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types([_PG_TYPES[f.type] for f in RESULT_SCHEMA])
+            for row in _rows(table):
+                copy.write_row(row)
+        try:
+            cur.execute(_UPSERT)
+        except pgerrors.CardinalityViolation as exc:
+            raise ValueError(
+                "the batch holds the same window twice (same config_name, window_name, metric, "
+                "tags, window_start_ms, window_end_ms): emit one row per window and batch"
+            ) from exc
+        return max(cur.rowcount, 0)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self.close()
+            self._conn = psycopg.connect(
+                self._url, autocommit=True, connect_timeout=10, application_name="streamgauge"
+            )
+        return self._conn
+
+    def _with_retry(self, what: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn(self._connection())
+            except psycopg.Error as exc:
+                if not _is_transient(exc):
+                    raise
+                self.close()  # reconnect next time; a broken connection is not reusable
+                if self._retry.max_attempts is not None and attempt >= self._retry.max_attempts:
+                    raise ResultStoreUnavailable(
+                        f"could not {what} on {self._target} after {attempt} attempts: "
+                        f"{_first_line(exc)}"
+                    ) from exc
+                delay = self._retry.delay_s(attempt)
+                _logger.warning(
+                    "result store %s unavailable (attempt %d to %s: %s); retrying in %.1f s",
+                    self._target, attempt, what, _first_line(exc), delay,
+                )  # fmt: skip
+                self._sleep(delay)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _conform(results: pa.Table) -> pa.Table:
+    """Select and cast the result columns; every problem reported at once, before any I/O."""
+    if results.num_columns == 0 and results.num_rows == 0:
+        return RESULT_SCHEMA.empty_table()  # "no results" (e.g. a finalization-only batch)
+    names = set(results.column_names)
+    problems = []
+    missing = [c for c in RESULT_COLUMNS if c not in names]
+    extra = sorted(names - set(RESULT_COLUMNS))
+    if missing:
+        problems.append(f"missing columns {missing}")
+    if extra:
+        problems.append(f"unexpected columns {extra}")
+    if not problems:
+        for field in RESULT_SCHEMA:
+            if not field.nullable and results.column(field.name).null_count:
+                problems.append(f"column {field.name!r} has nulls but is required")
+    if problems:
+        message = "results table does not match RESULT_COLUMNS: " + "; ".join(problems)
+        raise ValueError(message)
+    table = results.select(list(RESULT_COLUMNS))
+    try:
+        return table.cast(RESULT_SCHEMA)  # safe cast: refuses lossy conversions
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ValueError(f"results table has a column of the wrong type: {exc}") from exc
+
+
+def _rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
+    # Column-wise to_pylist is several times faster than Table.to_pylist (no dict per row).
+    columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    return zip(*columns, strict=True)
+
+
+def run_sql(
+    url: str, sql: str, params: Sequence[object] = ()
+) -> tuple[list[str], list[tuple[object, ...]]]:
+    """Run one SQL statement for ``streamgauge query``: column names and rows (empty if none).
+
+    No retries (a person is waiting) and autocommit. Without ``params`` the text is sent as is,
+    so a ``%`` in it (``LIKE 'api.%'``) needs no escaping.
+    """
+    with psycopg.connect(
+        url, autocommit=True, connect_timeout=10, application_name="streamgauge query"
+    ) as conn:
+        cur = conn.execute(sql.encode(), params) if params else conn.execute(sql.encode())
+        if cur.description is None:
+            return [], []
+        return [col.name for col in cur.description], [tuple(row) for row in cur.fetchall()]

@@ -1,0 +1,48 @@
+"""Shared fixtures: one embedded PostgreSQL for the whole test session.
+
+Set ``STREAMGAUGE_TEST_POSTGRES_URL`` to run the suite against an existing server instead (its
+tables are truncated by ``clean_store``: never point it at a database you care about).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamgauge.sinks.embedded import EmbeddedPostgres
+from streamgauge.sinks.store import ResultStore, RetryPolicy, run_sql
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL (superuser ``streamgauge``, TCP, password) of a server shared by the session."""
+    external = os.environ.get("STREAMGAUGE_TEST_POSTGRES_URL")
+    if external:
+        yield external
+        return
+    # Not tmp_path_factory: as root the server runs as another user, who must traverse every
+    # ancestor of the cluster, and every pytest session (anyone's, running concurrently) resets
+    # /tmp/pytest-of-root to mode 0700, locking that user out of a running cluster (pg_ctl:
+    # "could not access directory ... Permission denied"). So: a directory directly in /tmp.
+    base = Path(tempfile.mkdtemp(prefix="streamgauge-test-session-"))
+    # sync_initdb=False: a throw-away cluster need not survive a power cut (saves ~0.5 s).
+    server = EmbeddedPostgres(base / "data", sync_initdb=False)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def clean_store(postgres_url: str) -> str:
+    """The session server's URL, with the schema in place and every result table empty."""
+    with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
+        store.ensure_schema()
+    run_sql(postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state")
+    return postgres_url

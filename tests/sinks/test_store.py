@@ -1,0 +1,409 @@
+"""Schema migrations and the idempotent result store, against a real PostgreSQL (no mocks).
+
+Timeline of the windows used below (one-minute tumbling windows, times in minutes)::
+
+    0         1         2         3         4
+    |---w0----|---w1----|---w2----|---w3----|
+                                     ^ watermark 3:30, lateness 0:30
+    w0, w1, w2 end + lateness <= 3:30 → final;  w3 ends 4:00 → still provisional
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+from streamgauge.clock import ManualClock
+from streamgauge.sinks.embedded import EmbeddedPostgres
+from streamgauge.sinks.schema import SCHEMA_VERSION, SchemaVersionError, ensure_schema
+from streamgauge.sinks.store import (
+    RESULT_COLUMNS,
+    RESULT_SCHEMA,
+    BatchOutcome,
+    Finalization,
+    ResultStore,
+    ResultStoreUnavailable,
+    RetryPolicy,
+    run_sql,
+)
+
+MINUTE = 60_000
+T0 = 1_700_000_000_123  # deliberately not a whole second: milliseconds must survive
+NOW = 1_800_000_000_000
+
+
+def row(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "config_name": "web",
+        "window_name": "1m",
+        "metric": "api.latency",
+        "tags": '{"host":"a"}',
+        "metric_type": "ms",
+        "window_start_ms": T0,
+        "window_end_ms": T0 + MINUTE,
+        "count": 3,
+        "sum": 6.0,
+        "min": 1.0,
+        "max": 3.0,
+        "last": 2.0,
+        "p50": 2.0,
+        "p90": 3.0,
+        "p99": 3.0,
+        "distinct_count": None,
+        "revision": 1,
+        "is_final": False,
+        "late_events": 0,
+        "emitted_at_ms": NOW,
+    }
+    base.update(overrides)
+    return base
+
+
+def table(*rows: dict[str, Any]) -> pa.Table:
+    if not rows:
+        return RESULT_SCHEMA.empty_table()
+    return pa.Table.from_pylist(list(rows)).select(list(RESULT_COLUMNS))
+
+
+def window(i: int, **overrides: Any) -> dict[str, Any]:
+    return row(window_start_ms=T0 + i * MINUTE, window_end_ms=T0 + (i + 1) * MINUTE, **overrides)
+
+
+def stored(url: str, where: str = "true") -> list[dict[str, Any]]:
+    columns, rows = run_sql(
+        url,
+        "SELECT metric, tags, (extract(epoch FROM window_start) * 1000)::bigint AS start_ms,"
+        " (extract(epoch FROM window_end) * 1000)::bigint AS end_ms, count, sum, revision,"
+        " is_final, (extract(epoch FROM emitted_at) * 1000)::bigint AS emitted_ms"
+        f" FROM window_results WHERE {where} ORDER BY window_start, metric",
+    )
+    return [dict(zip(columns, r, strict=True)) for r in rows]
+
+
+@pytest.fixture
+def store(clean_store: str) -> Iterator[ResultStore]:
+    with ResultStore(clean_store, clock=ManualClock(NOW), retry=RetryPolicy(max_attempts=2)) as s:
+        yield s
+
+
+# -- schema ---------------------------------------------------------------------------------
+
+
+def test_ensure_schema_twice_is_a_no_op(clean_store: str) -> None:
+    before = run_sql(clean_store, "SELECT version, applied_at FROM schema_migrations")[1]
+    with ResultStore(clean_store) as store:
+        store.ensure_schema()
+        store.ensure_schema()
+    after = run_sql(clean_store, "SELECT version, applied_at FROM schema_migrations")[1]
+    assert after == before
+    assert [v for v, _ in after] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_every_result_column_is_commented(clean_store: str) -> None:
+    _, rows = run_sql(
+        clean_store,
+        "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+        " WHERE c.relname IN ('window_results', 'sink_batches', 'pipeline_state')"
+        " AND a.attnum > 0 AND NOT a.attisdropped AND col_description(c.oid, a.attnum) IS NULL",
+    )
+    assert rows == []
+
+
+@pytest.fixture
+def fresh_database(postgres_url: str) -> Iterator[str]:
+    run_sql(postgres_url, "DROP DATABASE IF EXISTS sg_fresh WITH (FORCE)")
+    run_sql(postgres_url, "CREATE DATABASE sg_fresh")
+    yield postgres_url.rsplit("/", 1)[0] + "/sg_fresh"
+    run_sql(postgres_url, "DROP DATABASE sg_fresh WITH (FORCE)")
+
+
+def test_concurrent_ensure_schema_on_an_empty_database(fresh_database: str) -> None:
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def migrate() -> None:
+        try:
+            with psycopg.connect(fresh_database, autocommit=True) as conn:
+                barrier.wait()
+                ensure_schema(conn)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    _, rows = run_sql(fresh_database, "SELECT version FROM schema_migrations ORDER BY 1")
+    assert rows == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+
+def test_a_newer_schema_is_refused(fresh_database: str) -> None:
+    with psycopg.connect(fresh_database, autocommit=True) as conn:
+        ensure_schema(conn)
+        conn.execute("INSERT INTO schema_migrations VALUES (%s, now())", (SCHEMA_VERSION + 1,))
+        with pytest.raises(SchemaVersionError, match="upgrade streamgauge"):
+            ensure_schema(conn)
+
+
+# -- upserts and revisions ------------------------------------------------------------------
+
+
+def test_upsert_inserts(store: ResultStore, clean_store: str) -> None:
+    out = store.commit_batch("q", 0, table(window(0), window(1, metric="b")), [], revision=1)
+    assert out == BatchOutcome(already_committed=False, rows_upserted=2, rows_finalized=0)
+    rows = stored(clean_store)
+    assert [(r["metric"], r["start_ms"], r["count"], r["revision"]) for r in rows] == [
+        ("api.latency", T0, 3, 1),
+        ("b", T0 + MINUTE, 3, 1),
+    ]
+    _, batches = run_sql(clean_store, "SELECT query_name, batch_id, rows_written FROM sink_batches")
+    assert batches == [("q", 0, 2)]
+
+
+def test_higher_revision_replaces(store: ResultStore, clean_store: str) -> None:
+    store.commit_batch("q", 0, table(row(count=3, revision=1)), [], revision=1)
+    out = store.commit_batch("q", 1, table(row(count=5, sum=9.5, revision=2)), [], revision=2)
+    assert out.rows_upserted == 1
+    [r] = stored(clean_store)
+    assert (r["count"], r["sum"], r["revision"]) == (5, 9.5, 2)
+
+
+@pytest.mark.parametrize("late_revision", [1, 2], ids=["lower", "equal"])
+def test_lower_or_equal_revision_changes_nothing(
+    store: ResultStore, clean_store: str, late_revision: int
+) -> None:
+    store.commit_batch("q", 0, table(row(count=5, revision=2)), [], revision=2)
+    out = store.commit_batch(
+        "q", 1, table(row(count=99, revision=late_revision)), [], revision=late_revision
+    )
+    assert out == BatchOutcome(already_committed=False, rows_upserted=0, rows_finalized=0)
+    [r] = stored(clean_store)
+    assert (r["count"], r["revision"]) == (5, 2)
+
+
+def test_replayed_batch_id_changes_nothing(store: ResultStore, clean_store: str) -> None:
+    store.commit_batch("q", 7, table(row(count=3, revision=1)), [], revision=1)
+    replay = store.commit_batch("q", 7, table(row(count=99, revision=9)), [], revision=9)
+    assert replay == BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
+    [r] = stored(clean_store)
+    assert (r["count"], r["revision"]) == (3, 1)
+    # The same batch id of another query is a different batch.
+    other = store.commit_batch("other", 7, table(row(count=4, revision=10)), [], revision=10)
+    assert not other.already_committed
+
+
+def test_timestamps_are_exact_to_the_millisecond(store: ResultStore, clean_store: str) -> None:
+    store.commit_batch("q", 0, table(row(emitted_at_ms=T0 + 7)), [], revision=1)
+    [r] = stored(clean_store)
+    assert (r["start_ms"], r["end_ms"], r["emitted_ms"]) == (T0, T0 + MINUTE, T0 + 7)
+    _, [(text,)] = run_sql(clean_store, "SELECT window_start::text FROM window_results")
+    assert text == "2023-11-14 22:13:20.123+00"  # the session time zone is UTC by default
+
+
+def test_tags_match_regardless_of_key_order(store: ResultStore, clean_store: str) -> None:
+    store.commit_batch("q", 0, table(row(tags='{"a":"1","b":"2"}', revision=1)), [], revision=1)
+    out = store.commit_batch(
+        "q", 1, table(row(tags='{"b": "2", "a": "1"}', count=8, revision=2)), [], revision=2
+    )
+    assert out.rows_upserted == 1
+    [r] = stored(clean_store)
+    assert (r["tags"], r["count"]) == ({"a": "1", "b": "2"}, 8)
+
+
+def test_state_is_upserted_with_the_batch(store: ResultStore, clean_store: str) -> None:
+    no_columns = pa.table({})  # "nothing to write" needs no schema
+    store.commit_batch("q", 0, no_columns, [], revision=1, state={("web", "watermark"): T0})
+    store.commit_batch("q", 1, table(), [], revision=2, state={("web", "watermark"): T0 + 5})
+    _, rows = run_sql(clean_store, "SELECT config_name, key, value_ms FROM pipeline_state")
+    assert rows == [("web", "watermark", T0 + 5)]
+
+
+# -- finalization ---------------------------------------------------------------------------
+
+
+def test_finalization_marks_only_windows_past_end_plus_lateness(
+    store: ResultStore, clean_store: str
+) -> None:
+    rows = [window(i) for i in range(4)] + [
+        window(0, window_name="5m"),  # another window definition: not named, not touched
+        window(0, config_name="db"),  # another config: not touched
+    ]
+    store.commit_batch("q", 0, table(*rows), [], revision=1)
+    watermark = T0 + 3 * MINUTE + MINUTE // 2
+    fin = Finalization("web", "1m", watermark_ms=watermark, allowed_lateness_ms=MINUTE // 2)
+    out = store.commit_batch("q", 1, table(), [fin], revision=2)
+    assert out.rows_finalized == 3
+    finals = {
+        (r["start_ms"] - T0) // MINUTE: (r["is_final"], r["revision"], r["emitted_ms"])
+        for r in stored(clean_store, "config_name = 'web' AND window_name = '1m'")
+    }
+    assert finals == {
+        0: (True, 2, NOW),
+        1: (True, 2, NOW),
+        2: (True, 2, NOW),  # end 3:00 + 0:30 == watermark 3:30: final (<=)
+        3: (False, 1, NOW),
+    }
+    others = stored(clean_store, "NOT (config_name = 'web' AND window_name = '1m')")
+    assert [r["is_final"] for r in others] == [False, False]
+    # Finalizing again is a no-op: final rows are not rewritten.
+    again = store.commit_batch("q", 2, table(), [fin], revision=3)
+    assert again.rows_finalized == 0
+
+
+def test_finalization_and_upsert_in_one_batch(store: ResultStore, clean_store: str) -> None:
+    # The last revision of w0 and its finalization arrive in the same batch: both apply, even
+    # though the row carries the batch's own revision.
+    store.commit_batch("q", 0, table(window(0, count=1)), [], revision=1)
+    fin = Finalization("web", "1m", watermark_ms=T0 + MINUTE, allowed_lateness_ms=0)
+    out = store.commit_batch("q", 1, table(window(0, count=2, revision=2)), [fin], revision=2)
+    assert (out.rows_upserted, out.rows_finalized) == (1, 1)
+    [r] = stored(clean_store)
+    assert (r["count"], r["is_final"], r["revision"]) == (2, True, 2)
+
+
+def test_finalization_never_touches_a_newer_revision(store: ResultStore, clean_store: str) -> None:
+    store.commit_batch("q", 0, table(window(0, revision=10)), [], revision=10)
+    fin = Finalization("web", "1m", watermark_ms=T0 + MINUTE, allowed_lateness_ms=0)
+    assert store.commit_batch("q", 1, table(), [fin], revision=5).rows_finalized == 0
+    [r] = stored(clean_store)
+    assert (r["is_final"], r["revision"]) == (False, 10)
+
+
+# -- bad input raises at once ----------------------------------------------------------------
+
+
+def test_bad_data_raises_without_retrying(clean_store: str) -> None:
+    sleeps: list[float] = []
+    with ResultStore(clean_store, sleep=sleeps.append) as store:
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            store.commit_batch("q", 0, table(row(tags="not json")), [], revision=1)
+        # Rolled back: the batch was not recorded, so it can be retried once fixed.
+        assert store.commit_batch("q", 0, table(row()), [], revision=1).rows_upserted == 1
+    assert sleeps == []
+
+
+def test_malformed_tables_are_refused_before_any_io() -> None:
+    store = ResultStore("postgresql://nobody@127.0.0.1:1/none", retry=RetryPolicy(max_attempts=1))
+    with pytest.raises(ValueError, match=r"missing columns \['emitted_at_ms'\]"):
+        store.commit_batch("q", 0, table(row()).drop_columns(["emitted_at_ms"]), [], revision=1)
+    with pytest.raises(ValueError, match="'count' has nulls"):
+        store.commit_batch("q", 0, table(row(count=None)), [], revision=1)
+
+
+def test_duplicate_window_in_one_batch_is_refused(store: ResultStore) -> None:
+    with pytest.raises(ValueError, match="same window twice"):
+        store.commit_batch("q", 0, table(row(), row(count=4)), [], revision=1)
+
+
+def test_wrong_password_is_not_retried(postgres_url: str) -> None:
+    password = re.match(r"postgresql://[^:]+:([^@]+)@", postgres_url)
+    assert password
+    sleeps: list[float] = []
+    wrong = postgres_url.replace(password.group(1), "wrong")
+    with (
+        ResultStore(wrong, sleep=sleeps.append) as store,
+        pytest.raises(psycopg.OperationalError, match="password authentication failed"),
+    ):
+        store.ensure_schema()
+    assert sleeps == []
+
+
+# -- store down: retry with backoff -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stopped_server() -> Iterator[EmbeddedPostgres]:
+    base = Path(tempfile.mkdtemp(prefix="streamgauge-test-retry-"))  # why not tmp_path: conftest
+    server = EmbeddedPostgres(base / "data", sync_initdb=False)
+    try:
+        server.start()
+        server.stop()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_retries_with_growing_delays_until_the_server_starts(
+    stopped_server: EmbeddedPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the store is down until the 5th attempt
+        sleeps.append(seconds)
+        if len(sleeps) == 4:
+            stopped_server.start()
+
+    policy = RetryPolicy(initial_s=0.5, max_s=2.0)
+    caplog.set_level(logging.WARNING, logger="streamgauge.sinks.store")
+    try:
+        with ResultStore(stopped_server.url, retry=policy, sleep=sleep) as store:
+            store.ensure_schema()
+            out = store.commit_batch("q", 0, table(row()), [], revision=1)
+    finally:
+        stopped_server.stop()
+    assert sleeps == [0.5, 1.0, 2.0, 2.0]
+    assert out.rows_upserted == 1
+    failures = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert [f"attempt {i}" in r.getMessage() for i, r in enumerate(failures, 1)] == [True] * 4
+    password = json.loads((stopped_server.data_dir / "postgres.json").read_text())["password"]
+    assert password not in caplog.text
+
+
+def test_gives_up_after_max_attempts() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: nothing listens
+    sleeps: list[float] = []
+    url = f"postgresql://u:secret@127.0.0.1:{port}/db"
+    store = ResultStore(url, retry=RetryPolicy(max_attempts=3), sleep=sleeps.append)
+    with pytest.raises(ResultStoreUnavailable, match="after 3 attempts") as info:
+        store.ensure_schema()
+    assert sleeps == [0.5, 1.0]
+    assert "secret" not in str(info.value)
+
+
+def test_reconnects_after_the_connection_is_killed(clean_store: str) -> None:
+    sleeps: list[float] = []
+    with ResultStore(clean_store, sleep=sleeps.append) as store:
+        store.commit_batch("q", 0, table(window(0)), [], revision=1)
+        run_sql(  # what a server restart or a failover does to an idle connection
+            clean_store,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'streamgauge' AND pid <> pg_backend_pid()",
+        )
+        out = store.commit_batch("q", 1, table(window(1)), [], revision=2)
+    assert out.rows_upserted == 1
+    assert sleeps == [0.5]
+    assert len(stored(clean_store)) == 2
+
+
+def test_retry_policy_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"initial_s must be > 0.*max_attempts must be >= 1"):
+        RetryPolicy(initial_s=0, max_attempts=0)
+
+
+# -- run_sql ------------------------------------------------------------------------------------
+
+
+def test_run_sql_returns_columns_and_rows(clean_store: str) -> None:
+    assert run_sql(clean_store, "SELECT 1 AS a, 'x%' AS b WHERE 'x%' LIKE 'x%'") == (
+        ["a", "b"],
+        [(1, "x%")],
+    )
+    assert run_sql(clean_store, "SELECT %s::int AS n", (5,)) == (["n"], [(5,)])
+    assert run_sql(clean_store, "SET application_name = 'x'") == ([], [])
