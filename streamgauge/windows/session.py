@@ -4,11 +4,16 @@ Spark's cold start costs seconds (DESIGN.md §9), so the daemon and the test run
 session and share it. ``spark.sql.shuffle.partitions`` is the number of state-store
 partitions of every stateful query and is frozen into its checkpoint: Spark's default of 200
 makes each micro-batch of a small job run 200 tasks, so it defaults to a few per core here.
+
+Spark starts its Python workers (which run the spool source) with ``python3`` from ``PATH``
+unless told otherwise; outside an activated venv that interpreter lacks pyarrow and
+streamgauge. The workers therefore default to this process's own interpreter.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -24,6 +29,8 @@ def build_spark_session(
     extra_conf: dict[str, str] | None = None,
 ) -> SparkSession:
     partitions = shuffle_partitions or max(2, 2 * (os.cpu_count() or 1))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
