@@ -17,5 +17,5 @@ test: install
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check streamgauge tests bench
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
