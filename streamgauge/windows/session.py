@@ -38,7 +38,14 @@ def build_spark_session(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.metricsEnabled", "true")
+        # Adaptive execution does not apply to streaming; Spark warns once per query otherwise.
+        .config("spark.sql.adaptive.enabled", "false")
     )
+    if master.startswith("local"):
+        # One machine: keep the driver and its UI on loopback, not on the first interface.
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
     if ui_port is not None:
         builder = builder.config("spark.ui.port", str(ui_port))
     for key, value in (extra_conf or {}).items():
