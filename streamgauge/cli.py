@@ -379,29 +379,26 @@ def _expand_stdin(arg: str) -> list[str]:
     return [line.rstrip("\n") for line in sys.stdin if line.strip()]
 
 
-def _resolve_url(data_dir: Path | None, url: str | None) -> str:
-    if url:
-        return url
-    assert data_dir is not None
-    run_file = data_dir / "run.json"
-    if run_file.exists():
-        return str(json.loads(run_file.read_text())["postgres_url"])
-    from streamgauge.sinks.embedded import read_connection_url
-
-    found = read_connection_url(data_dir)
-    if found is None:
-        raise SystemExit(
-            f"no store found under {data_dir}: start `streamgauge run --data-dir {data_dir}` "
-            "or pass --postgres-url"
-        )
-    return found
-
-
 def cmd_query(args: argparse.Namespace) -> int:
+    """Run SQL on the store. With ``--data-dir`` and no daemon running, the embedded store is
+    started for the query and stopped again, so results stay readable after a shutdown."""
+    import psycopg
+
+    from streamgauge.redaction import redact_url
     from streamgauge.sinks.store import run_sql
 
-    url = _resolve_url(args.data_dir, args.postgres_url)
-    columns, rows = run_sql(url, args.sql)
+    url, server = _query_store(args)
+    try:
+        columns, rows = run_sql(url, args.sql)
+    except psycopg.OperationalError as error:
+        print(f"cannot reach the store at {redact_url(url)}: {_first_line(error)}", file=sys.stderr)
+        return 1
+    except psycopg.Error as error:
+        print(f"query failed: {_first_line(error)}", file=sys.stderr)
+        return 1
+    finally:
+        if server is not None and not server.adopted:
+            server.stop()
     if args.json:
         for row in rows:
             print(json.dumps(dict(zip(columns, row, strict=True)), default=_json_value))
@@ -411,6 +408,29 @@ def cmd_query(args: argparse.Namespace) -> int:
     for row in rows:
         print("\t".join("" if v is None else str(_json_value(v)) for v in row))
     return 0
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _query_store(args: argparse.Namespace) -> tuple[str, Any]:
+    """The URL to query, and an embedded server started for it (None if one is running)."""
+    if args.postgres_url:
+        return str(args.postgres_url), None
+    data_dir = args.data_dir.resolve()
+    run_file = data_dir / "run.json"
+    if run_file.exists():
+        return str(json.loads(run_file.read_text())["postgres_url"]), None
+    if not (data_dir / "postgres.json").exists():
+        raise SystemExit(
+            f"no store under {data_dir}: start `streamgauge run --data-dir {data_dir}` "
+            "or pass --postgres-url"
+        )
+    from streamgauge.sinks.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(data_dir)
+    return server.start(), server
 
 
 def _json_value(value: Any) -> Any:
