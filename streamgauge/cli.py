@@ -37,8 +37,10 @@ log = logging.getLogger("streamgauge")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    daemon = args.command in ("run", "ingest", "process")
     logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+        level=logging.DEBUG if getattr(args, "verbose", False) else
+        logging.INFO if daemon else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
