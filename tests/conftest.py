@@ -1,4 +1,4 @@
-"""Shared fixtures: one embedded PostgreSQL for the whole test session.
+"""Shared fixtures: one embedded PostgreSQL and one SparkSession for the whole test session.
 
 Set ``STREAMGAUGE_TEST_POSTGRES_URL`` to run the suite against an existing server instead (its
 tables are truncated by ``clean_store``: never point it at a database you care about).
@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from streamgauge.sinks.embedded import EmbeddedPostgres
 from streamgauge.sinks.store import ResultStore, RetryPolicy, run_sql
+from streamgauge.windows.session import build_spark_session
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +48,11 @@ def clean_store(postgres_url: str) -> str:
         store.ensure_schema()
     run_sql(postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state")
     return postgres_url
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One SparkSession for the whole run: a cold start costs seconds (DESIGN.md §9)."""
+    session = build_spark_session("local[2]", app_name="streamgauge-tests", shuffle_partitions=2)
+    yield session
+    session.stop()
