@@ -46,7 +46,7 @@ def clean_store(postgres_url: str) -> str:
     """The session server's URL, with the schema in place and every result table empty."""
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.ensure_schema()
-    run_sql(postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state")
+    run_sql(postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state, late_events")
     return postgres_url
 
 

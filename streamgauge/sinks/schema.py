@@ -132,7 +132,57 @@ COMMENT ON COLUMN pipeline_state.value_ms IS 'The value, an integer epoch-millis
 COMMENT ON COLUMN pipeline_state.updated_at IS 'Processing time of the last write.';
 """
 
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1,)
+_MIGRATION_2 = """
+CREATE TABLE late_events (
+    id             bigserial        PRIMARY KEY,
+    config_name    text             NOT NULL,
+    window_name    text             NOT NULL,
+    metric         text             NOT NULL,
+    tags           jsonb            NOT NULL DEFAULT '{}',
+    window_start   timestamptz      NOT NULL,
+    window_end     timestamptz      NOT NULL,
+    metric_type    text             NOT NULL,
+    receiver       text             NOT NULL,
+    pane_start     timestamptz      NOT NULL,
+    count          bigint           NOT NULL,
+    sum            double precision NOT NULL,
+    min            double precision NOT NULL,
+    max            double precision NOT NULL,
+    last           double precision NOT NULL,
+    first_recv     timestamptz      NOT NULL,
+    last_recv      timestamptz      NOT NULL,
+    closed_by      timestamptz      NOT NULL,
+    query_name     text             NOT NULL,
+    batch_id       bigint           NOT NULL,
+    recorded_at    timestamptz      NOT NULL,
+    replayed_at    timestamptz
+);
+CREATE INDEX late_events_window_idx
+    ON late_events (config_name, window_name, window_start, window_end);
+
+COMMENT ON TABLE late_events IS
+    'Pane partials that arrived after their window was final (window_end + allowed lateness '
+    'already behind the watermark): never applied by the streaming job, never silently '
+    'dropped. `streamgauge replay` folds them into corrected windows and sets replayed_at.';
+COMMENT ON COLUMN late_events.metric IS 'Metric name of the late partial.';
+COMMENT ON COLUMN late_events.tags IS 'Series tags (the window''s group_by keys), jsonb.';
+COMMENT ON COLUMN late_events.window_start IS 'Start of the window the partial belongs to.';
+COMMENT ON COLUMN late_events.window_end IS 'Exclusive end of that window.';
+COMMENT ON COLUMN late_events.receiver IS 'Segment stream (receiver) the partial came from.';
+COMMENT ON COLUMN late_events.pane_start IS 'Event time of the partial (start of its pane).';
+COMMENT ON COLUMN late_events.count IS 'Samples in the partial.';
+COMMENT ON COLUMN late_events.sum IS 'Sum of the partial (counters scaled by 1/sample rate).';
+COMMENT ON COLUMN late_events.first_recv IS 'Receive time of the first sample in the partial.';
+COMMENT ON COLUMN late_events.last_recv IS 'Receive time of the last sample in the partial.';
+COMMENT ON COLUMN late_events.closed_by IS
+    'The receiver heartbeat that had already closed the window when the partial arrived.';
+COMMENT ON COLUMN late_events.query_name IS 'Streaming query that recorded the row.';
+COMMENT ON COLUMN late_events.batch_id IS 'Its micro-batch id (replays are recognised).';
+COMMENT ON COLUMN late_events.replayed_at IS
+    'When `streamgauge replay` applied the partial to its window; NULL until then.';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2)
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 
 SCHEMA_VERSION = len(MIGRATIONS)

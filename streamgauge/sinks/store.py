@@ -104,17 +104,31 @@ def _ms_to_ts(expr: str) -> str:
     return f"(timestamptz 'epoch' + {expr} * interval '1 millisecond')"
 
 
+# late_events is not taken from the batch: it is derived from the late_events table, so a
+# window row written after its late partials were recorded (the two queries commit
+# independently) still shows them, and a new revision never resets the count.
+_LATE_SAMPLES_OF_STAGED = f"""(
+    SELECT coalesce(sum(l.count), 0) FROM late_events l
+    WHERE l.config_name = s.config_name AND l.window_name = s.window_name
+      AND l.metric = s.metric AND l.tags = s.tags::jsonb
+      AND l.window_start = {_ms_to_ts("s.window_start_ms")}
+      AND l.window_end = {_ms_to_ts("s.window_end_ms")})"""
+
 _UPSERT = f"""
 INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
 SELECT config_name, window_name, metric, tags::jsonb,
        {_ms_to_ts("window_start_ms")}, {_ms_to_ts("window_end_ms")},
        metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count,
-       revision, is_final, late_events, {_ms_to_ts("emitted_at_ms")}
-FROM {_STAGING}
+       revision, is_final, {_LATE_SAMPLES_OF_STAGED}, {_ms_to_ts("emitted_at_ms")}
+FROM {_STAGING} s
 ON CONFLICT ({_KEY}) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}
 WHERE window_results.revision < excluded.revision
 """
+
+# The window query and its late-events query write the same rows; one lock per window
+# definition serialises their transactions, so neither misses the other's rows.
+_LOCK_WINDOW = "SELECT pg_advisory_xact_lock(hashtext(%s))"
 
 # "window_end + lateness <= watermark", written as "window_end <= watermark - lateness" so the
 # partial index on (config_name, window_name, window_end) WHERE NOT is_final can serve it.
@@ -143,6 +157,64 @@ INSERT INTO pipeline_state (config_name, key, value_ms, updated_at)
 VALUES (%s, %s, %s, {_ms_to_ts("%s")})
 ON CONFLICT (config_name, key) DO UPDATE
 SET value_ms = excluded.value_ms, updated_at = excluded.updated_at
+"""
+
+LATE_SCHEMA = pa.schema(
+    [
+        pa.field("config_name", pa.string(), nullable=False),
+        pa.field("window_name", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("tags", pa.string(), nullable=False),
+        pa.field("metric_type", pa.string(), nullable=False),
+        pa.field("window_start_ms", pa.int64(), nullable=False),
+        pa.field("window_end_ms", pa.int64(), nullable=False),
+        pa.field("receiver", pa.string(), nullable=False),
+        pa.field("pane_start_ms", pa.int64(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("sum", pa.float64(), nullable=False),
+        pa.field("min", pa.float64(), nullable=False),
+        pa.field("max", pa.float64(), nullable=False),
+        pa.field("last", pa.float64(), nullable=False),
+        pa.field("first_recv_ms", pa.int64(), nullable=False),
+        pa.field("last_recv_ms", pa.int64(), nullable=False),
+        pa.field("closed_by_ms", pa.int64(), nullable=False),
+    ]
+)
+"""The Arrow schema ``commit_late_batch`` expects: one row per late pane partial and window."""
+
+_LATE_STAGING = "sg_late_staging"
+_LATE_STAGING_DDL = f"""
+CREATE TEMPORARY TABLE IF NOT EXISTS {_LATE_STAGING} (
+    {", ".join(f"{f.name} {_PG_TYPES[f.type]}" for f in LATE_SCHEMA)}
+) ON COMMIT DELETE ROWS
+"""
+
+_INSERT_LATE = f"""
+INSERT INTO late_events (config_name, window_name, metric, tags, window_start, window_end,
+    metric_type, receiver, pane_start, count, sum, min, max, last, first_recv, last_recv,
+    closed_by, query_name, batch_id, recorded_at)
+SELECT config_name, window_name, metric, tags::jsonb,
+       {_ms_to_ts("window_start_ms")}, {_ms_to_ts("window_end_ms")}, metric_type, receiver,
+       {_ms_to_ts("pane_start_ms")}, count, sum, min, max, last,
+       {_ms_to_ts("first_recv_ms")}, {_ms_to_ts("last_recv_ms")}, {_ms_to_ts("closed_by_ms")},
+       %(query_name)s, %(batch_id)s, {_ms_to_ts("%(now_ms)s")}
+FROM {_LATE_STAGING}
+"""
+
+# The late samples are also counted on the window's own row, so a dashboard reading only
+# window_results sees that a final value is missing something (until `replay` applies it).
+# Recomputed from the table (not incremented), like the upsert does: one definition.
+_COUNT_LATE_ON_WINDOWS = f"""
+UPDATE window_results w SET late_events = (
+    SELECT coalesce(sum(l.count), 0) FROM late_events l
+    WHERE (l.config_name, l.window_name, l.metric, l.tags, l.window_start, l.window_end)
+        = (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end))
+FROM (SELECT DISTINCT config_name, window_name, metric, tags::jsonb AS tags,
+             {_ms_to_ts("window_start_ms")} AS window_start,
+             {_ms_to_ts("window_end_ms")} AS window_end
+      FROM {_LATE_STAGING}) s
+WHERE (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end)
+    = (s.config_name, s.window_name, s.metric, s.tags, s.window_start, s.window_end)
 """
 
 
@@ -284,6 +356,7 @@ class ResultStore:
         finalizations: Sequence[Finalization],
         revision: int,
         state: Mapping[tuple[str, str], int] = _NO_STATE,
+        lock_name: str | None = None,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
 
@@ -297,6 +370,7 @@ class ResultStore:
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
             with conn.transaction(), conn.cursor() as cur:
+                cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
                 cur.execute(_CLAIM_BATCH, (query_name, batch_id, now_ms))
                 if cur.rowcount == 0:
                     return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
@@ -330,6 +404,39 @@ class ResultStore:
 
         return self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
 
+    def commit_late_batch(
+        self, query_name: str, batch_id: int, late: pa.Table, lock_name: str | None = None
+    ) -> BatchOutcome:
+        """Record late partials of one micro-batch (no-op if the batch was committed before).
+
+        Rows go to ``late_events``; their sample counts are added to ``late_events`` of the
+        windows they missed, in the same transaction, so a replayed batch cannot count twice.
+        """
+        table = _conform(late, LATE_SCHEMA)
+
+        def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
+            now_ms = self._clock.now_ms()
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
+                cur.execute(_CLAIM_BATCH, (query_name, batch_id, now_ms))
+                if cur.rowcount == 0:
+                    return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
+                written = 0
+                if table.num_rows:
+                    _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, table)
+                    params = {"query_name": query_name, "batch_id": batch_id, "now_ms": now_ms}
+                    cur.execute(_INSERT_LATE, params)
+                    written = max(cur.rowcount, 0)
+                    cur.execute(_COUNT_LATE_ON_WINDOWS)
+                cur.execute(
+                    "UPDATE sink_batches SET rows_written = %s"
+                    " WHERE query_name = %s AND batch_id = %s",
+                    (written, query_name, batch_id),
+                )
+            return BatchOutcome(already_committed=False, rows_upserted=written, rows_finalized=0)
+
+        return self._with_retry(f"commit late batch {batch_id} of {query_name!r}", work)
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -344,14 +451,7 @@ class ResultStore:
     # -- internals --------------------------------------------------------------------------
 
     def _upsert(self, cur: psycopg.Cursor[Any], table: pa.Table) -> int:
-        # Every time, not once per connection: the CREATE is transactional, so a rolled-back
-        # first batch would take the table with it. IF NOT EXISTS makes this one cheap round trip.
-        cur.execute(_STAGING_DDL)
-        columns = ", ".join(RESULT_COLUMNS)
-        with cur.copy(f"COPY {_STAGING} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types([_PG_TYPES[f.type] for f in RESULT_SCHEMA])
-            for row in _rows(table):
-                copy.write_row(row)
+        _copy_into(cur, _STAGING_DDL, _STAGING, table)
         try:
             cur.execute(_UPSERT)
         except pgerrors.CardinalityViolation as exc:
@@ -392,33 +492,45 @@ class ResultStore:
                 self._sleep(delay)
 
 
+def _copy_into(cur: psycopg.Cursor[Any], ddl: str, staging: str, table: pa.Table) -> None:
+    """Binary COPY of an Arrow table into a per-connection temporary staging table."""
+    # Every time, not once per connection: the CREATE is transactional, so a rolled-back
+    # first batch would take the table with it. IF NOT EXISTS makes this one cheap round trip.
+    cur.execute(ddl)
+    columns = ", ".join(table.schema.names)
+    with cur.copy(f"COPY {staging} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types([_PG_TYPES[f.type] for f in table.schema])
+        for row in _rows(table):
+            copy.write_row(row)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _conform(results: pa.Table) -> pa.Table:
-    """Select and cast the result columns; every problem reported at once, before any I/O."""
+def _conform(results: pa.Table, target: pa.Schema = RESULT_SCHEMA) -> pa.Table:
+    """Select and cast the columns of ``target``; every problem reported at once, before I/O."""
     if results.num_columns == 0 and results.num_rows == 0:
-        return RESULT_SCHEMA.empty_table()  # "no results" (e.g. a finalization-only batch)
+        return target.empty_table()  # "no results" (e.g. a finalization-only batch)
     names = set(results.column_names)
     problems = []
-    missing = [c for c in RESULT_COLUMNS if c not in names]
-    extra = sorted(names - set(RESULT_COLUMNS))
+    missing = [c for c in target.names if c not in names]
+    extra = sorted(names - set(target.names))
     if missing:
         problems.append(f"missing columns {missing}")
     if extra:
         problems.append(f"unexpected columns {extra}")
     if not problems:
-        for field in RESULT_SCHEMA:
+        for field in target:
             if not field.nullable and results.column(field.name).null_count:
                 problems.append(f"column {field.name!r} has nulls but is required")
     if problems:
-        message = "results table does not match RESULT_COLUMNS: " + "; ".join(problems)
+        message = "results table does not match the expected columns: " + "; ".join(problems)
         raise ValueError(message)
-    table = results.select(list(RESULT_COLUMNS))
+    table = results.select(list(target.names))
     try:
-        return table.cast(RESULT_SCHEMA)  # safe cast: refuses lossy conversions
+        return table.cast(target)  # safe cast: refuses lossy conversions
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ValueError(f"results table has a column of the wrong type: {exc}") from exc
 

@@ -93,46 +93,133 @@ def series_tags(group_by: tuple[str, ...]) -> Column:
     return F.to_json(kept)
 
 
-def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
-    """Merge pane partials into the windows of ``window`` (tumbling in this slice)."""
+def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> DataFrame:
+    """Add ``window_start_ms``/``window_end_ms``/``late`` (+ ``suffix``) for one window spec.
+
+    Event time is the pane start, capped at the segment's heartbeat: a client timestamp from
+    the future (within the ingest skew) counts as "now" rather than dragging the watermark
+    ahead of the receivers. A row is **late** when its window was already final before the
+    row's segment was written: ``window_end + allowed_lateness <= prior_heartbeat -
+    watermark_delay``. Timeline (size 10 s, delay 1 s, lateness 5 s)::
+
+        [0 s ............ 10 s)~~~~~ lateness ~~~~~|
+                                  prior heartbeat - 1 s >= 15 s  →  late
+    """
     if window.kind != "tumbling":
         raise NotImplementedError(
             f"window {window.name!r}: kind {window.kind!r} is not implemented yet; "
             "only tumbling windows run in this build"
         )
     assert window.size_ms is not None
-    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms
-    events = source.withColumn("event_time", F.timestamp_millis("pane_start_ms")).withWatermark(
-        "event_time", f"{horizon_ms} milliseconds"
+    size, offset = window.size_ms, window.offset_ms
+    event_ms = F.least(F.col("pane_start_ms"), F.col("segment_heartbeat_ms"))
+    start = event_ms - F.pmod(event_ms - F.lit(offset), F.lit(size))
+    closes_at = start + F.lit(size + window.allowed_lateness_ms)
+    late = (closes_at <= F.col("prior_heartbeat_ms") - F.lit(window.watermark_delay_ms)) & (
+        metric_filter(window.metrics)
     )
-    bucket = F.window(
-        "event_time", f"{window.size_ms} milliseconds", startTime=f"{window.offset_ms} milliseconds"
+    return (
+        source.withColumn(f"window_start_ms{suffix}", start)
+        .withColumn(f"window_end_ms{suffix}", start + F.lit(size))
+        .withColumn(f"tags{suffix}", series_tags(window.group_by))
+        .withColumn(f"late{suffix}", late)
     )
-    grouped = (
-        events.where(metric_filter(window.metrics))
-        .withColumn("series_tags", series_tags(window.group_by))
-        .groupBy(bucket.alias("w"), F.col("metric"), F.col("series_tags"))
-        .agg(
-            F.min("metric_type").alias("metric_type"),
-            F.sum("count").alias("count"),
-            F.sum("sum").alias("sum"),
-            F.min("min").alias("min"),
-            F.max("max").alias("max"),
-            F.max_by("last", "last_event_ms").alias("last"),
-        )
+
+
+def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """Merge on-time pane partials into the windows of ``window``.
+
+    Late rows are removed here and recorded by the late-events query instead, so Spark's own
+    watermark never has to drop anything: it only bounds state. Spark evicts a window once
+    ``window_end <= max(window_end seen) - (delay + lateness + size)``; the extra ``size``
+    covers a window end running up to one window ahead of the newest event.
+    """
+    assert window.size_ms is not None
+    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + window.size_ms
+    on_time = (
+        assign_windows(source, window)
+        .where(metric_filter(window.metrics) & ~F.col("late"))
+        .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
+        .withWatermark("window_end_ts", f"{horizon_ms} milliseconds")
+    )
+    grouped = on_time.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
+        F.min("metric_type").alias("metric_type"),
+        F.sum("count").alias("count"),
+        F.sum("sum").alias("sum"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.max_by("last", "last_event_ms").alias("last"),
     )
     return grouped.select(
         "metric",
-        F.col("series_tags").alias("tags"),
+        "tags",
         "metric_type",
-        F.unix_millis(F.col("w.start")).alias("window_start_ms"),
-        F.unix_millis(F.col("w.end")).alias("window_end_ms"),
+        "window_start_ms",
+        F.unix_millis("window_end_ts").alias("window_end_ms"),
         "count",
         "sum",
         "min",
         "max",
         "last",
     )
+
+
+def late_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """Rows that are late for ``window``: a stateless query, so nothing is dropped on the way.
+
+    One late query per window, checkpointed beside the window's own query: both restart
+    together when the window's definition changes, so a late partial is never counted twice.
+    """
+    return assign_windows(source, window).where(
+        # A partial can only be late if it is older than the heartbeat before its segment.
+        (F.col("pane_start_ms") < F.col("prior_heartbeat_ms")) & F.col("late")
+    )
+
+
+def to_late_rows(late: pa.Table, config: PipelineConfig, window: WindowSpec) -> pa.Table:
+    """The late partials in the store's ``LATE_SCHEMA`` shape (vectorised)."""
+    n = late.num_rows
+    if n == 0:
+        return pa.table({})
+    return pa.table(
+        {
+            "config_name": pa.array([config.name] * n, pa.string()),
+            "window_name": pa.array([window.name] * n, pa.string()),
+            **{
+                name: late.column(name)
+                for name in (
+                    "metric", "tags", "metric_type", "window_start_ms", "window_end_ms",
+                    "receiver", "pane_start_ms", "count", "sum", "min", "max", "last",
+                    "first_recv_ms", "last_recv_ms",
+                )
+            },  # fmt: skip
+            "closed_by_ms": late.column("prior_heartbeat_ms"),
+        }
+    )
+
+
+class LateBatchWriter:
+    """The ``foreachBatch`` function of a window's late-events query."""
+
+    def __init__(self, config: PipelineConfig, window: WindowSpec, store: ResultStore) -> None:
+        self._config = config
+        self._window = window
+        self._store = store
+        self.name = late_query_name(config, window)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        rows = to_late_rows(batch.toArrow(), self._config, self._window)
+        lock_name = query_name(self._config, self._window)  # the window query's
+        outcome = self._store.commit_late_batch(self.name, batch_id, rows, lock_name)
+        if outcome.rows_upserted:
+            log.warning(
+                "%s batch %d: %d late partial(s) recorded in late_events",
+                self.name, batch_id, outcome.rows_upserted,
+            )  # fmt: skip
+
+
+def late_query_name(config: PipelineConfig, window: WindowSpec) -> str:
+    return f"{query_name(config, window)}.late"
 
 
 def to_result_rows(
@@ -228,8 +315,9 @@ class WindowBatchWriter:
             )
             state[(self._config.name, f"watermark_ms:{self._window.name}")] = watermark_ms
         outcome = self._store.commit_batch(
-            self._name, batch_id, rows, finalizations, revision=revision, state=state
-        )
+            self._name, batch_id, rows, finalizations, revision=revision, state=state,
+            lock_name=self._name,
+        )  # fmt: skip
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
 
 
@@ -250,20 +338,51 @@ def start_window_queries(
     """
     queries: list[StreamingQuery] = []
     for window in config.windows:
-        source = spark.readStream.format(SOURCE_NAME).option("path", str(paths.spool)).load()
         checkpoint = checkpoint_dir(paths, config, window)
-        checkpoint.mkdir(parents=True, exist_ok=True)
         writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
-        stream = (
-            windowed_partials(source, window)
-            .writeStream.queryName(query_name(config, window))
-            .outputMode("update")
-            .option("checkpointLocation", str(checkpoint))
-            .foreachBatch(writer)
+        queries.append(
+            _start(
+                windowed_partials(_read_spool(spark, paths), window),
+                query_name(config, window),
+                checkpoint,
+                writer,
+                trigger_interval,
+                output_mode="update",
+            )
         )
-        if trigger_interval is None:
-            stream = stream.trigger(availableNow=True)
-        else:
-            stream = stream.trigger(processingTime=trigger_interval)
-        queries.append(stream.start())
+        queries.append(
+            _start(
+                late_partials(_read_spool(spark, paths), window),
+                late_query_name(config, window),
+                checkpoint.with_name(checkpoint.name + ".late"),
+                LateBatchWriter(config, window, store_factory()),
+                trigger_interval,
+                output_mode="append",
+            )
+        )
     return queries
+
+
+def _read_spool(spark: SparkSession, paths: JobPaths) -> DataFrame:
+    return spark.readStream.format(SOURCE_NAME).option("path", str(paths.spool)).load()
+
+
+def _start(
+    frame: DataFrame,
+    name: str,
+    checkpoint: Path,
+    writer: Callable[[DataFrame, int], None],
+    trigger_interval: str | None,
+    *,
+    output_mode: str,
+) -> StreamingQuery:
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    stream = (
+        frame.writeStream.queryName(name)
+        .outputMode(output_mode)
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(writer)
+    )
+    if trigger_interval is None:
+        return stream.trigger(availableNow=True).start()
+    return stream.trigger(processingTime=trigger_interval).start()

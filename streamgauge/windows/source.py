@@ -8,7 +8,12 @@ Spark writes each batch's end offset to its checkpoint (``offsets/<batch id>``) 
 the batch, so the job is exactly-once over the log, and the sink reads the heartbeats of the
 batch it is writing from there (``batch_heartbeats``): a deterministic watermark per batch.
 
-Rows are yielded as Arrow record batches (no per-row Python objects).
+Rows are yielded as Arrow record batches (no per-row Python objects), with three columns
+added to the segment's own: ``receiver``, ``segment_heartbeat_ms`` (the heartbeat written with
+the row's segment) and ``prior_heartbeat_ms`` (the heartbeat of the stream's previous segment,
+0 for the first). The job judges lateness from ``prior_heartbeat_ms``: a property of the log,
+not of how Spark happened to cut micro-batches, so the same row is late or on time in every
+run, replay or restart.
 """
 
 from __future__ import annotations
@@ -40,17 +45,23 @@ SOURCE_NAME = "streamgauge_spool"
 SOURCE_DDL = (
     "metric string, metric_type string, tags string, pane_start_ms bigint, count bigint, "
     "sum double, min double, max double, last double, last_event_ms bigint, "
-    "first_recv_ms bigint, last_recv_ms bigint"
+    "first_recv_ms bigint, last_recv_ms bigint, "
+    "receiver string, segment_heartbeat_ms bigint, prior_heartbeat_ms bigint"
 )
+_ADDED_COLUMNS = 3
 
 
 class SegmentPartition(InputPartition):
-    """A contiguous run of one receiver's segments; picklable (paths as strings)."""
+    """A contiguous run of one receiver's segments; picklable (paths as strings).
 
-    def __init__(self, receiver: str, paths: list[str]) -> None:
-        super().__init__((receiver, paths))
+    ``prior_heartbeat_ms`` is the heartbeat of the segment before the first one of the run.
+    """
+
+    def __init__(self, receiver: str, paths: list[str], prior_heartbeat_ms: int) -> None:
+        super().__init__((receiver, paths, prior_heartbeat_ms))
         self.receiver = receiver
         self.paths = paths
+        self.prior_heartbeat_ms = prior_heartbeat_ms
 
 
 class SpoolStreamReader(DataSourceStreamReader):
@@ -82,19 +93,39 @@ class SpoolStreamReader(DataSourceStreamReader):
         parts: list[InputPartition] = []
         for receiver, position in sorted(end.get("receivers", {}).items()):
             after = begun.get(receiver, {"seq": -1})["seq"]
-            segments = list_segments(self._spool, receiver, after=after, upto=position["seq"])
+            segments = list_segments(self._spool, receiver, after=after - 1, upto=position["seq"])
+            prior = 0
+            if segments and segments[0].sequence == after:
+                prior = read_heartbeat(segments.pop(0).path).heartbeat_ms
             step = self._max_segments_per_partition
             for index in range(0, len(segments), step):
-                chunk = [str(s.path) for s in segments[index : index + step]]
-                parts.append(SegmentPartition(receiver, chunk))
+                run = segments[index : index + step]
+                parts.append(SegmentPartition(receiver, [str(s.path) for s in run], prior))
+                prior = read_heartbeat(run[-1].path).heartbeat_ms
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SegmentPartition)
+        prior = partition.prior_heartbeat_ms
         for path in partition.paths:
+            heartbeat = read_heartbeat(Path(path)).heartbeat_ms
             for batch in read_segment(Path(path)):
                 if batch.num_rows:
-                    yield batch
+                    yield _with_stream_columns(batch, partition.receiver, heartbeat, prior)
+            prior = heartbeat
+
+
+def _with_stream_columns(
+    batch: pa.RecordBatch, receiver: str, heartbeat_ms: int, prior_heartbeat_ms: int
+) -> pa.RecordBatch:
+    n = batch.num_rows
+    added = [
+        pa.array([receiver] * n, pa.string()),
+        pa.array([heartbeat_ms] * n, pa.int64()),
+        pa.array([prior_heartbeat_ms] * n, pa.int64()),
+    ]
+    names = [*batch.schema.names, "receiver", "segment_heartbeat_ms", "prior_heartbeat_ms"]
+    return pa.RecordBatch.from_arrays([*batch.columns, *added], names=names)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Retention of committed segments is owned by the ingest tier, not by the reader."""
@@ -142,4 +173,4 @@ def receivers_heartbeat_ms(receivers: dict[str, dict[str, Any]]) -> int | None:
 
 assert [f.name for f in SEGMENT_SCHEMA] == [
     part.split()[0] for part in SOURCE_DDL.split(", ")
-], "SOURCE_DDL must list SEGMENT_SCHEMA's columns in order"
+][:-_ADDED_COLUMNS], "SOURCE_DDL must list SEGMENT_SCHEMA's columns in order"

@@ -1,0 +1,185 @@
+"""A pure-Python windower with the Spark job's semantics: the oracle of the transcript tests.
+
+It consumes the same thing the job does (segments of pane partials, each with its receiver's
+heartbeat) and produces the final state the store must hold: one row per window with its
+aggregates, ``is_final`` and ``late_events``, plus the late partials. It is deliberately
+simple (dicts and loops, no Spark), so that a disagreement points at the job.
+
+Rules (the same as ``streamgauge.windows.job``; see its docstrings):
+
+- event time of a partial = ``min(pane_start, heartbeat of its segment)``;
+- window ``[start, end)`` with ``start = t - (t - offset) mod size``;
+- a partial is late for a window when ``end + allowed_lateness <= prior heartbeat -
+  watermark_delay`` (prior heartbeat = the stream's previous segment's heartbeat, 0 if none);
+- final when ``end + allowed_lateness <= W``, ``W = heartbeat(receivers) - watermark_delay``,
+  the heartbeat of the receivers being the minimum over open streams (the latest if all are
+  closed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from streamgauge.configs import PipelineConfig, WindowSpec
+from streamgauge.windows.source import receivers_heartbeat_ms
+
+
+@dataclass(frozen=True, slots=True)
+class PanePartial:
+    """One row of a segment (``streamgauge.ingest.log.SEGMENT_SCHEMA``)."""
+
+    metric: str
+    metric_type: str
+    tags: str
+    pane_start_ms: int
+    count: int
+    sum: float
+    min: float
+    max: float
+    last: float
+    last_event_ms: int
+    first_recv_ms: int
+    last_recv_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    receiver: str
+    heartbeat_ms: int
+    closed: bool
+    partials: tuple[PanePartial, ...]
+
+
+WindowKey = tuple[str, str, str, int, int]  # window name, metric, tags, start, end
+
+
+@dataclass(slots=True)
+class WindowState:
+    metric_type: str
+    count: int = 0
+    sum: float = 0.0
+    min: float = float("inf")
+    max: float = float("-inf")
+    last: float = 0.0
+    last_event_ms: int = -1
+
+    def add(self, partial: PanePartial) -> None:
+        self.count += partial.count
+        self.sum += partial.sum
+        self.min = min(self.min, partial.min)
+        self.max = max(self.max, partial.max)
+        if partial.last_event_ms > self.last_event_ms:
+            self.last, self.last_event_ms = partial.last, partial.last_event_ms
+
+
+@dataclass(frozen=True, slots=True)
+class StoredWindow:
+    """What ``window_results`` holds for a window, minus revision and emission time."""
+
+    metric_type: str
+    count: int
+    sum: float | None
+    min: float | None
+    max: float | None
+    last: float | None
+    is_final: bool
+    late_events: int
+
+
+@dataclass(frozen=True, slots=True)
+class LatePartial:
+    window_name: str
+    metric: str
+    tags: str
+    window_start_ms: int
+    window_end_ms: int
+    receiver: str
+    pane_start_ms: int
+    count: int
+
+
+def project_tags(tags_json: str, group_by: tuple[str, ...]) -> str:
+    """Keep the ``group_by`` keys, in the sorted order ingest wrote them."""
+    if not group_by:
+        return "{}"
+    tags = json.loads(tags_json)
+    kept = {k: v for k, v in tags.items() if k in group_by}
+    return json.dumps(kept, separators=(",", ":"))
+
+
+@dataclass
+class ReferenceWindower:
+    config: PipelineConfig
+    windows: dict[WindowKey, WindowState] = field(default_factory=dict)
+    late: list[LatePartial] = field(default_factory=list)
+    _heartbeats: dict[str, tuple[int, bool]] = field(default_factory=dict)
+
+    def feed_all(self, segments: Iterable[Segment]) -> None:
+        for segment in segments:
+            self.feed(segment)
+
+    def feed(self, segment: Segment) -> None:
+        prior_ms, _ = self._heartbeats.get(segment.receiver, (0, False))
+        for partial in segment.partials:
+            for window in self.config.windows:
+                if window.matches(partial.metric):
+                    self._assign(window, segment, prior_ms, partial)
+        self._heartbeats[segment.receiver] = (segment.heartbeat_ms, segment.closed)
+
+    def _assign(
+        self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial
+    ) -> None:
+        if window.kind != "tumbling":
+            raise NotImplementedError(f"reference windower: kind {window.kind!r}")
+        assert window.size_ms is not None
+        event_ms = min(partial.pane_start_ms, segment.heartbeat_ms)
+        start = event_ms - (event_ms - window.offset_ms) % window.size_ms
+        end = start + window.size_ms
+        tags = project_tags(partial.tags, window.group_by)
+        key = (window.name, partial.metric, tags, start, end)
+        if end + window.allowed_lateness_ms <= prior_ms - window.watermark_delay_ms:
+            self.late.append(
+                LatePartial(
+                    window.name, partial.metric, tags, start, end, segment.receiver,
+                    partial.pane_start_ms, partial.count,
+                )
+            )  # fmt: skip
+            return
+        state = self.windows.get(key)
+        if state is None:
+            state = self.windows[key] = WindowState(partial.metric_type)
+        state.add(partial)
+
+    def watermark_ms(self, window: WindowSpec) -> int | None:
+        heartbeat = receivers_heartbeat_ms(
+            {r: {"heartbeat_ms": hb, "closed": closed} for r, (hb, closed) in
+             self._heartbeats.items()}
+        )  # fmt: skip
+        return None if heartbeat is None else heartbeat - window.watermark_delay_ms
+
+    def stored(self) -> dict[WindowKey, StoredWindow]:
+        """The final state of ``window_results``, as the job stores it (NULLs by type)."""
+        late_samples: dict[WindowKey, int] = {}
+        for late in self.late:
+            key = (late.window_name, late.metric, late.tags, late.window_start_ms,
+                   late.window_end_ms)  # fmt: skip
+            late_samples[key] = late_samples.get(key, 0) + late.count
+        result: dict[WindowKey, StoredWindow] = {}
+        for key, state in self.windows.items():
+            window = self.config.window(key[0])
+            watermark = self.watermark_ms(window)
+            final = watermark is not None and key[4] + window.allowed_lateness_ms <= watermark
+            counter, gauge = state.metric_type == "c", state.metric_type == "g"
+            result[key] = StoredWindow(
+                metric_type=state.metric_type,
+                count=state.count,
+                sum=None if gauge else state.sum,
+                min=None if counter else state.min,
+                max=None if counter else state.max,
+                last=state.last if gauge else None,
+                is_final=final,
+                late_events=late_samples.get(key, 0),
+            )
+        return result

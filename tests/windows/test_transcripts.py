@@ -1,0 +1,170 @@
+"""Every transcript through both engines: the reference windower and the Spark job.
+
+The Spark side writes the transcript's segments as a real segment log, runs the real window
+queries (``availableNow``) into the real PostgreSQL, and the stored final state must equal
+the reference's and the transcript's expectations. ``test_batching_does_not_change_the_result``
+runs one transcript a segment at a time, one micro-batch per segment, to show the final
+state does not depend on how Spark cuts batches.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from streamgauge.clock import ManualClock
+from streamgauge.configs import PipelineConfig
+from streamgauge.sinks.store import ResultStore, run_sql
+from streamgauge.windows.job import JobPaths, start_window_queries
+from streamgauge.windows.reference import ReferenceWindower
+from tests.windows.transcript import (
+    T0,
+    StateKey,
+    Transcript,
+    TranscriptError,
+    canonical_tags,
+    expected_state,
+    load_transcript,
+)
+
+HERE = Path(__file__).parent / "transcripts"
+VALID = sorted(HERE.glob("*.yaml"))
+INVALID = sorted((HERE / "invalid").glob("*.yaml"))
+
+
+State = tuple[dict[StateKey, dict[str, Any]], list[Any]]
+
+
+def _load(path: Path) -> Transcript:
+    return load_transcript(path.read_text(), path.name)
+
+
+def reference_state(transcript: Transcript) -> State:
+    windower = ReferenceWindower(transcript.config)
+    windower.feed_all(transcript.segments)
+    state = {
+        (name, metric, canonical_tags(tags), start - T0): {
+            "type": w.metric_type, "count": w.count, "sum": w.sum, "min": w.min, "max": w.max,
+            "last": w.last, "final": w.is_final, "late_events": w.late_events,
+        }
+        for (name, metric, tags, start, _end), w in windower.stored().items()
+    }  # fmt: skip
+    late = sorted(
+        (x.window_name, x.metric, canonical_tags(x.tags), x.window_start_ms - T0, x.count)
+        for x in windower.late
+    )
+    return state, late
+
+
+def stored_state(url: str, config: PipelineConfig) -> State:
+    columns, rows = run_sql(
+        url,
+        "select window_name, metric, tags, "
+        "(extract(epoch from window_start) * 1000)::bigint - %s as start, metric_type, count, "
+        "sum, min, max, last, is_final, late_events from window_results where config_name = %s",
+        [T0, config.name],
+    )
+    state = {}
+    for row in rows:
+        r = dict(zip(columns, row, strict=True))
+        state[(r["window_name"], r["metric"], canonical_tags(r["tags"]), r["start"])] = {
+            "type": r["metric_type"], "count": r["count"], "sum": r["sum"], "min": r["min"],
+            "max": r["max"], "last": r["last"], "final": r["is_final"],
+            "late_events": r["late_events"],
+        }  # fmt: skip
+    _, late_rows = run_sql(
+        url,
+        "select window_name, metric, tags, "
+        "(extract(epoch from window_start) * 1000)::bigint - %s, count "
+        "from late_events where config_name = %s",
+        [T0, config.name],
+    )
+    late = sorted((w, m, canonical_tags(t), int(s), int(c)) for w, m, t, s, c in late_rows)
+    return state, late
+
+
+def run_spark(spark: SparkSession, url: str, spool: Path, config: PipelineConfig) -> None:
+    paths = JobPaths(spool=spool, checkpoints=spool.parent / "checkpoints")
+    queries = start_window_queries(
+        spark, config, paths, lambda: ResultStore(url), ManualClock(T0), trigger_interval=None
+    )
+    for query in queries:
+        query.awaitTermination(180)
+        assert query.exception() is None, query.exception()
+
+
+def check_expectations(transcript: Transcript, state: dict[StateKey, dict[str, Any]]) -> None:
+    expected = expected_state(transcript)
+    assert set(state) == set(expected), "windows differ from the transcript's expectations"
+    for key, fields in expected.items():
+        actual = {name: state[key][name] for name in fields}
+        assert actual == fields, key
+
+
+@pytest.mark.parametrize("path", VALID, ids=[p.stem for p in VALID])
+def test_reference_windower_meets_the_transcript(path: Path) -> None:
+    transcript = _load(path)
+    state, late = reference_state(transcript)
+    check_expectations(transcript, state)
+    if transcript.expected_late is not None:
+        expected_late = sorted(
+            (x["window"], x["metric"], canonical_tags(x.get("tags")), x["start"], x["count"])
+            for x in transcript.expected_late
+        )
+        assert late == expected_late
+
+
+@pytest.mark.parametrize("path", VALID, ids=[p.stem for p in VALID])
+def test_spark_job_stores_what_the_reference_computes(
+    path: Path, spark: SparkSession, clean_store: str, tmp_path: Path
+) -> None:
+    transcript = _load(path)
+    transcript.write_spool(tmp_path / "spool")
+    run_spark(spark, clean_store, tmp_path / "spool", transcript.config)
+    stored, stored_late = stored_state(clean_store, transcript.config)
+    reference, reference_late = reference_state(transcript)
+    assert stored == reference
+    assert stored_late == reference_late
+    check_expectations(transcript, stored)
+
+
+def test_batching_does_not_change_the_result(
+    spark: SparkSession, clean_store: str, tmp_path: Path
+) -> None:
+    transcript = _load(HERE / "stragglers_beyond_lateness.yaml")
+    spool = tmp_path / "spool"
+    for count in range(1, len(transcript.segments) + 1):
+        partial = Transcript(
+            transcript.name, transcript.config, transcript.segments[:count],
+            transcript.expected_windows, transcript.expected_late,
+        )  # fmt: skip
+        partial.write_spool(tmp_path / f"staging-{count}")
+        # append only the newest segment to the live spool, as a receiver would
+        for source in sorted((tmp_path / f"staging-{count}").rglob("*.arrow")):
+            target = spool / source.parent.name / source.name
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(source.read_bytes())
+        run_spark(spark, clean_store, spool, transcript.config)
+    stored, stored_late = stored_state(clean_store, transcript.config)
+    assert (stored, stored_late) == reference_state(transcript)
+    _, revisions = run_sql(
+        clean_store,
+        "select max(revision) from window_results where config_name = %s",
+        [transcript.config.name],
+    )
+    assert revisions[0][0] > 1  # windows were revised across several micro-batches
+
+
+@pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
+def test_invalid_transcripts_are_refused(path: Path) -> None:
+    text = path.read_text()
+    match = re.search(r"# expect-error: (.+)", text)
+    assert match, f"{path.name} must say which error it expects"
+    with pytest.raises(TranscriptError) as error:
+        load_transcript(text, path.name)
+    assert match.group(1).strip() in str(error.value)
