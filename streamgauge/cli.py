@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -62,18 +61,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="the whole daemon: receivers, Spark job, store")
     common(run)
-    run.add_argument("--listen", default=DEFAULT_LISTEN, help="UDP HOST:PORT (default %(default)s)")
+    run.add_argument("--listen", action="append", metavar="ADDR",
+                     help="udp://HOST:PORT, tcp://HOST:PORT, unixgram:///PATH or HOST:PORT (UDP); "
+                     f"repeatable (default {DEFAULT_LISTEN})")
+    run.add_argument("--receivers", type=int, default=1, metavar="N",
+                     help="ingest processes sharing each UDP port with SO_REUSEPORT, streams "
+                     "udp-0..udp-N-1; TCP and Unix listeners are served by udp-0 (default 1)")
     run.add_argument("--postgres-url", help="use this PostgreSQL instead of the embedded one")
     run.add_argument("--pg-port", type=int, help="TCP port of the embedded PostgreSQL")
     run.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
     run.add_argument("--trigger", default="0.5 seconds", help="micro-batch interval")
     run.set_defaults(handler=cmd_run)
 
-    ingest = commands.add_parser("ingest", help="UDP receiver only, writing the segment log")
+    ingest = commands.add_parser("ingest", help="receiver only (UDP, TCP, Unix datagram), "
+                                 "writing one stream of the segment log")
     common(ingest)
-    ingest.add_argument("--listen", default=DEFAULT_LISTEN)
+    ingest.add_argument("--listen", action="append", metavar="ADDR",
+                        help="udp://HOST:PORT, tcp://HOST:PORT, unixgram:///PATH or HOST:PORT "
+                        f"(UDP); repeatable, one process serves them all "
+                        f"(default {DEFAULT_LISTEN})")
     ingest.add_argument("--receiver", default=RECEIVER_NAME, help="stream name in the spool")
-    ingest.add_argument("--inherit-fd", type=int, help=argparse.SUPPRESS)
+    ingest.add_argument("--max-skew", type=float, default=600, metavar="SECONDS",
+                        help="a DogStatsD |T timestamp is the event time only within this many "
+                        "seconds of the receive clock (default %(default)s)")
+    ingest.add_argument("--max-series", type=int, metavar="N",
+                        help="active series per receiver before new ones fold into the "
+                        "overflow series; 0 = no limit (default 100000)")
+    ingest.add_argument("--max-series-per-metric", type=int, metavar="N",
+                        help="active series per metric name; 0 = no limit (default 10000)")
+    ingest.add_argument("--series-ttl", type=float, metavar="SECONDS",
+                        help="a series stays active this long after its last sample (default 600)")
+    ingest.add_argument("--max-line-bytes", type=int, metavar="N", help="(default 4096)")
+    ingest.add_argument("--max-tags", type=int, metavar="N", help="tags per line (default 64)")
+    ingest.add_argument("--rcvbuf", type=int, metavar="BYTES",
+                        help="socket receive buffer (default 8 MiB)")
+    ingest.add_argument("--unix-mode", default="0600", choices=["0600", "0660"],
+                        help="permissions of unixgram sockets (default %(default)s)")
+    ingest.add_argument("--inherit-fd", type=int, action="append", help=argparse.SUPPRESS)
     ingest.set_defaults(handler=cmd_ingest)
 
     process = commands.add_parser("process", help="Spark window job only, reading the spool")
@@ -100,6 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--postgres-url")
     query.add_argument("--json", action="store_true", help="one JSON object per row")
     query.set_defaults(handler=cmd_query)
+
+    replay = commands.add_parser(
+        "replay", help="recompute final windows from the segment log; publish corrections"
+    )
+    replay.add_argument("--from", dest="from_time", required=True,
+                        help="ISO-8601 UTC (2026-11-21T10:00:00Z) or epoch seconds")
+    replay.add_argument("--to", dest="to_time", required=True, help="same forms; exclusive")
+    replay.add_argument("--config", default=DEFAULT_CONFIG)
+    replay.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
+    replay.add_argument("--postgres-url")
+    replay.add_argument("--master", default=DEFAULT_MASTER)
+    replay.set_defaults(handler=cmd_replay)
 
     status = commands.add_parser("status", help="what a running daemon is doing")
     status.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
@@ -158,14 +194,39 @@ class StopRequested:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from streamgauge.ingest.process import IngestSettings, parse_listen, run_ingest
+    import dataclasses
+
+    from streamgauge.ingest.guard import CardinalityLimits
+    from streamgauge.ingest.process import IngestSettings, run_ingest, sockets_from_fds
+    from streamgauge.ingest.protocol import DEFAULT_LIMITS
+    from streamgauge.ingest.transports import DEFAULT_RCVBUF_BYTES, parse_listen_spec
 
     config = _load_config_or_exit(args.config)
-    settings = IngestSettings(args.data_dir.resolve(), args.receiver, config.pane_ms)
-    sock = None
-    if args.inherit_fd is not None:
-        sock = socket.socket(fileno=args.inherit_fd)
-    run_ingest(settings, sock=sock, listen=parse_listen(args.listen))
+    try:
+        listen = [parse_listen_spec(text) for text in args.listen or [DEFAULT_LISTEN]]
+        cardinality = CardinalityLimits()
+        if args.max_series is not None:
+            cardinality = dataclasses.replace(cardinality, max_series=args.max_series)
+        if args.max_series_per_metric is not None:
+            cardinality = dataclasses.replace(
+                cardinality, max_series_per_metric=args.max_series_per_metric)
+        if args.series_ttl is not None:
+            cardinality = dataclasses.replace(cardinality, ttl_ms=round(args.series_ttl * 1000))
+        limits = DEFAULT_LIMITS
+        if args.max_line_bytes is not None:
+            limits = dataclasses.replace(limits, max_line_bytes=args.max_line_bytes)
+        if args.max_tags is not None:
+            limits = dataclasses.replace(limits, max_tags=args.max_tags)
+        settings = IngestSettings(
+            args.data_dir.resolve(), args.receiver, config.pane_ms,
+            max_skew_ms=round(args.max_skew * 1000), limits=limits, cardinality=cardinality,
+            rcvbuf_bytes=args.rcvbuf or DEFAULT_RCVBUF_BYTES, unix_mode=int(args.unix_mode, 8),
+        )
+    except ValueError as error:
+        print(f"streamgauge ingest: {error}", file=sys.stderr)
+        return 2
+    sockets = sockets_from_fds(args.inherit_fd) if args.inherit_fd else None
+    run_ingest(settings, sock=sockets, listen=listen)
     return 0
 
 
@@ -254,8 +315,8 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from streamgauge.ingest.process import parse_listen
-    from streamgauge.ingest.receiver import bind_udp
+    from streamgauge.ingest.process import IngestChildren, bind_receivers, udp_address
+    from streamgauge.ingest.transports import parse_listen_spec
     from streamgauge.redaction import redact_url
 
     config = _load_config_or_exit(args.config)
@@ -264,21 +325,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_file = data_dir / "run.json"
     run_file.unlink(missing_ok=True)
     stop = StopRequested()
-    host, port = parse_listen(args.listen)
-    sock = bind_udp(host, port)  # bound here so a busy port fails before anything starts
-    udp = f"{sock.getsockname()[0]}:{sock.getsockname()[1]}"
+    # bound here so a busy port fails before anything starts; one socket list per child
+    try:
+        groups = bind_receivers(
+            [parse_listen_spec(text) for text in args.listen or [DEFAULT_LISTEN]], args.receivers)
+    except ValueError as error:
+        print(f"streamgauge run: {error}", file=sys.stderr)
+        return 2
+    udp = udp_address(groups[0])
     url, server = _start_store(args, data_dir)
-    ingest: subprocess.Popen[bytes] | None = None
+    ingest: Any = None  # IngestChildren: supervised like one Popen
     job: WindowJob | None = None
     failure: str | None = None
     try:
-        ingest = subprocess.Popen(
-            [sys.executable, "-m", "streamgauge", "ingest", "--config", str(args.config),
-             "--data-dir", str(data_dir), "--receiver", RECEIVER_NAME,
-             "--inherit-fd", str(sock.fileno())],
-            pass_fds=[sock.fileno()],
-        )
-        sock.close()
+        ingest = IngestChildren([
+            subprocess.Popen(
+                [sys.executable, "-m", "streamgauge", "ingest", "--config", str(args.config),
+                 "--data-dir", str(data_dir), "--receiver", f"udp-{index}",
+                 *[arg for sock in sockets for arg in ("--inherit-fd", str(sock.fileno()))]],
+                pass_fds=[sock.fileno() for sock in sockets],
+            )
+            for index, sockets in enumerate(groups)
+        ])
+        for sockets in groups:
+            for sock in sockets:
+                sock.close()  # the children own them now (and remove Unix socket files)
         job = WindowJob(args, config, data_dir, url)
         stop.install()
         info = {
@@ -290,6 +361,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "config_name": config.name,
             "pid": os.getpid(),
             "ingest_pid": ingest.pid,
+            "ingest_pids": ingest.pids,
         }
         _write_private_json(run_file, info)
         print(
@@ -409,6 +481,46 @@ def cmd_query(args: argparse.Namespace) -> int:
         print("\t".join(columns))
     for row in rows:
         print("\t".join("" if v is None else str(_json_value(v)) for v in row))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Recompute final windows overlapping [--from, --to) with their late partials."""
+    from streamgauge.sinks.store import ResultStore
+    from streamgauge.windows.replay import parse_time_ms, replay
+    from streamgauge.windows.session import build_spark_session
+
+    config = _load_config_or_exit(args.config)
+    try:
+        from_ms, to_ms = parse_time_ms(args.from_time), parse_time_ms(args.to_time)
+    except ValueError as error:
+        print(f"replay: {error}", file=sys.stderr)
+        return 2
+    url, server = _query_store(args)
+    try:
+        store = ResultStore(url)
+        store.ensure_schema()
+        spark = build_spark_session(args.master, app_name="streamgauge-replay")
+        try:
+            report = replay(
+                spark, config, args.data_dir.resolve() / "spool", store, SystemClock(),
+                from_ms=from_ms, to_ms=to_ms,
+            )  # fmt: skip
+        finally:
+            spark.stop()
+            store.close()
+    finally:
+        if server is not None and not server.adopted:
+            server.stop()
+    for item in report:
+        if item.watermark_ms is None:
+            print(f"{config.name}.{item.window_name}: no watermark yet: nothing is final")
+            continue
+        print(
+            f"{config.name}.{item.window_name}: {item.windows_recomputed} final window(s) "
+            f"recomputed, {item.windows_corrected} corrected, "
+            f"{item.late_partials_applied} late partial(s) applied"
+        )
     return 0
 
 

@@ -126,6 +126,34 @@ ON CONFLICT ({_KEY}) DO UPDATE SET
 WHERE window_results.revision < excluded.revision
 """
 
+# Corrections from `streamgauge replay`: a recomputed final window replaces the stored one
+# with the next revision, only where a value changed (so replaying twice changes nothing).
+_CORRECTED = ("metric_type", "count", "sum", "min", "max", "last", "p50", "p90", "p99",
+              "distinct_count")  # fmt: skip
+_PUBLISH_CORRECTIONS = f"""
+INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
+SELECT config_name, window_name, metric, tags::jsonb,
+       {_ms_to_ts("window_start_ms")}, {_ms_to_ts("window_end_ms")},
+       metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count,
+       1, true, {_LATE_SAMPLES_OF_STAGED}, {_ms_to_ts("emitted_at_ms")}
+FROM {_STAGING} s
+ON CONFLICT ({_KEY}) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in _CORRECTED)},
+    revision = window_results.revision + 1, is_final = true,
+    late_events = excluded.late_events, emitted_at = excluded.emitted_at
+WHERE ({", ".join(f"window_results.{c}" for c in _CORRECTED)})
+    IS DISTINCT FROM ({", ".join(f"excluded.{c}" for c in _CORRECTED)})
+"""
+
+_MARK_LATE_REPLAYED = f"""
+UPDATE late_events l SET replayed_at = {_ms_to_ts("%(now_ms)s")}
+FROM {_STAGING} s
+WHERE l.replayed_at IS NULL
+  AND (l.config_name, l.window_name, l.metric, l.tags, l.window_start, l.window_end)
+    = (s.config_name, s.window_name, s.metric, s.tags::jsonb,
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")})
+"""
+
 # The window query and its late-events query write the same rows; one lock per window
 # definition serialises their transactions, so neither misses the other's rows.
 _LOCK_WINDOW = "SELECT pg_advisory_xact_lock(hashtext(%s))"
@@ -436,6 +464,42 @@ class ResultStore:
             return BatchOutcome(already_committed=False, rows_upserted=written, rows_finalized=0)
 
         return self._with_retry(f"commit late batch {batch_id} of {query_name!r}", work)
+
+    def publish_corrections(self, results: pa.Table, lock_name: str) -> BatchOutcome:
+        """Replace final windows by recomputed ones (``streamgauge replay``), atomically.
+
+        Each changed window gets the next revision; unchanged ones are left alone. Late
+        partials of the recomputed windows are marked ``replayed_at``. ``rows_upserted`` is
+        the number of windows corrected, ``rows_finalized`` the late partials applied.
+        """
+        table = _conform(results)
+
+        def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
+            now_ms = self._clock.now_ms()
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(_LOCK_WINDOW, (lock_name,))
+                if not table.num_rows:
+                    return BatchOutcome(False, 0, 0)
+                _copy_into(cur, _STAGING_DDL, _STAGING, table)
+                cur.execute(_PUBLISH_CORRECTIONS)
+                corrected = max(cur.rowcount, 0)
+                cur.execute(_MARK_LATE_REPLAYED, {"now_ms": now_ms})
+                applied = max(cur.rowcount, 0)
+            return BatchOutcome(False, rows_upserted=corrected, rows_finalized=applied)
+
+        return self._with_retry(f"publish corrections for {lock_name!r}", work)
+
+    def read_state(self, config_name: str, key: str) -> int | None:
+        """A value of ``pipeline_state`` (e.g. a window's watermark), or None if never set."""
+
+        def work(conn: psycopg.Connection[Any]) -> int | None:
+            row = conn.execute(
+                "SELECT value_ms FROM pipeline_state WHERE config_name = %s AND key = %s",
+                (config_name, key),
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        return self._with_retry(f"read {key!r} of {config_name!r}", work)
 
     def close(self) -> None:
         if self._conn is not None:

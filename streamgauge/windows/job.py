@@ -142,7 +142,16 @@ def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
         .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
         .withWatermark("window_end_ts", f"{horizon_ms} milliseconds")
     )
-    grouped = on_time.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
+    return aggregate_windows(on_time)
+
+
+def aggregate_windows(assigned: DataFrame) -> DataFrame:
+    """Merge partials per (window, metric, tags): the one definition streaming and replay use.
+
+    ``assigned`` has ``window_end_ts`` (timestamp), ``window_start_ms`` and ``tags`` columns
+    (see ``assign_windows``).
+    """
+    grouped = assigned.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
         F.min("metric_type").alias("metric_type"),
         F.sum("count").alias("count"),
         F.sum("sum").alias("sum"),

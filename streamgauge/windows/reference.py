@@ -114,6 +114,8 @@ class ReferenceWindower:
     config: PipelineConfig
     windows: dict[WindowKey, WindowState] = field(default_factory=dict)
     late: list[LatePartial] = field(default_factory=list)
+    # Every partial, late or not: what `streamgauge replay` recomputes a final window from.
+    replayed: dict[WindowKey, WindowState] = field(default_factory=dict)
     _heartbeats: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
     def feed_all(self, segments: Iterable[Segment]) -> None:
@@ -139,6 +141,7 @@ class ReferenceWindower:
         end = start + window.size_ms
         tags = project_tags(partial.tags, window.group_by)
         key = (window.name, partial.metric, tags, start, end)
+        self.replayed.setdefault(key, WindowState(partial.metric_type)).add(partial)
         if end + window.allowed_lateness_ms <= prior_ms - window.watermark_delay_ms:
             self.late.append(
                 LatePartial(
@@ -159,15 +162,26 @@ class ReferenceWindower:
         )  # fmt: skip
         return None if heartbeat is None else heartbeat - window.watermark_delay_ms
 
-    def stored(self) -> dict[WindowKey, StoredWindow]:
-        """The final state of ``window_results``, as the job stores it (NULLs by type)."""
+    def stored(self, *, after_replay: bool = False) -> dict[WindowKey, StoredWindow]:
+        """The final state of ``window_results``, as the job stores it (NULLs by type).
+
+        ``after_replay``: as after `streamgauge replay` over all time, final windows include
+        their late partials (and windows made only of late partials exist).
+        """
         late_samples: dict[WindowKey, int] = {}
         for late in self.late:
             key = (late.window_name, late.metric, late.tags, late.window_start_ms,
                    late.window_end_ms)  # fmt: skip
             late_samples[key] = late_samples.get(key, 0) + late.count
         result: dict[WindowKey, StoredWindow] = {}
-        for key, state in self.windows.items():
+        states = dict(self.windows)
+        if after_replay:
+            for key, state in self.replayed.items():
+                window = self.config.window(key[0])
+                watermark = self.watermark_ms(window)
+                if watermark is not None and key[4] + window.allowed_lateness_ms <= watermark:
+                    states[key] = state
+        for key, state in states.items():
             window = self.config.window(key[0])
             watermark = self.watermark_ms(window)
             final = watermark is not None and key[4] + window.allowed_lateness_ms <= watermark

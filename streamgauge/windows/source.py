@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
 )
@@ -115,6 +116,20 @@ class SpoolStreamReader(DataSourceStreamReader):
             prior = heartbeat
 
 
+class SpoolBatchReader(DataSourceReader):
+    """Every complete segment of every stream, with the same columns as the stream reader."""
+
+    def __init__(self, spool: Path) -> None:
+        self._stream = SpoolStreamReader(spool, max_segments_per_partition=64)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        stream = self._stream
+        return stream.partitions(stream.initialOffset(), stream.latestOffset({}, None))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._stream.read(partition)
+
+
 def _with_stream_columns(
     batch: pa.RecordBatch, receiver: str, heartbeat_ms: int, prior_heartbeat_ms: int
 ) -> pa.RecordBatch:
@@ -140,6 +155,10 @@ class SpoolDataSource(DataSource):
 
     def schema(self) -> str:
         return SOURCE_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """Batch reads (``spark.read``) see the whole retained log: `streamgauge replay`."""
+        return SpoolBatchReader(Path(self.options["path"]))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         spool = Path(self.options["path"])

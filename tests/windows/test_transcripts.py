@@ -21,6 +21,7 @@ from streamgauge.configs import PipelineConfig
 from streamgauge.sinks.store import ResultStore, run_sql
 from streamgauge.windows.job import JobPaths, start_window_queries
 from streamgauge.windows.reference import ReferenceWindower
+from streamgauge.windows.replay import parse_time_ms, replay
 from tests.windows.transcript import (
     T0,
     StateKey,
@@ -168,3 +169,75 @@ def test_invalid_transcripts_are_refused(path: Path) -> None:
     with pytest.raises(TranscriptError) as error:
         load_transcript(text, path.name)
     assert match.group(1).strip() in str(error.value)
+
+
+def test_replay_applies_late_partials_as_corrections_and_is_idempotent(
+    spark: SparkSession, clean_store: str, tmp_path: Path
+) -> None:
+    transcript = _load(HERE / "stragglers_beyond_lateness.yaml")
+    spool = tmp_path / "spool"
+    transcript.write_spool(spool)
+    run_spark(spark, clean_store, spool, transcript.config)
+    before, _ = stored_state(clean_store, transcript.config)
+    _, revision_rows = run_sql(
+        clean_store,
+        "select window_start, revision from window_results where config_name = %s",
+        [transcript.config.name],
+    )
+    revisions_before = dict(revision_rows)
+
+    store = ResultStore(clean_store)
+    report = replay(
+        spark, transcript.config, spool, store, ManualClock(T0 + 60_000),
+        from_ms=T0, to_ms=T0 + 60_000,
+    )  # fmt: skip
+    assert [(r.windows_corrected, r.late_partials_applied) for r in report] == [(1, 1)]
+
+    windower = ReferenceWindower(transcript.config)
+    windower.feed_all(transcript.segments)
+    expected = {
+        (k[0], k[1], canonical_tags(k[2]), k[3] - T0): (w.count, w.sum, w.is_final)
+        for k, w in windower.stored(after_replay=True).items()
+    }
+    after, late = stored_state(clean_store, transcript.config)
+    assert {k: (v["count"], v["sum"], v["final"]) for k, v in after.items()} == expected
+    assert after[("w", "a", "{}", 0)]["sum"] == 11.0  # 1 on time + 10 late
+    assert before[("w", "a", "{}", 0)]["sum"] == 1.0
+    _, revision_rows = run_sql(
+        clean_store,
+        "select window_start, revision from window_results where config_name = %s",
+        [transcript.config.name],
+    )
+    revisions_after = dict(revision_rows)
+    changed = [k for k in revisions_after if revisions_after[k] != revisions_before[k]]
+    assert len(changed) == 1  # only the window the late partial belongs to
+    assert revisions_after[changed[0]] == revisions_before[changed[0]] + 1
+    _, replayed = run_sql(
+        clean_store, "select count(*) from late_events where replayed_at is not null"
+    )
+    assert replayed == [(1,)]
+
+    again = replay(
+        spark, transcript.config, spool, store, ManualClock(T0 + 70_000),
+        from_ms=T0, to_ms=T0 + 60_000,
+    )  # fmt: skip
+    assert [(r.windows_corrected, r.late_partials_applied) for r in again] == [(0, 0)]
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1700000000", 1_700_000_000_000),
+        ("1700000000.5", 1_700_000_000_500),
+        ("2023-11-14T22:13:20Z", 1_700_000_000_000),
+        ("2023-11-14T23:13:20.250+01:00", 1_700_000_000_250),
+    ],
+)
+def test_replay_times(text: str, expected: int) -> None:
+    assert parse_time_ms(text) == expected
+
+
+def test_replay_refuses_times_without_an_offset() -> None:
+    with pytest.raises(ValueError, match="no UTC offset"):
+        parse_time_ms("2023-11-14T22:13:20")
