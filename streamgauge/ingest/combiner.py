@@ -66,6 +66,11 @@ class PaneCombiner:
         known = self._types.setdefault(sample.metric, sample.metric_type)
         return known != sample.metric_type
 
+    def forget(self, metric: str, metric_type: str, tags: tuple[tuple[str, str], ...]) -> None:
+        """Drop a series' carried state (the current gauge value) once it went idle, so that
+        state stays bounded by the active series (see ``CardinalityGuard``)."""
+        self._gauges.pop((metric, metric_type, canonical_tags(tags)), None)
+
     def add(self, sample: Sample, event_ms: int, recv_ms: int) -> None:
         key: SeriesKey = (sample.metric, sample.metric_type, canonical_tags(sample.tags))
         pane_start = event_ms - event_ms % self._pane_ms

@@ -82,6 +82,10 @@ class SegmentWriter:
         self._next_sequence = existing[-1].sequence + 1 if existing else 0
 
     @property
+    def receiver(self) -> str:
+        return self._dir.name
+
+    @property
     def next_sequence(self) -> int:
         return self._next_sequence
 

@@ -1,25 +1,41 @@
-"""The ingest process: one UDP receiver writing one stream of the segment log.
+"""The ingest process: one receiver serving one or more sockets into one stream of the log.
 
-Runs alone (`streamgauge ingest`) or as a child of `streamgauge run`, which binds the socket
-itself (so a port conflict is reported before anything starts) and passes it down.
-SIGINT/SIGTERM stop it cleanly: it drains the socket and writes a closing segment, so
-nothing received is lost.
+Runs alone (`streamgauge ingest`) or as a child of `streamgauge run`, which binds the sockets
+itself (so a port conflict is reported before anything starts) and passes them down by file
+descriptor; with ``--receivers N`` it starts N children on one UDP port (``SO_REUSEPORT``),
+each writing its own stream ``udp-<i>``. SIGINT/SIGTERM stop a child cleanly: it drains its
+sockets and writes a closing segment, so nothing received is lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import socket
+import subprocess
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.ingest.combiner import PaneCombiner
-from streamgauge.ingest.log import SegmentWriter
-from streamgauge.ingest.receiver import UdpReceiver, bind_udp
+from streamgauge.ingest.guard import CardinalityLimits
+from streamgauge.ingest.log import SegmentWriter, validate_receiver_name
+from streamgauge.ingest.protocol import DEFAULT_LIMITS, ProtocolLimits
+from streamgauge.ingest.receiver import DEFAULT_MAX_SKEW_MS, Receiver
+from streamgauge.ingest.transports import (
+    DEFAULT_RCVBUF_BYTES,
+    UNIX_SOCKET_MODES,
+    ListenSpec,
+    bind,
+    describe,
+    parse_listen_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +48,31 @@ class IngestSettings:
     roll_ms: int = 250
     heartbeat_interval_ms: int = 1000
     fsync: bool = True
+    #: A client ``|T`` is the event time only within this distance of the receive clock.
+    max_skew_ms: int = DEFAULT_MAX_SKEW_MS
+    limits: ProtocolLimits = DEFAULT_LIMITS
+    cardinality: CardinalityLimits = field(default_factory=CardinalityLimits)
+    rcvbuf_bytes: int = DEFAULT_RCVBUF_BYTES
+    unix_mode: int = 0o600
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.pane_ms <= 0:
+            problems.append(f"pane_ms must be positive, got {self.pane_ms}")
+        if self.roll_ms <= 0:
+            problems.append(f"roll_ms must be positive, got {self.roll_ms}")
+        if self.max_skew_ms < 0:
+            problems.append(f"max_skew_ms must be >= 0, got {self.max_skew_ms}")
+        if self.rcvbuf_bytes <= 0:
+            problems.append(f"rcvbuf_bytes must be positive, got {self.rcvbuf_bytes}")
+        if self.unix_mode not in UNIX_SOCKET_MODES:
+            problems.append(f"unix_mode must be 0600 or 0660, got {self.unix_mode:04o}")
+        try:
+            validate_receiver_name(self.receiver)
+        except ValueError as error:
+            problems.append(str(error))
+        if problems:
+            raise ValueError("ingest settings: " + "; ".join(problems))
 
     @property
     def spool(self) -> Path:
@@ -43,22 +84,29 @@ class IngestSettings:
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6HOST]:PORT`` → (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8125")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """``HOST:PORT``, ``[V6HOST]:PORT`` or ``udp://…`` → (host, port): a UDP address."""
+    spec = parse_listen_spec(text)
+    if spec.scheme != "udp":
+        raise ValueError(f"{text!r}: expected a UDP HOST:PORT, e.g. 127.0.0.1:8125")
+    return spec.host, spec.port
 
 
 def run_ingest(
     settings: IngestSettings,
-    sock: socket.socket | None = None,
-    listen: tuple[str, int] = ("127.0.0.1", 8125),
+    sock: socket.socket | Sequence[socket.socket] | None = None,
+    listen: tuple[str, int] | Sequence[ListenSpec] = ("127.0.0.1", 8125),
     clock: Clock | None = None,
 ) -> None:
-    """Receive until SIGINT/SIGTERM; the caller's process exits afterwards."""
+    """Receive until SIGINT/SIGTERM; the caller's process exits afterwards.
+
+    ``sock``: sockets already bound (inherited from `streamgauge run`); else ``listen`` is
+    bound here.
+    """
     if sock is None:
-        sock = bind_udp(*listen)
+        specs = [ListenSpec("udp", *listen)] if isinstance(listen, tuple) else list(listen)
+        sockets = bind_all(specs, settings)
+    else:
+        sockets = [sock] if isinstance(sock, socket.socket) else list(sock)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -68,17 +116,163 @@ def run_ingest(
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     settings.stats_path.parent.mkdir(parents=True, exist_ok=True)
-    receiver = UdpReceiver(
-        sock,
+    receiver = Receiver(
+        sockets,
         SegmentWriter(settings.spool, settings.receiver, fsync=settings.fsync),
         PaneCombiner(settings.pane_ms),
         clock or SystemClock(),
         roll_ms=settings.roll_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        limits=settings.limits,
+        max_skew_ms=settings.max_skew_ms,
+        cardinality=settings.cardinality,
         stats_path=settings.stats_path,
     )
-    address = sock.getsockname()
-    log.info("ingest %s: receiving UDP on %s:%s", settings.receiver, address[0], address[1])
-    receiver.run(stop)
-    sock.close()
+    log.info("ingest %s: receiving on %s", settings.receiver, " ".join(receiver.listening))
+    try:
+        receiver.run(stop)
+    finally:
+        close_all(sockets)
     log.info("ingest %s: closed after %s", settings.receiver, receiver.stats.to_json())
+
+
+def bind_all(
+    specs: Sequence[ListenSpec],
+    settings: IngestSettings | _BindSettings,
+    *,
+    reuse_port: bool = False,
+) -> list[socket.socket]:
+    """Bind every listener, or none: a failure closes the ones already bound."""
+    sockets: list[socket.socket] = []
+    try:
+        for spec in specs:
+            sockets.append(
+                bind(
+                    spec,
+                    rcvbuf_bytes=settings.rcvbuf_bytes,
+                    reuse_port=reuse_port and spec.scheme != "unixgram",
+                    unix_mode=settings.unix_mode,
+                )
+            )
+    except BaseException:
+        close_all(sockets)
+        raise
+    return sockets
+
+
+def close_all(sockets: Sequence[socket.socket]) -> None:
+    """Close sockets; a Unix socket's file is removed (clients then fail fast, not silently)."""
+    for sock in sockets:
+        if sock.fileno() < 0:
+            continue
+        path = sock.getsockname() if sock.family == socket.AF_UNIX else ""
+        sock.close()
+        if path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def sockets_from_fds(fds: Sequence[int]) -> list[socket.socket]:
+    """Rebuild inherited sockets; family and type are read back from each descriptor."""
+    return [socket.socket(fileno=fd) for fd in fds]
+
+
+def describe_all(sockets: Sequence[socket.socket]) -> list[str]:
+    return [describe(sock) for sock in sockets]
+
+
+class IngestChildren:
+    """The ingest child processes of `streamgauge run`, supervised like one ``Popen``:
+    ``poll`` reports the first child that exited, signals and ``kill`` go to all of them."""
+
+    def __init__(self, children: Sequence[subprocess.Popen[bytes]]) -> None:
+        if not children:
+            raise ValueError("IngestChildren needs at least one process")
+        self.children = list(children)
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.children[0].pid
+
+    @property
+    def pids(self) -> list[int]:
+        return [child.pid for child in self.children]
+
+    def poll(self) -> int | None:
+        for child in self.children:
+            code = child.poll()
+            if code is not None:
+                self.returncode = code
+                return code
+        return None
+
+    def send_signal(self, signum: int) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for child in self.children:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            code = child.wait(remaining)
+            if code != 0 or self.returncode is None:
+                self.returncode = code
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.kill()
+
+
+def bind_receivers(
+    specs: Sequence[ListenSpec],
+    receivers: int,
+    *,
+    rcvbuf_bytes: int = DEFAULT_RCVBUF_BYTES,
+    unix_mode: int = 0o600,
+) -> list[list[socket.socket]]:
+    """The sockets of each of ``receivers`` ingest processes: receiver 0 gets every listener;
+    the others get their own socket on each UDP port (``SO_REUSEPORT``: the kernel spreads
+    senders over them). Port 0 is resolved once, so all share the port the first one got."""
+    if receivers < 1:
+        raise ValueError(f"--receivers must be at least 1, got {receivers}")
+    udp_specs = [spec for spec in specs if spec.scheme == "udp"]
+    if receivers > 1 and not udp_specs:
+        raise ValueError(f"--receivers {receivers} needs a UDP listener to share")
+    settings = _BindSettings(rcvbuf_bytes, unix_mode)
+    first = bind_all(specs, settings, reuse_port=receivers > 1)
+    groups = [first]
+    try:
+        bound_udp = [
+            ListenSpec("udp", spec.host, sock.getsockname()[1])
+            for spec, sock in zip(specs, first, strict=True)
+            if spec.scheme == "udp"
+        ]
+        for _ in range(1, receivers):
+            groups.append(bind_all(bound_udp, settings, reuse_port=True))
+    except BaseException:
+        for group in groups:
+            for sock in group:
+                sock.close()
+        raise
+    return groups
+
+
+@dataclass(frozen=True)
+class _BindSettings:
+    rcvbuf_bytes: int
+    unix_mode: int
+
+
+def udp_address(sockets: Sequence[socket.socket]) -> str:
+    """``HOST:PORT`` of the first UDP socket (what `streamgauge send --to` takes), else the
+    first listener as a ``--listen`` value."""
+    for sock in sockets:
+        if sock.type == socket.SOCK_DGRAM and sock.family != socket.AF_UNIX:
+            host, port = sock.getsockname()[:2]
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return describe(sockets[0])

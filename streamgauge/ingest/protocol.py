@@ -1,12 +1,23 @@
 """The StatsD / DogStatsD line protocol: one datagram in, samples and counted rejects out.
 
-A datagram holds one or more lines separated by ``\\n`` (``\\r\\n`` tolerated)::
+A datagram holds one or more lines separated by ``\\n`` (``\\r\\n`` tolerated). Three kinds of
+line::
 
-    name:value|type[|@rate][|#tag:value,tag2][|T<unix seconds>][|c:<container>]
+    name:value[:value...]|type[|@rate][|#tag:value,tag2][|T<unix seconds>][|c:<container>]
+    _e{<title bytes>,<text bytes>}:title|text[|d:ts][|h:host][|k:key][|p:prio][|s:src]
+        [|t:alert][|#tags]
+    _sc|name|status[|d:ts][|h:host][|#tags][|m:message]
+
+(DogStatsD ``|e:<external data>`` and ``|card:<cardinality>`` fields are accepted and ignored.)
 
 A bad line is never an exception that reaches the receiver loop: it becomes a ``Reject`` with
 a stable reason from ``REJECT_REASONS`` so that it can be counted and sampled, and the rest of
-the datagram is still parsed.
+the datagram is still parsed. Every non-empty line ends up as exactly one of: a metric line
+(its samples), an event, a service check, or a reject — ``ParseResult.accounted()`` is always
+``lines``.
+
+The parser is clock-free: a ``|T`` timestamp is carried on the sample as ``timestamp_ms`` and
+the receiver decides whether it is within the allowed skew of its receive clock.
 """
 
 from __future__ import annotations
@@ -30,12 +41,34 @@ REJECT_REASONS = (
     "invalid_value",
     "nan_value",
     "invalid_sample_rate",
+    "invalid_timestamp",
     "too_many_tags",
     "invalid_tag",
+    "invalid_event",
+    "invalid_service_check",
     "type_conflict",
 )
 
-_NAME_RE = re.compile(r"[A-Za-z0-9_.\-/]+")
+#: Counted, but the line is still aggregated (in an adjusted form): not rejects. A line with
+#: a ``|T`` too far from the receive clock is stamped with the receive time instead; a line of
+#: a new series beyond the cardinality limit is folded into the metric's overflow series.
+ADJUSTMENT_REASONS = ("timestamp_out_of_range", "cardinality_limited")
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-/]+", re.ASCII)
+_TAG_KEY_RE = re.compile(r"[A-Za-z0-9_.\-/]+", re.ASCII)
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Plain decimal numbers only: float() would also take "1_000", " 1", "٣" and "0x" forms.
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+_NOT_FINITE = frozenset({"nan", "inf", "infinity"})
+_TIMESTAMP_RE = re.compile(r"\d{1,12}", re.ASCII)
+_EVENT_HEADER_RE = re.compile(rb"_e\{(\d{1,5}),(\d{1,6})\}")
+_EVENT_PRIORITIES = frozenset({"normal", "low"})
+_EVENT_ALERT_TYPES = frozenset({"error", "warning", "info", "success"})
+_SERVICE_CHECK_STATUSES = {"0": 0, "1": 1, "2": 2, "3": 3}  # ok, warning, critical, unknown
+#: DogStatsD 1.3 fields this build accepts and ignores (origin data for the Datadog agent).
+_IGNORED_FIELD_PREFIXES = ("e:", "card:")
+
+Tags = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +78,13 @@ class ProtocolLimits:
     max_line_bytes: int = 4096
     max_tags: int = 64
     max_name_bytes: int = 250
+    max_tag_bytes: int = 200  # one tag, "key:value"
+
+    def __post_init__(self) -> None:
+        for name in ("max_line_bytes", "max_tags", "max_name_bytes", "max_tag_bytes"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"ProtocolLimits.{name} must be positive, got {value}")
 
 
 DEFAULT_LIMITS = ProtocolLimits()
@@ -52,14 +92,43 @@ DEFAULT_LIMITS = ProtocolLimits()
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One parsed value. ``delta`` marks a gauge ``+N``/``-N`` (relative to the current value)."""
+    """One parsed value. ``delta`` marks a gauge ``+N``/``-N`` (relative to the current value);
+    ``timestamp_ms`` is the client's ``|T`` (whole seconds, as milliseconds), if it sent one."""
 
     metric: str
     metric_type: str
     value: float
     sample_rate: float
-    tags: tuple[tuple[str, str], ...]
+    tags: Tags
     delta: bool = False
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A DogStatsD event (``_e{..}``): parsed and counted; storing them is a later option."""
+
+    title: str
+    text: str
+    timestamp_ms: int | None = None
+    hostname: str = ""
+    aggregation_key: str = ""
+    priority: str = "normal"
+    source_type: str = ""
+    alert_type: str = "info"
+    tags: Tags = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCheck:
+    """A DogStatsD service check (``_sc|``): parsed and counted."""
+
+    name: str
+    status: int
+    timestamp_ms: int | None = None
+    hostname: str = ""
+    tags: Tags = ()
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +141,25 @@ class Reject:
 
 @dataclass(slots=True)
 class ParseResult:
-    samples: list[Sample] = field(default_factory=list)
+    """What one or more datagrams held, line by line."""
+
+    #: One entry per accepted metric line: the raw line and its samples (one per value).
+    metric_lines: list[tuple[bytes, list[Sample]]] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    service_checks: list[ServiceCheck] = field(default_factory=list)
     lines: int = 0
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [sample for _, samples in self.metric_lines for sample in samples]
+
+    def accounted(self) -> int:
+        """Lines that ended up somewhere; equals ``lines`` (the accounting invariant)."""
+        return (
+            len(self.metric_lines) + len(self.rejects) + len(self.events)
+            + len(self.service_checks)
+        )
 
 
 def parse_datagram(
@@ -87,27 +172,41 @@ def parse_datagram(
         if not line:
             continue
         result.lines += 1
+        # "x:1|c" followed by 5000 bytes of tags: refused before any decoding or splitting
         if len(line) > limits.max_line_bytes:
             result.rejects.append(Reject("line_too_long", line[:256]))
             continue
         outcome = parse_line(line, limits)
-        if isinstance(outcome, Reject):
+        if isinstance(outcome, list):
+            result.metric_lines.append((line, outcome))
+        elif isinstance(outcome, Reject):
             result.rejects.append(outcome)
+        elif isinstance(outcome, Event):
+            result.events.append(outcome)
         else:
-            result.samples.extend(outcome)
+            result.service_checks.append(outcome)
     return result
 
 
-def parse_line(line: bytes, limits: ProtocolLimits = DEFAULT_LIMITS) -> list[Sample] | Reject:
-    """Parse one line (without its newline) into one sample per value, or a reject."""
+def parse_line(
+    line: bytes, limits: ProtocolLimits = DEFAULT_LIMITS
+) -> list[Sample] | Event | ServiceCheck | Reject:
+    """Parse one line (without its newline) into one sample per value, an event, a service
+    check, or a reject."""
+    if line.startswith(b"_e{"):
+        return _parse_event(line, limits)
+    if line.startswith(b"_sc|"):
+        return _parse_service_check(line, limits)
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
+        # b"\xff\xfe:1|c": not UTF-8
         return Reject("malformed_line", line)
     name, colon, rest = text.partition(":")
     # "foo|c" and ":1|c": no name/value separator, or nothing before it
     if not colon or not name:
         return Reject("malformed_line", line)
+    # "bad name:1|c", "é:1|c", 300 × "a" + ":1|c": names are short, printable ASCII
     if len(name) > limits.max_name_bytes or not _NAME_RE.fullmatch(name):
         return Reject("invalid_name", line)
     fields = rest.split("|")
@@ -115,20 +214,24 @@ def parse_line(line: bytes, limits: ProtocolLimits = DEFAULT_LIMITS) -> list[Sam
     if len(fields) < 2 or not fields[1]:
         return Reject("malformed_line", line)
     metric_type = fields[1]
+    # "x:1|q"
     if metric_type not in KNOWN_TYPES:
         return Reject("unknown_type", line)
+    # "x:1|s": sets come with the HyperLogLog slice
     if metric_type not in SUPPORTED_TYPES:
         return Reject("unsupported_type", line)
 
     sample_rate = 1.0
-    tags: tuple[tuple[str, str], ...] = ()
+    tags: Tags = ()
+    container = ""
+    timestamp_ms: int | None = None
     for extra in fields[2:]:
         if extra.startswith("@"):
-            try:
-                sample_rate = float(extra[1:])
-            except ValueError:
+            # "x:1|c|@fast", "x:1|c|@ 0.5"
+            if not _NUMBER_RE.fullmatch(extra[1:]):
                 return Reject("invalid_sample_rate", line)
-            # "foo:1|c|@0", "foo:1|c|@1.5", "foo:1|c|@nan": a rate must be in (0, 1]
+            sample_rate = float(extra[1:])
+            # "x:1|c|@0", "x:1|c|@1.5": a rate must be in (0, 1]
             if not 0.0 < sample_rate <= 1.0:
                 return Reject("invalid_sample_rate", line)
         elif extra.startswith("#"):
@@ -136,41 +239,207 @@ def parse_line(line: bytes, limits: ProtocolLimits = DEFAULT_LIMITS) -> list[Sam
             if isinstance(parsed_tags, str):
                 return Reject(parsed_tags, line)
             tags = parsed_tags
-        elif extra.startswith("c:") and len(extra) > 2:
-            tags = (*tags, ("container", extra[2:]))
-        elif extra.startswith("T") or extra == "":
-            # Client timestamps (|T) are honoured by a later slice; event time is the receive
-            # time for now, so the field is accepted and ignored rather than rejected.
+        elif extra.startswith("T"):
+            # "x:1|c|T", "x:1|c|T-5", "x:1|c|T17e8": whole unix seconds only
+            if not _TIMESTAMP_RE.fullmatch(extra[1:]):
+                return Reject("invalid_timestamp", line)
+            timestamp_ms = int(extra[1:]) * 1000
+        elif extra.startswith("c:"):
+            # "x:1|c|c:ab\x01c": the container id becomes a tag value
+            if not _tag_value_ok(extra[2:], limits):
+                return Reject("invalid_tag", line)
+            container = extra[2:]
+        elif extra == "" or extra.startswith(_IGNORED_FIELD_PREFIXES):
             continue
         else:
+            # "x:1|c|zzz": a field this protocol does not have
             return Reject("malformed_line", line)
+    if container:
+        # An explicit "#container:x" tag wins over the origin-detected "|c:" id.
+        tag_map = dict(tags)
+        tag_map.setdefault("container", container)
+        tags = tuple(sorted(tag_map.items()))
 
-    values = fields[0].split(":")
     samples: list[Sample] = []
-    for value_text in values:
+    for value_text in fields[0].split(":"):
+        value = _parse_value(value_text)
+        if isinstance(value, str):
+            return Reject(value, line)
         delta = metric_type == "g" and value_text[:1] in ("+", "-")
-        try:
-            value = float(value_text)
-        except ValueError:
-            return Reject("invalid_value", line)
-        if not math.isfinite(value):
-            return Reject("nan_value", line)
-        samples.append(Sample(name, metric_type, value, sample_rate, tags, delta))
+        samples.append(
+            Sample(name, metric_type, value, sample_rate, tags, delta, timestamp_ms)
+        )
     return samples
 
 
-def _parse_tags(text: str, limits: ProtocolLimits) -> tuple[tuple[str, str], ...] | str:
+def _parse_value(text: str) -> float | str:
+    """A finite float, or the reject reason."""
+    if not _NUMBER_RE.fullmatch(text):
+        # "x:nan|g", "x:-inf|ms" vs "x:abc|c", "x:|c", "x:1_000|c"
+        return "nan_value" if text.lower().lstrip("+-") in _NOT_FINITE else "invalid_value"
+    value = float(text)
+    # "x:1e999|g": overflows to infinity
+    if not math.isfinite(value):
+        return "nan_value"
+    return value
+
+
+def _tag_value_ok(value: str, limits: ProtocolLimits) -> bool:
+    return len(value) <= limits.max_tag_bytes and not _CONTROL_RE.search(value)
+
+
+def _parse_tags(text: str, limits: ProtocolLimits) -> Tags | str:
     """``k:v,k2`` → sorted pairs (a bare tag gets an empty value); a reason string if bad."""
     if not text:
         return ()
     parts = text.split(",")
+    # "x:1|c|#t0:v,t1:v,...,t64:v"
     if len(parts) > limits.max_tags:
         return "too_many_tags"
     pairs: dict[str, str] = {}
     for part in parts:
         key, _, value = part.partition(":")
-        # "foo:1|c|#,a:b" or "#:v": a tag with no key
+        # "x:1|c|#,a:b" or "#:v": a tag with no key
         if not key:
+            return "invalid_tag"
+        # "x:1|c|#bad key:v", "x:1|c|#é:v": keys become column-like labels downstream
+        if not _TAG_KEY_RE.fullmatch(key):
+            return "invalid_tag"
+        # "x:1|c|#k:a\x00b" (PostgreSQL jsonb refuses \u0000), or a 1 KB value
+        if len(part) > limits.max_tag_bytes or _CONTROL_RE.search(value):
             return "invalid_tag"
         pairs[key] = value
     return tuple(sorted(pairs.items()))
+
+
+def _parse_common_field(extra: str, limits: ProtocolLimits) -> tuple[str, object] | None:
+    """Fields events and service checks share: ``d:`` ``h:`` ``#`` ``c:`` (and ignored ones).
+    Returns (kind, value), ("bad", reason) for a broken one, or None if not a common field."""
+    if extra.startswith("d:"):
+        if not _TIMESTAMP_RE.fullmatch(extra[2:]):
+            return ("bad", "timestamp")
+        return ("d", int(extra[2:]) * 1000)
+    if extra.startswith("h:"):
+        return ("h", extra[2:]) if _tag_value_ok(extra[2:], limits) else ("bad", "hostname")
+    if extra.startswith("#"):
+        tags = _parse_tags(extra[1:], limits)
+        return ("bad", tags) if isinstance(tags, str) else ("#", tags)
+    if extra.startswith("c:"):
+        return ("c", extra[2:]) if _tag_value_ok(extra[2:], limits) else ("bad", "container")
+    if extra.startswith(_IGNORED_FIELD_PREFIXES):
+        return ("ignored", None)
+    return None
+
+
+def _parse_event(line: bytes, limits: ProtocolLimits) -> Event | Reject:
+    """``_e{title_len,text_len}:title|text|...``; the lengths are UTF-8 bytes."""
+    header, colon, body = line.partition(b":")
+    match = _EVENT_HEADER_RE.fullmatch(header)
+    # "_e{5}:hello|x", "_e{a,b}:x|y", "_e{1,1}" (no body)
+    if match is None or not colon:
+        return Reject("invalid_event", line)
+    title_len, text_len = int(match.group(1)), int(match.group(2))
+    title_bytes = body[:title_len]
+    separator = body[title_len : title_len + 1]
+    text_bytes = body[title_len + 1 : title_len + 1 + text_len]
+    rest = body[title_len + 1 + text_len :]
+    # "_e{0,1}:|x" (no title), "_e{9,1}:ab|c" (lengths longer than the body),
+    # "_e{1,1}:ab|c" (length cuts the title: no "|" where it should be)
+    if (
+        title_len == 0
+        or len(title_bytes) != title_len
+        or separator != b"|"
+        or len(text_bytes) != text_len
+        or (rest and not rest.startswith(b"|"))
+    ):
+        return Reject("invalid_event", line)
+    try:
+        title = title_bytes.decode("utf-8")
+        text = text_bytes.decode("utf-8")
+        extras = rest.decode("utf-8").split("|")[1:] if rest else []
+    except UnicodeDecodeError:
+        # "_e{2,1}:\xff\xfe|x": a length that splits a character, or not UTF-8 at all
+        return Reject("invalid_event", line)
+    values: dict[str, object] = {}
+    for extra in extras:
+        common = _parse_common_field(extra, limits)
+        if common is not None:
+            kind, value = common
+            if kind == "bad":
+                # "_e{1,1}:a|b|d:yesterday", "_e{1,1}:a|b|#,x"
+                return Reject("invalid_event", line)
+            values[kind] = value
+        elif extra.startswith(("k:", "s:")):
+            values[extra[0]] = extra[2:]
+        elif extra.startswith("p:") and extra[2:] in _EVENT_PRIORITIES:
+            values["p"] = extra[2:]
+        elif extra.startswith("t:") and extra[2:] in _EVENT_ALERT_TYPES:
+            values["t"] = extra[2:]
+        elif extra != "":
+            # "_e{1,1}:a|b|p:urgent", "_e{1,1}:a|b|zz"
+            return Reject("invalid_event", line)
+    tags = values.get("#", ())
+    assert isinstance(tags, tuple)
+    if "c" in values:
+        tags = tuple(sorted({"container": str(values["c"]), **dict(tags)}.items()))
+    timestamp = values.get("d")
+    return Event(
+        title,
+        text.replace("\\n", "\n"),
+        timestamp if isinstance(timestamp, int) else None,
+        str(values.get("h", "")),
+        str(values.get("k", "")),
+        str(values.get("p", "normal")),
+        str(values.get("s", "")),
+        str(values.get("t", "info")),
+        tags,
+    )
+
+
+def _parse_service_check(line: bytes, limits: ProtocolLimits) -> ServiceCheck | Reject:
+    """``_sc|name|status|...``; ``m:`` (the message) comes last and may contain ``|``."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return Reject("invalid_service_check", line)
+    head, marker, message = text.partition("|m:")
+    fields = head.split("|")
+    # "_sc|", "_sc|name" (no status), "_sc|bad name|0", "_sc|db|7"
+    if (
+        len(fields) < 3
+        or len(fields[1]) > limits.max_name_bytes
+        or not _NAME_RE.fullmatch(fields[1])
+        or fields[2] not in _SERVICE_CHECK_STATUSES
+    ):
+        return Reject("invalid_service_check", line)
+    values: dict[str, object] = {}
+    for extra in fields[3:]:
+        common = _parse_common_field(extra, limits)
+        # "_sc|db|0|d:soon", "_sc|db|0|zz"
+        if common is None and extra != "" or common is not None and common[0] == "bad":
+            return Reject("invalid_service_check", line)
+        if common is not None:
+            values[common[0]] = common[1]
+    if marker:
+        # The message may contain "|"; the client appends its origin fields after it:
+        # "_sc|db|2|m:disk full | really|c:cid|card:low"
+        message, _, origin = message.partition("|c:")
+        message = message.split("|card:")[0].replace("\\n", "\n")
+        container = origin.split("|")[0]
+        if container:
+            if not _tag_value_ok(container, limits):
+                return Reject("invalid_service_check", line)
+            values["c"] = container
+    tags = values.get("#", ())
+    assert isinstance(tags, tuple)
+    if "c" in values:
+        tags = tuple(sorted({"container": str(values["c"]), **dict(tags)}.items()))
+    timestamp = values.get("d")
+    return ServiceCheck(
+        fields[1],
+        _SERVICE_CHECK_STATUSES[fields[2]],
+        timestamp if isinstance(timestamp, int) else None,
+        str(values.get("h", "")),
+        tags,
+        message,
+    )

@@ -1,97 +1,133 @@
-"""The UDP receiver loop: socket → parser → pane combiner → segment log.
+"""The receiver loop: sockets → parser → guards → pane combiner → segment log.
 
-One receiver owns one socket, one combiner and one segment stream. It wakes on readable data
-or on the roll timer, drains every queued datagram without blocking, and every ``roll_ms``
-writes what it combined as one segment, with a heartbeat. When input is idle it still writes
-a heartbeat-only segment every ``heartbeat_interval_ms`` so downstream windows can close.
+One receiver owns its sockets (any mix of UDP, TCP and Unix datagram), one combiner and one
+segment stream. It wakes on readable data or on the roll timer, drains every queued datagram
+without blocking, and every ``roll_ms`` writes what it combined as one segment, with a
+heartbeat. When input is idle it still writes a heartbeat-only segment every
+``heartbeat_interval_ms`` so downstream windows can close.
 
-Everything that is not aggregated is counted: rejected lines by reason (with a bounded sample
-of the raw lines for debugging), and the counts are also fed back into the pipeline as
-ordinary counters named ``streamgauge.ingest.*``.
+Accounting: every non-empty line received ends up in exactly one bucket, so
+
+    lines == metric_lines + events + service_checks + Σ rejected[reason]
+
+holds at all times (``IngestStats.accounted``). Adjustments — ``timestamp_out_of_range`` (a
+``|T`` further than ``max_skew_ms`` from the receive clock: the receive time is used instead)
+and ``cardinality_limited`` (folded into the overflow series) — are counted on top, per line:
+those lines are still aggregated. Rejects and adjustments share a bounded sample of raw lines
+for debugging, and every count is fed back into the pipeline as ordinary metrics named
+``streamgauge.ingest.*``.
+
+Event time and heartbeats: a sample's event time is its ``|T`` when within the skew, else the
+receive time. A client timestamp in the past puts the partial in its own, older pane; the
+heartbeat still says "receive clock now" and is never held back by the skew — such a partial
+is a straggler to the window job, which handles lateness.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import os
-import select
+import selectors
 import socket
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamgauge.clock import Clock
+from streamgauge.ingest import kernel
 from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.guard import (
+    OVERFLOW_TAGS,
+    CardinalityGuard,
+    CardinalityLimits,
+    SeriesId,
+)
 from streamgauge.ingest.log import Heartbeat, SegmentWriter
 from streamgauge.ingest.protocol import (
     DEFAULT_LIMITS,
     ParseResult,
     ProtocolLimits,
+    Reject,
     Sample,
     parse_datagram,
 )
+from streamgauge.ingest.transports import LineAssembler, bind_udp, describe
+
+__all__ = ["IngestStats", "Receiver", "UdpReceiver", "bind_udp"]
 
 log = logging.getLogger(__name__)
 
 SELF_METRIC_PREFIX = "streamgauge.ingest."
 MAX_DATAGRAM_BYTES = 65535
 MAX_DATAGRAMS_PER_WAKEUP = 4096
+MAX_TCP_READ_BYTES = 1 << 16
+MAX_TCP_CONNECTIONS = 1024
 REJECT_SAMPLE_SIZE = 32
+DEFAULT_MAX_SKEW_MS = 10 * 60_000
+KERNEL_POLL_MS = 1000
 
 
 @dataclass(slots=True)
 class IngestStats:
-    """Cumulative counts since the receiver started; ``accounted`` must equal ``lines``."""
+    """Cumulative counts since the receiver started; ``accounted()`` always equals ``lines``."""
 
-    datagrams: int = 0
+    datagrams: int = 0  # UDP and Unix datagrams
+    tcp_connections: int = 0  # accepted
     lines: int = 0
-    samples: int = 0
+    metric_lines: int = 0  # lines aggregated (possibly into an overflow series)
+    samples: int = 0  # values aggregated ("a:1:2:3|d" is one line, three samples)
+    events: int = 0
+    service_checks: int = 0
     segments: int = 0
+    series_active: int = 0
     rejected: collections.Counter[str] = field(default_factory=collections.Counter)
+    adjusted: collections.Counter[str] = field(default_factory=collections.Counter)
+    kernel_drops: collections.Counter[str] = field(default_factory=collections.Counter)
+    udp_rcvbuf_errors: int = 0  # namespace-wide, since start: context, not only ours
     reject_sample: collections.deque[dict[str, str]] = field(
         default_factory=lambda: collections.deque(maxlen=REJECT_SAMPLE_SIZE)
     )
 
+    def accounted(self) -> int:
+        return (
+            self.metric_lines + self.events + self.service_checks + sum(self.rejected.values())
+        )
+
     def to_json(self) -> dict[str, object]:
         return {
             "datagrams": self.datagrams,
+            "tcp_connections": self.tcp_connections,
             "lines": self.lines,
+            "metric_lines": self.metric_lines,
             "samples": self.samples,
+            "events": self.events,
+            "service_checks": self.service_checks,
             "segments": self.segments,
+            "series_active": self.series_active,
             "rejected": dict(self.rejected),
+            "adjusted": dict(self.adjusted),
+            "kernel_drops": dict(self.kernel_drops),
+            "udp_rcvbuf_errors": self.udp_rcvbuf_errors,
             "reject_sample": list(self.reject_sample),
         }
 
 
-def bind_udp(host: str, port: int, rcvbuf_bytes: int = 8 << 20) -> socket.socket:
-    """Bind a UDP socket with a large receive buffer (the biggest lever against kernel drops)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _set_receive_buffer(sock, rcvbuf_bytes)
-    sock.bind((host, port))
-    return sock
+@dataclass(slots=True)
+class _Connection:
+    sock: socket.socket
+    lines: LineAssembler
 
 
-def _set_receive_buffer(sock: socket.socket, size: int) -> None:
-    # SO_RCVBUFFORCE ignores net.core.rmem_max but needs CAP_NET_ADMIN; fall back to the
-    # capped SO_RCVBUF for unprivileged users.
-    force = getattr(socket, "SO_RCVBUFFORCE", None)
-    if force is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, size)
-            return
-        except PermissionError:
-            pass
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+class Receiver:
+    """Serves one or more sockets into one segment stream. Not thread-safe: call ``run``."""
 
-
-class UdpReceiver:
     def __init__(
         self,
-        sock: socket.socket,
+        sockets: socket.socket | Sequence[socket.socket],
         writer: SegmentWriter,
         combiner: PaneCombiner,
         clock: Clock,
@@ -99,21 +135,43 @@ class UdpReceiver:
         roll_ms: int = 250,
         heartbeat_interval_ms: int = 1000,
         limits: ProtocolLimits = DEFAULT_LIMITS,
+        max_skew_ms: int = DEFAULT_MAX_SKEW_MS,
+        cardinality: CardinalityLimits = CardinalityLimits(),  # noqa: B008 - frozen
         stats_path: Path | None = None,
+        proc_net: Path = kernel.PROC_NET,
     ) -> None:
-        self._sock = sock
-        self._sock.setblocking(False)
+        if max_skew_ms < 0:
+            raise ValueError(f"max_skew_ms must be >= 0, got {max_skew_ms}")
+        self._sockets = [sockets] if isinstance(sockets, socket.socket) else list(sockets)
+        self._selector = selectors.DefaultSelector()
+        self._udp_inodes: dict[int, str] = {}
+        for sock in self._sockets:
+            sock.setblocking(False)
+            listening = sock.type == socket.SOCK_STREAM
+            self._selector.register(sock, selectors.EVENT_READ, "accept" if listening else None)
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and not listening:
+                self._udp_inodes[kernel.socket_inode(sock)] = describe(sock)
+        self._connections: dict[int, _Connection] = {}
         self._writer = writer
         self._combiner = combiner
         self._clock = clock
         self._roll_ms = roll_ms
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._limits = limits
+        self._max_skew_ms = max_skew_ms
+        self._guard = CardinalityGuard(cardinality, on_expire=self._forget_series)
         self._stats_path = stats_path
+        self._proc_net = proc_net
         self.stats = IngestStats()
         self._last_now_ms = 0
         self._last_segment_ms = 0
         self._pending_self_metrics = IngestStats()
+        self._rcvbuf_errors_at_start = kernel.udp_rcvbuf_errors(proc_net)
+        self._next_kernel_poll_ms = 0
+
+    @property
+    def listening(self) -> list[str]:
+        return [describe(sock) for sock in self._sockets]
 
     def now_ms(self) -> int:
         """The receive clock, never going backwards.
@@ -128,87 +186,222 @@ class UdpReceiver:
         return now
 
     def run(self, stop: threading.Event) -> None:
-        """Receive until ``stop`` is set, then drain the socket and write a closing segment."""
+        """Receive until ``stop`` is set, then drain the sockets and write a closing segment."""
         next_roll = self.now_ms() + self._roll_ms
         while not stop.is_set():
             timeout_s = max(0, next_roll - self.now_ms()) / 1000
-            readable, _, _ = select.select([self._sock], [], [], min(timeout_s, 0.25))
-            if readable:
-                self.receive_available()
+            for key, _ in self._selector.select(min(timeout_s, 0.25)):
+                self._service(key)
             now = self.now_ms()
             if now >= next_roll:
                 self.roll(now)
                 next_roll = now + self._roll_ms
-        self.receive_available()
+        self.close()
+
+    def close(self) -> None:
+        """Read what is queued, end every TCP connection (its last unterminated line counts),
+        and write the closing segment. The listening sockets belong to the caller."""
+        # More may be queued than one call reads; bounded, so a client that never stops
+        # sending over TCP cannot hold the shutdown forever.
+        for _ in range(1000):
+            if not self.receive_available():
+                break
+        for fd in list(self._connections):
+            self._end_connection(fd)
         self.roll(self.now_ms(), closed=True)
+        self._selector.close()
 
     def receive_available(self) -> int:
-        """Read every datagram queued on the socket (bounded per call) and combine it."""
+        """Read everything queued on every socket right now (bounded per socket) and combine
+        it; returns the number of datagrams and TCP reads handled."""
+        handled = 0
+        for key, _ in self._selector.select(0):
+            handled += self._service(key)
+        return handled
+
+    def _service(self, key: selectors.SelectorKey) -> int:
+        sock = key.fileobj
+        assert isinstance(sock, socket.socket)
+        if key.data == "accept":
+            self._accept(sock)
+            return 0
+        if isinstance(key.data, _Connection):
+            return self._read_stream(key.data)
+        return self._read_datagrams(sock)
+
+    def _read_datagrams(self, sock: socket.socket) -> int:
         received = 0
         result = ParseResult()
         while received < MAX_DATAGRAMS_PER_WAKEUP:
             try:
-                datagram = self._sock.recv(MAX_DATAGRAM_BYTES)
+                datagram = sock.recv(MAX_DATAGRAM_BYTES)
             except (BlockingIOError, InterruptedError):
                 break
             received += 1
             parse_datagram(datagram, self._limits, into=result)
         if received:
-            self._account(received, result, self.now_ms())
+            self.stats.datagrams += received
+            self._pending_self_metrics.datagrams += received
+            self._account(result, self.now_ms())
         return received
 
-    def _account(self, datagrams: int, result: ParseResult, recv_ms: int) -> None:
-        self.stats.datagrams += datagrams
-        self.stats.lines += result.lines
-        pending = self._pending_self_metrics
-        pending.datagrams += datagrams
-        pending.lines += result.lines
-        accepted = 0
-        for sample in result.samples:
-            if self._combiner.type_conflicts(sample):
-                self._reject("type_conflict", f"{sample.metric}|{sample.metric_type}".encode())
-                continue
-            self._combiner.add(sample, recv_ms, recv_ms)
-            accepted += 1
-        self.stats.samples += accepted
-        pending.samples += accepted
-        for reject in result.rejects:
-            self._reject(reject.reason, reject.line)
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        if len(self._connections) >= MAX_TCP_CONNECTIONS:
+            log.warning("more than %d TCP connections: closing a new one", MAX_TCP_CONNECTIONS)
+            conn.close()
+            return
+        conn.setblocking(False)
+        connection = _Connection(conn, LineAssembler(self._limits.max_line_bytes))
+        self._connections[conn.fileno()] = connection
+        self._selector.register(conn, selectors.EVENT_READ, connection)
+        self.stats.tcp_connections += 1
+        self._pending_self_metrics.tcp_connections += 1
 
-    def _reject(self, reason: str, line: bytes) -> None:
-        self.stats.rejected[reason] += 1
-        self._pending_self_metrics.rejected[reason] += 1
+    def _read_stream(self, connection: _Connection) -> int:
+        try:
+            data = connection.sock.recv(MAX_TCP_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError:  # reset by the peer: what was buffered still counts
+            data = b""
+        if not data:
+            self._end_connection(connection.sock.fileno())
+            return 1
+        complete, overlong = connection.lines.feed(data)
+        result = parse_datagram(complete, self._limits) if complete else ParseResult()
+        self._count_overlong(result, overlong)
+        self._account(result, self.now_ms())
+        return 1
+
+    def _end_connection(self, fd: int) -> None:
+        connection = self._connections.pop(fd)
+        self._selector.unregister(connection.sock)
+        rest = connection.lines.close()
+        connection.sock.close()
+        if rest:
+            self._account(parse_datagram(rest, self._limits), self.now_ms())
+
+    def _count_overlong(self, result: ParseResult, overlong: int) -> None:
+        for _ in range(overlong):
+            result.lines += 1
+            result.rejects.append(Reject("line_too_long", b"<TCP line without a newline>"))
+
+    def _account(self, result: ParseResult, recv_ms: int) -> None:
+        stats, pending = self.stats, self._pending_self_metrics
+        stats.lines += result.lines
+        pending.lines += result.lines
+        metric_lines = samples_added = 0
+        for line, samples in result.metric_lines:
+            first = samples[0]
+            if self._combiner.type_conflicts(first):
+                # "x:1|c" then "x:1|g": one name, one meaning (the first one seen)
+                self._count("rejected", "type_conflict", line)
+                continue
+            event_ms = recv_ms
+            if first.timestamp_ms is not None:
+                if abs(first.timestamp_ms - recv_ms) <= self._max_skew_ms:
+                    event_ms = first.timestamp_ms
+                else:
+                    # "x:1|c|T1" (1970) or a clock a day ahead: receive time instead
+                    self._count("adjusted", "timestamp_out_of_range", line)
+            if not self._guard.admit((first.metric, first.metric_type, first.tags), recv_ms):
+                self._count("adjusted", "cardinality_limited", line)
+                samples = [dataclasses.replace(s, tags=OVERFLOW_TAGS) for s in samples]
+            for sample in samples:
+                self._combiner.add(sample, event_ms, recv_ms)
+            metric_lines += 1
+            samples_added += len(samples)
+        stats.metric_lines += metric_lines
+        pending.metric_lines += metric_lines
+        stats.samples += samples_added
+        pending.samples += samples_added
+        stats.events += len(result.events)
+        pending.events += len(result.events)
+        stats.service_checks += len(result.service_checks)
+        pending.service_checks += len(result.service_checks)
+        for reject in result.rejects:
+            self._count("rejected", reject.reason, reject.line)
+
+    def _count(self, kind: str, reason: str, line: bytes) -> None:
+        getattr(self.stats, kind)[reason] += 1
+        getattr(self._pending_self_metrics, kind)[reason] += 1
         self.stats.reject_sample.append(
             {"reason": reason, "line": line[:256].decode("utf-8", "replace")}
         )
 
+    def _forget_series(self, series: SeriesId) -> None:
+        self._combiner.forget(*series)
+
     def roll(self, now_ms: int, *, closed: bool = False) -> None:
         """Write a segment if there is data, a heartbeat is due, or the receiver is closing."""
+        self._poll_kernel(now_ms, force=closed)
+        self._guard.expire(now_ms)
+        self.stats.series_active = self._guard.active
         self._add_self_metrics(now_ms)
         heartbeat_due = now_ms - self._last_segment_ms >= self._heartbeat_interval_ms
         if len(self._combiner) == 0 and not heartbeat_due and not closed:
             return
         # Every datagram combined so far was received at or before now_ms, and every later
         # one will be stamped at or after it (now_ms never goes backwards): the heartbeat.
+        # Client timestamps (|T) in the past do not hold it back: those partials are late.
         batch = self._combiner.drain()
         self._writer.append(batch, Heartbeat(now_ms, closed))
         self.stats.segments += 1
         self._last_segment_ms = now_ms
         self._write_stats()
 
-    def _add_self_metrics(self, now_ms: int) -> None:
-        """Feed this roll's counts back in as ordinary counters, so they land in the store."""
-        pending = self._pending_self_metrics
-        if pending.datagrams == 0 and not pending.rejected:
+    def _poll_kernel(self, now_ms: int, *, force: bool = False) -> None:
+        """Per-socket drops and the namespace's RcvbufErrors, at most once per second."""
+        if now_ms < self._next_kernel_poll_ms and not force:
             return
-        counts = [
+        self._next_kernel_poll_ms = now_ms + KERNEL_POLL_MS
+        if self._udp_inodes:
+            drops = kernel.udp_socket_drops(set(self._udp_inodes), self._proc_net)
+            for inode, total in drops.items():
+                where = self._udp_inodes[inode]
+                new = total - self.stats.kernel_drops[where]
+                if new > 0:
+                    self.stats.kernel_drops[where] = total
+                    self._pending_self_metrics.kernel_drops[where] += new
+        errors = kernel.udp_rcvbuf_errors(self._proc_net) - self._rcvbuf_errors_at_start
+        if errors > self.stats.udp_rcvbuf_errors:
+            self._pending_self_metrics.udp_rcvbuf_errors += errors - self.stats.udp_rcvbuf_errors
+            self.stats.udp_rcvbuf_errors = errors
+
+    def _add_self_metrics(self, now_ms: int) -> None:
+        """Feed this roll's counts back in as ordinary metrics, so they land in the store."""
+        pending = self._pending_self_metrics
+        counters: list[tuple[str, int, tuple[tuple[str, str], ...]]] = [
             ("datagrams", pending.datagrams, ()),
+            ("tcp_connections", pending.tcp_connections, ()),
             ("lines", pending.lines, ()),
             ("samples", pending.samples, ()),
-        ] + [("rejected", n, (("reason", reason),)) for reason, n in pending.rejected.items()]
-        for name, value, tags in counts:
+            ("events", pending.events, ()),
+            ("service_checks", pending.service_checks, ()),
+            ("udp_rcvbuf_errors", pending.udp_rcvbuf_errors, ()),
+        ]
+        counters += [("rejected", n, (("reason", r),)) for r, n in pending.rejected.items()]
+        counters += [("adjusted", n, (("reason", r),)) for r, n in pending.adjusted.items()]
+        counters += [("kernel_drops", n, (("listen", w),)) for w, n in pending.kernel_drops.items()]
+        wrote = False
+        for name, value, tags in counters:
+            if value:
+                self._combiner.add(
+                    Sample(SELF_METRIC_PREFIX + name, "c", float(value), 1.0, tags), now_ms, now_ms
+                )
+                wrote = True
+        if wrote:  # with traffic only: an idle receiver writes heartbeats, not gauges
             self._combiner.add(
-                Sample(SELF_METRIC_PREFIX + name, "c", float(value), 1.0, tags), now_ms, now_ms
+                Sample(
+                    SELF_METRIC_PREFIX + "series_active", "g", float(self._guard.active), 1.0,
+                    (("receiver", self._writer.receiver),),
+                ),
+                now_ms,
+                now_ms,
             )
         self._pending_self_metrics = IngestStats()
 
@@ -218,3 +411,7 @@ class UdpReceiver:
         temporary = self._stats_path.with_suffix(".tmp")
         temporary.write_text(json.dumps(self.stats.to_json(), indent=1))
         os.replace(temporary, self._stats_path)
+
+
+#: The walking skeleton's name, kept for callers that serve one UDP socket.
+UdpReceiver = Receiver

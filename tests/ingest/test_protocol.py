@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from streamgauge.ingest.protocol import (
     REJECT_REASONS,
+    Event,
+    ParseResult,
     ProtocolLimits,
     Reject,
     Sample,
+    ServiceCheck,
     parse_datagram,
     parse_line,
 )
@@ -32,7 +37,23 @@ GOOD = [
     ),
     (b"x:1|c|#flag", [Sample("x", "c", 1.0, 1.0, (("flag", ""),))]),
     (b"x:1|c|c:abc123", [Sample("x", "c", 1.0, 1.0, (("container", "abc123"),))]),
-    (b"x:1|c|T1700000000", [Sample("x", "c", 1.0, 1.0, ())]),
+    (
+        b"x:1|c|#a:b|c:abc123",  # container joins the tags, wherever the fields come
+        [Sample("x", "c", 1.0, 1.0, (("a", "b"), ("container", "abc123")))],
+    ),
+    (
+        b"x:1|c|c:abc|#container:mine",  # an explicit tag wins over the origin id
+        [Sample("x", "c", 1.0, 1.0, (("container", "mine"),))],
+    ),
+    (b"x:1|c|T1700000000", [Sample("x", "c", 1.0, 1.0, (), timestamp_ms=1_700_000_000_000)]),
+    (b"x:2|g|T0", [Sample("x", "g", 2.0, 1.0, (), timestamp_ms=0)]),  # skew is the receiver's
+    (b"x:1|c|e:it-false,cn-x|card:high", [Sample("x", "c", 1.0, 1.0, ())]),  # DogStatsD 1.3
+    (b"x:1|c|", [Sample("x", "c", 1.0, 1.0, ())]),  # a trailing separator
+    (b"x:1e3|ms", [Sample("x", "ms", 1000.0, 1.0, ())]),
+    (b"x:.5|h", [Sample("x", "h", 0.5, 1.0, ())]),
+    (b"x:1|c|#url:http://a/b?c=1", [Sample("x", "c", 1.0, 1.0, (("url", "http://a/b?c=1"),))]),
+    (b"x:1|c|#k:caf\xc3\xa9 au lait", [Sample("x", "c", 1.0, 1.0, (("k", "caf\u00e9 au lait"),))]),
+    (b"a/b-c_d.e:1|c", [Sample("a/b-c_d.e", "c", 1.0, 1.0, ())]),
 ]
 
 BAD = [
@@ -54,6 +75,77 @@ BAD = [
     (b"x:1|c|#:v", "invalid_tag"),
     (b"x:1|c|zzz", "malformed_line"),
     (b"\xff\xfe:1|c", "malformed_line"),
+    (b"x|c", "malformed_line"),  # no colon at all
+    (b"caf\xc3\xa9:1|c", "invalid_name"),  # non-ASCII name
+    (b"a" * 251 + b":1|c", "invalid_name"),  # name too long
+    (b"x\ty:1|c", "invalid_name"),
+    (b"x:1|C", "unknown_type"),  # types are case-sensitive
+    (b"x:1|c|@", "invalid_sample_rate"),
+    (b"x:1|c|@ 0.5", "invalid_sample_rate"),
+    (b"x:1|c|@-0.5", "invalid_sample_rate"),
+    (b"x:1_000|c", "invalid_value"),  # float() would take it
+    (b"x: 1|c", "invalid_value"),  # float() would strip it
+    (b"x:0x10|c", "invalid_value"),
+    (b"x:\xd9\xa3|c", "invalid_value"),  # an Arabic-Indic digit: float() takes it
+    (b"x:1::2|d", "invalid_value"),  # an empty value among several
+    (b"x:1:abc|d", "invalid_value"),
+    (b"x:1e999|g", "nan_value"),  # overflows to inf
+    (b"x:-inf|g", "nan_value"),
+    (b"x:NaN|ms", "nan_value"),
+    (b"x:1|c|T", "invalid_timestamp"),
+    (b"x:1|c|T-5", "invalid_timestamp"),
+    (b"x:1|c|T17e8", "invalid_timestamp"),
+    (b"x:1|c|T1700000000.5", "invalid_timestamp"),
+    (b"x:1|c|#bad key:v", "invalid_tag"),
+    (b"x:1|c|#caf\xc3\xa9:v", "invalid_tag"),  # non-ASCII key
+    (b"x:1|c|#k:a\x00b", "invalid_tag"),  # NUL: PostgreSQL jsonb refuses \u0000
+    (b"x:1|c|#k:" + b"v" * 300, "invalid_tag"),
+    (b"x:1|c|c:a\x01b", "invalid_tag"),
+    (b"_e{5,4}:hello|wor", "invalid_event"),  # text shorter than its length
+    (b"_e{5}:hello|x", "invalid_event"),
+    (b"_e{a,b}:x|y", "invalid_event"),
+    (b"_e{0,1}:|x", "invalid_event"),  # no title
+    (b"_e{1,1}:ab|c", "invalid_event"),  # length cuts the title
+    (b"_e{1,1}:a|bc", "invalid_event"),  # garbage after the text
+    (b"_e{1,1}:a|b|p:urgent", "invalid_event"),
+    (b"_e{1,1}:a|b|t:fatal", "invalid_event"),
+    (b"_e{1,1}:a|b|d:yesterday", "invalid_event"),
+    (b"_e{1,1}:a|b|#,x", "invalid_event"),
+    (b"_e{2,1}:\xc3|b", "invalid_event"),  # a length that splits a character
+    (b"_e{1,1}", "invalid_event"),
+    (b"_sc|", "invalid_service_check"),
+    (b"_sc|db", "invalid_service_check"),
+    (b"_sc|db|7", "invalid_service_check"),
+    (b"_sc|bad name|0", "invalid_service_check"),
+    (b"_sc|db|0|d:soon", "invalid_service_check"),
+    (b"_sc|db|0|zz", "invalid_service_check"),
+    (b"_sc|db|\xff", "invalid_service_check"),
+]
+
+EVENTS = [
+    (b"_e{5,5}:hello|world", Event("hello", "world")),
+    (
+        b"_e{5,11}:hello|line\\nline2|d:1700000000|h:web-1|k:deploy|p:low|s:jenkins|t:error"
+        b"|#env:prod,team|c:cid",
+        Event(
+            "hello", "line\nline2", 1_700_000_000_000, "web-1", "deploy", "low", "jenkins",
+            "error", (("container", "cid"), ("env", "prod"), ("team", "")),
+        ),
+    ),
+    (b"_e{5,5}:caf\xc3\xa9|\xc3\xa9t\xc3\xa9", Event("caf\u00e9", "\u00e9t\u00e9")),  # UTF-8 bytes
+    (b"_e{3,0}:a|b|", Event("a|b", "")),  # a title may contain "|"
+]
+
+SERVICE_CHECKS = [
+    (b"_sc|db.up|0", ServiceCheck("db.up", 0)),
+    (
+        b"_sc|db.up|2|d:1700000000|h:db-1|#env:prod|m:disk full | really\\nfull|c:cid",
+        ServiceCheck(
+            "db.up", 2, 1_700_000_000_000, "db-1", (("container", "cid"), ("env", "prod")),
+            "disk full | really\nfull",
+        ),
+    ),
+    (b"_sc|db.up|3|card:low", ServiceCheck("db.up", 3)),
 ]
 
 
@@ -80,3 +172,76 @@ def test_overlong_lines_are_rejected_without_parsing() -> None:
     result = parse_datagram(b"short:1|c\n" + b"x" * 30 + b":1|c", limits)
     assert [s.metric for s in result.samples] == ["short"]
     assert [r.reason for r in result.rejects] == ["line_too_long"]
+
+
+@pytest.mark.parametrize(("line", "expected"), EVENTS, ids=[e[0][:30].decode() for e in EVENTS])
+def test_events_are_parsed(line: bytes, expected: Event) -> None:
+    assert parse_line(line) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"), SERVICE_CHECKS, ids=[c[0][:30].decode() for c in SERVICE_CHECKS]
+)
+def test_service_checks_are_parsed(line: bytes, expected: ServiceCheck) -> None:
+    assert parse_line(line) == expected
+
+
+def test_every_line_lands_in_exactly_one_bucket() -> None:
+    datagram = b"\n".join(
+        [b"a:1:2|d", b"_e{1,1}:t|x", b"_sc|db|0", b"bad", b"x:1|s", b"", b"b:1|c"]
+    )
+    result = parse_datagram(datagram)
+    assert result.lines == 6
+    assert (len(result.metric_lines), len(result.events), len(result.service_checks)) == (2, 1, 1)
+    assert [r.reason for r in result.rejects] == ["malformed_line", "unsupported_type"]
+    assert len(result.samples) == 3
+    assert result.accounted() == result.lines
+
+
+# -- property: arbitrary bytes and mutated valid datagrams never raise, and every line is
+# accepted or counted under exactly one reason.
+
+_VALID_LINES = [g[0] for g in GOOD] + [e[0] for e in EVENTS] + [c[0] for c in SERVICE_CHECKS]
+_ALPHABET = b":|@#,.T_e{}sc\r\n-+0123456789abcxyz \x00\xff"
+
+
+@st.composite
+def _mutated_datagrams(draw: st.DrawFn) -> bytes:
+    lines = draw(st.lists(st.sampled_from(_VALID_LINES), min_size=1, max_size=5))
+    data = bytearray(b"\n".join(lines))
+    for _ in range(draw(st.integers(0, 6))):
+        position = draw(st.integers(0, len(data)))
+        action = draw(st.sampled_from(["insert", "delete", "replace"]))
+        byte = draw(st.sampled_from(_ALPHABET))
+        if action == "insert":
+            data.insert(position, byte)
+        elif position < len(data):
+            if action == "delete":
+                del data[position]
+            else:
+                data[position] = byte
+    return bytes(data)
+
+
+def _check_accounting(datagram: bytes) -> None:
+    limits = ProtocolLimits(max_line_bytes=200, max_tags=4)
+    result = parse_datagram(datagram, limits)
+    expected_lines = sum(1 for raw in datagram.split(b"\n") if raw.rstrip(b"\r"))
+    assert result.lines == expected_lines
+    assert result.accounted() == result.lines
+    assert all(r.reason in REJECT_REASONS for r in result.rejects)
+    for _, samples in result.metric_lines:
+        assert samples and all(isinstance(s, Sample) for s in samples)
+    assert isinstance(result, ParseResult)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_never_raise_and_every_line_is_accounted(datagram: bytes) -> None:
+    _check_accounting(datagram)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mutated_datagrams())
+def test_mutated_valid_datagrams_never_raise_and_every_line_is_accounted(datagram: bytes) -> None:
+    _check_accounting(datagram)

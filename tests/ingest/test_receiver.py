@@ -1,17 +1,28 @@
-"""The receiver on a real UDP socket, fed by the reference `statsd` client, on a manual clock."""
+"""The receiver on real sockets (UDP v4/v6, TCP, Unix datagram), fed by the reference `statsd`
+and DogStatsD clients, mostly on a manual clock."""
 
 from __future__ import annotations
 
+import collections
+import json
 import socket
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 import statsd
+from datadog.dogstatsd import DogStatsd
 
-from streamgauge.clock import ManualClock
+from streamgauge.clock import ManualClock, SystemClock
 from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import SegmentWriter, list_segments, read_heartbeat, read_segment
-from streamgauge.ingest.receiver import UdpReceiver, bind_udp
+from streamgauge.ingest.receiver import Receiver, UdpReceiver, bind_udp
+from streamgauge.ingest.transports import bind_tcp, bind_unixgram
+
+T0 = 1_700_000_000_000
 
 
 def _drain_until(receiver: UdpReceiver, datagrams: int, timeout_s: float = 5.0) -> None:
@@ -56,7 +67,7 @@ def test_statsd_client_lines_become_partials_and_rejects_are_counted(tmp_path: P
     assert rows["streamgauge.ingest.datagrams"]["sum"] == 14.0
     assert rows["streamgauge.ingest.lines"]["sum"] == 15.0
     assert rows["streamgauge.ingest.samples"]["sum"] == 13.0
-    assert receiver.stats.lines == receiver.stats.samples + sum(receiver.stats.rejected.values())
+    assert receiver.stats.lines == receiver.stats.accounted()
     assert (tmp_path / "stats.json").exists()
     sock.close()
 
@@ -78,4 +89,292 @@ def test_idle_receiver_writes_heartbeats_and_a_clock_going_back_is_ignored(
     receiver.roll(receiver.now_ms())  # not due yet: no new segment
     beats = [read_heartbeat(s.path).heartbeat_ms for s in list_segments(tmp_path, "r")]
     assert beats == [10_000, 11_000]
+    sock.close()
+
+
+def _rows(spool: Path, receiver: str = "udp-0") -> list[dict[str, Any]]:
+    return [
+        row
+        for segment in list_segments(spool, receiver)
+        for batch in read_segment(segment.path)
+        for row in batch.to_pylist()
+    ]
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
+    """Per (metric, tags): count, sum, min, max over all panes; last of the latest pane."""
+    totals: dict[tuple[str, str], dict[str, float]] = {}
+    for row in sorted(rows, key=lambda r: (r["pane_start_ms"], r["last_event_ms"])):
+        entry = totals.setdefault(
+            (row["metric"], row["tags"]),
+            {"count": 0, "sum": 0.0, "min": float("inf"), "max": float("-inf")},
+        )
+        entry["count"] += row["count"]
+        entry["sum"] += row["sum"]
+        entry["min"] = min(entry["min"], row["min"])
+        entry["max"] = max(entry["max"], row["max"])
+        entry["last"] = row["last"]
+    return totals
+
+
+def _manual_receiver(
+    tmp_path: Path, sock: socket.socket, **options: Any
+) -> tuple[Receiver, ManualClock]:
+    clock = ManualClock(T0)
+    receiver = Receiver(
+        sock, SegmentWriter(tmp_path, "udp-0"), PaneCombiner(1000), clock, **options
+    )
+    return receiver, clock
+
+
+def _send_and_roll(receiver: Receiver, clock: ManualClock, port: int, lines: list[bytes]) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        for line in lines:
+            sender.sendto(line, ("127.0.0.1", port))
+    deadline = time.monotonic() + 5
+    while receiver.stats.datagrams < len(lines) and time.monotonic() < deadline:
+        receiver.receive_available()
+        time.sleep(0.005)
+    clock.advance(300)
+    receiver.roll(clock.now_ms())
+
+
+def test_client_timestamps_within_the_skew_are_event_time_others_use_the_receive_time(
+    tmp_path: Path,
+) -> None:
+    """
+    recv clock:        T0 (1_700_000_000_000)
+    |T T0-60 s     →   pane T0-60 s  (within ±120 s)
+    |T T0+90 s     →   pane T0+90 s
+    |T T0-1 h      →   pane T0, counted timestamp_out_of_range
+    heartbeat      =   T0 + 300 (receive clock): not held back by the old timestamp
+    """
+    sock = bind_udp("127.0.0.1", 0)
+    receiver, clock = _manual_receiver(tmp_path, sock, max_skew_ms=120_000)
+    seconds = T0 // 1000
+    _send_and_roll(receiver, clock, sock.getsockname()[1], [
+        b"old.ok:1|c|T%d" % (seconds - 60),
+        b"future.ok:5|g|T%d" % (seconds + 90),
+        b"too.old:2|c|T%d" % (seconds - 3600),
+        b"no.ts:3|c",
+    ])
+    rows = {r["metric"]: r for r in _rows(tmp_path)}
+    assert rows["old.ok"]["pane_start_ms"] == T0 - 60_000
+    assert rows["future.ok"]["pane_start_ms"] == T0 + 90_000
+    assert rows["too.old"]["pane_start_ms"] == T0
+    assert rows["too.old"]["first_recv_ms"] == T0
+    assert rows["no.ts"]["pane_start_ms"] == T0
+    assert receiver.stats.adjusted == {"timestamp_out_of_range": 1}
+    assert receiver.stats.rejected == {}
+    assert receiver.stats.lines == receiver.stats.metric_lines == 4 == receiver.stats.accounted()
+    (segment,) = list_segments(tmp_path, "udp-0")
+    assert read_heartbeat(segment.path).heartbeat_ms == T0 + 300
+    assert rows["streamgauge.ingest.adjusted"]["tags"] == '{"reason":"timestamp_out_of_range"}'
+    assert receiver.stats.reject_sample[-1]["reason"] == "timestamp_out_of_range"
+    sock.close()
+
+
+def test_new_series_over_the_limit_fold_into_one_visible_overflow_series(tmp_path: Path) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    receiver, clock = _manual_receiver(
+        tmp_path, sock, cardinality=CardinalityLimits(max_series=100, max_series_per_metric=3)
+    )
+    lines = [b"req:1|c|#user:u%d" % i for i in range(10)] + [b"req:1|c|#user:u0", b"other:1|c"]
+    _send_and_roll(receiver, clock, sock.getsockname()[1], lines)
+    totals = _totals(_rows(tmp_path))
+    kept = {tags for metric, tags in totals if metric == "req"}
+    assert kept == {'{"user":"u0"}', '{"user":"u1"}', '{"user":"u2"}',
+                    '{"streamgauge_overflow":"true"}'}
+    assert totals[("req", '{"streamgauge_overflow":"true"}')]["sum"] == 7.0
+    assert totals[("req", '{"user":"u0"}')]["sum"] == 2.0  # an admitted series stays admitted
+    assert totals[("other", "{}")]["sum"] == 1.0
+    assert sum(t["sum"] for (m, _), t in totals.items() if m == "req") == 11.0  # nothing lost
+    assert receiver.stats.adjusted == {"cardinality_limited": 7}
+    assert totals[("streamgauge.ingest.adjusted", '{"reason":"cardinality_limited"}')]["sum"] == 7
+    assert totals[("streamgauge.ingest.series_active", '{"receiver":"udp-0"}')]["last"] == 4
+    assert receiver.stats.lines == receiver.stats.accounted() == 12
+    sock.close()
+
+
+def test_kernel_drops_of_our_socket_become_self_metrics(tmp_path: Path) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    inode = __import__("os").fstat(sock.fileno()).st_ino
+    row = "  1: 0100007F:1FBD 00000000:0000 07 00000000:00000000 00:00000000 00000000 0 0 "
+    header = "sl local rem st q tr retr uid timeout inode ref pointer drops\n"
+    snmp_header = "Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors\n"
+    (proc / "snmp").write_text(snmp_header + "Udp: 1 0 0 1 10\n")
+    receiver, clock = _manual_receiver(tmp_path / "spool", sock, stats_path=tmp_path / "s.json",
+                                       proc_net=proc)
+    (proc / "udp").write_text(header + row + f"{inode} 2 0 12\n")
+    (proc / "snmp").write_text(snmp_header + "Udp: 1 0 0 1 25\n")
+    _send_and_roll(receiver, clock, sock.getsockname()[1], [b"a:1|c"])
+    totals = _totals(_rows(tmp_path / "spool"))
+    where = f"udp://127.0.0.1:{sock.getsockname()[1]}"
+    tags = json.dumps({"listen": where}, separators=(",", ":"))
+    assert totals[("streamgauge.ingest.kernel_drops", tags)]["sum"] == 12
+    assert totals[("streamgauge.ingest.udp_rcvbuf_errors", "{}")]["sum"] == 15
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["kernel_drops"] == {where: 12}
+    assert stats["udp_rcvbuf_errors"] == 15
+    sock.close()
+
+
+def _run_in_thread(receiver: Receiver) -> tuple[threading.Thread, threading.Event]:
+    stop = threading.Event()
+    thread = threading.Thread(target=receiver.run, args=(stop,), daemon=True)
+    thread.start()
+    return thread, stop
+
+
+def _wait_for(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_one_receiver_serves_udp4_udp6_tcp_and_a_unix_socket(tmp_path: Path) -> None:
+    udp4 = bind_udp("127.0.0.1", 0)
+    try:
+        udp6 = bind_udp("::1", 0)
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    tcp = bind_tcp("127.0.0.1", 0)
+    unix_path = tmp_path / "sg.sock"
+    unix = bind_unixgram(unix_path)
+    receiver = Receiver(
+        [udp4, udp6, tcp, unix], SegmentWriter(tmp_path / "spool", "udp-0"),
+        PaneCombiner(1000), SystemClock(), roll_ms=50,
+    )
+    assert receiver.listening[1] == f"udp://[::1]:{udp6.getsockname()[1]}"
+    thread, stop = _run_in_thread(receiver)
+
+    statsd.StatsClient("127.0.0.1", udp4.getsockname()[1]).incr("via.udp4", 2)
+    statsd.StatsClient("::1", udp6.getsockname()[1], ipv6=True).incr("via.udp6", 3)
+    tcp_client = statsd.TCPStatsClient("127.0.0.1", tcp.getsockname()[1])
+    for _ in range(50):
+        tcp_client.incr("via.tcp.client")
+    tcp_client.close()
+    # Many connections, lines split across writes, a last line without its newline.
+    raw_connections = [socket.create_connection(tcp.getsockname()) for _ in range(5)]
+    for conn in raw_connections:
+        conn.sendall(b"via.tcp.raw:1|c\nvia.tcp.r")
+    for conn in raw_connections:
+        time.sleep(0.01)
+        conn.sendall(b"aw:1|c\nvia.tcp.raw:1|c")
+        conn.close()
+    DogStatsd(socket_path=str(unix_path), disable_telemetry=True,
+              origin_detection_enabled=False).increment("via.unix", 4)
+
+    _wait_for(lambda: receiver.stats.lines >= 1 + 1 + 50 + 15 + 1)
+    stop.set()
+    thread.join(10)
+    totals = _totals(_rows(tmp_path / "spool"))
+    assert totals[("via.udp4", "{}")]["sum"] == 2
+    assert totals[("via.udp6", "{}")]["sum"] == 3
+    assert totals[("via.tcp.client", "{}")]["sum"] == 50
+    assert totals[("via.tcp.raw", "{}")]["sum"] == 15
+    assert totals[("via.unix", "{}")]["sum"] == 4
+    assert receiver.stats.tcp_connections == 6
+    assert receiver.stats.rejected == {}
+    assert receiver.stats.lines == receiver.stats.accounted() == 68
+    for sock in (udp4, udp6, tcp, unix):
+        sock.close()
+
+
+def test_a_graceful_stop_ends_tcp_connections_and_keeps_their_last_line(tmp_path: Path) -> None:
+    tcp = bind_tcp("127.0.0.1", 0)
+    receiver = Receiver(tcp, SegmentWriter(tmp_path, "udp-0"), PaneCombiner(1000),
+                        SystemClock(), roll_ms=50)
+    thread, stop = _run_in_thread(receiver)
+    conn = socket.create_connection(tcp.getsockname())
+    conn.sendall(b"open:1|c\nopen:1|c")  # the client is still connected at shutdown
+    _wait_for(lambda: receiver.stats.lines >= 1)
+    stop.set()
+    thread.join(10)
+    assert _totals(_rows(tmp_path))[("open", "{}")]["sum"] == 2
+    conn.close()
+    tcp.close()
+
+
+def test_dogstatsd_client_every_type_and_timestamps(tmp_path: Path) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    clock = ManualClock(SystemClock().now_ms())
+    receiver = Receiver(sock, SegmentWriter(tmp_path, "udp-0"), PaneCombiner(1000), clock)
+    client = DogStatsd("127.0.0.1", port, disable_telemetry=True, origin_detection_enabled=False)
+    tags = ["env:test", "team"]
+    client.increment("dd.count", 3, tags=tags)
+    client.decrement("dd.count", 1, tags=tags)
+    client.gauge("dd.gauge", 42, tags=tags)
+    client.histogram("dd.hist", 7)
+    client.histogram("dd.hist", 9)
+    client.distribution("dd.dist", 1.5)
+    client.timing("dd.timing", 250)
+    client.set("dd.set", "user-1")  # sets: unsupported_type until the HLL slice
+    client.event("Deploy", "version 2\nrolled out", alert_type="success", tags=tags)
+    client.service_check("dd.check", DogStatsd.WARNING, message="slow | disk")
+    ts = clock.now_ms() // 1000 - 30
+    client.gauge_with_timestamp("dd.gauge.ts", 5, ts)
+    client.count_with_timestamp("dd.count.ts", 6, ts)
+    client.count_with_timestamp("dd.count.ancient", 1, 1_000_000_000)  # 2001: out of skew
+    client.close_socket()
+    expected_lines = 13
+    _wait_for(lambda: (receiver.receive_available(), receiver.stats.lines)[1] >= expected_lines)
+    clock.advance(300)
+    receiver.roll(clock.now_ms())
+
+    totals = _totals(_rows(tmp_path))
+    dd_tags = '{"env":"test","team":""}'
+    assert totals[("dd.count", dd_tags)]["sum"] == 2
+    assert totals[("dd.gauge", dd_tags)]["last"] == 42
+    hist = totals[("dd.hist", "{}")]
+    assert (hist["count"], hist["sum"], hist["min"], hist["max"]) == (2, 16, 7, 9)
+    assert totals[("dd.dist", "{}")]["sum"] == 1.5
+    assert totals[("dd.timing", "{}")]["sum"] == 250
+    assert totals[("dd.gauge.ts", "{}")]["last"] == 5
+    assert totals[("dd.count.ts", "{}")]["sum"] == 6
+    assert totals[("dd.count.ancient", "{}")]["sum"] == 1
+    rows = {r["metric"]: r for r in _rows(tmp_path)}
+    assert rows["dd.count.ts"]["pane_start_ms"] == ts * 1000
+    assert rows["dd.count.ancient"]["pane_start_ms"] > ts * 1000  # receive time instead
+    stats = receiver.stats
+    assert (stats.events, stats.service_checks) == (1, 1)
+    assert stats.rejected == {"unsupported_type": 1}
+    assert stats.adjusted == {"timestamp_out_of_range": 1}
+    assert stats.lines == stats.accounted() == expected_lines
+    assert totals[("streamgauge.ingest.events", "{}")]["sum"] == 1
+    assert totals[("streamgauge.ingest.service_checks", "{}")]["sum"] == 1
+    sock.close()
+
+
+def test_statsd_client_every_type_in_pipelines_matches_what_it_sent(tmp_path: Path) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    receiver, clock = _manual_receiver(tmp_path, sock)
+    client = statsd.StatsClient("127.0.0.1", sock.getsockname()[1])
+    sent: collections.Counter[str] = collections.Counter()
+    with client.pipeline() as pipe:  # several lines per datagram
+        for i in range(200):
+            pipe.incr("sd.count", 2)
+            pipe.timing("sd.timer", i)
+            sent["lines"] += 2
+    client.decr("sd.count", 5)
+    client.gauge("sd.gauge", 10)
+    client.gauge("sd.gauge", 4, delta=True)
+    client.gauge("sd.gauge", -1, delta=True)
+    client.set("sd.set", "x")
+    sent["lines"] += 5
+    _wait_for(lambda: (receiver.receive_available(), receiver.stats.lines)[1] >= sent["lines"])
+    clock.advance(300)
+    receiver.roll(clock.now_ms())
+    totals = _totals(_rows(tmp_path))
+    assert totals[("sd.count", "{}")]["sum"] == 400 - 5
+    timer = totals[("sd.timer", "{}")]
+    assert (timer["count"], timer["sum"], timer["min"], timer["max"]) == (200, 19900, 0, 199)
+    assert totals[("sd.gauge", "{}")]["last"] == 13
+    assert receiver.stats.rejected == {"unsupported_type": 1}
+    assert receiver.stats.datagrams < receiver.stats.lines
+    assert receiver.stats.lines == receiver.stats.accounted() == sent["lines"]
     sock.close()

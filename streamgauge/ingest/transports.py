@@ -1,0 +1,197 @@
+"""Where StatsD lines arrive: UDP (IPv4/IPv6), TCP (newline-delimited), Unix datagram sockets.
+
+``--listen`` takes ``udp://HOST:PORT``, ``tcp://HOST:PORT``, ``unixgram:///absolute/path``, or
+a plain ``HOST:PORT`` (UDP). IPv6 hosts go in brackets: ``udp://[::1]:8125``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_RCVBUF_BYTES = 8 << 20
+UNIX_SOCKET_MODES = (0o600, 0o660)
+SCHEMES = ("udp", "tcp", "unixgram")
+
+
+@dataclass(frozen=True, slots=True)
+class ListenSpec:
+    scheme: str  # udp | tcp | unixgram
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.scheme == "unixgram":
+            return f"unixgram://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def parse_listen_spec(text: str) -> ListenSpec:
+    """Canonicalise a ``--listen`` value; the error names the value and the accepted forms."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "udp", text
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"--listen {text!r}: unknown scheme {scheme!r}; use udp://HOST:PORT, "
+            "tcp://HOST:PORT, unixgram:///PATH or HOST:PORT"
+        )
+    if scheme == "unixgram":
+        if not rest.startswith("/"):
+            raise ValueError(f"--listen {text!r}: a unixgram path must be absolute")
+        return ListenSpec("unixgram", path=rest)
+    host, colon, port = rest.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8125")
+    if host.startswith("[") != host.endswith("]"):
+        raise ValueError(f"--listen {text!r}: unbalanced brackets around the IPv6 host")
+    return ListenSpec(scheme, host.strip("[]") or "127.0.0.1", int(port))
+
+
+def bind(
+    spec: ListenSpec,
+    *,
+    rcvbuf_bytes: int = DEFAULT_RCVBUF_BYTES,
+    reuse_port: bool = False,
+    unix_mode: int = 0o600,
+) -> socket.socket:
+    if spec.scheme == "udp":
+        return bind_udp(spec.host, spec.port, rcvbuf_bytes, reuse_port=reuse_port)
+    if spec.scheme == "tcp":
+        return bind_tcp(spec.host, spec.port, reuse_port=reuse_port)
+    return bind_unixgram(Path(spec.path), rcvbuf_bytes, mode=unix_mode)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def bind_udp(
+    host: str, port: int, rcvbuf_bytes: int = DEFAULT_RCVBUF_BYTES, *, reuse_port: bool = False
+) -> socket.socket:
+    """Bind a UDP socket with a large receive buffer (the biggest lever against kernel drops).
+
+    ``reuse_port``: several sockets (one per receiver process) share the port and the kernel
+    spreads senders over them by their address hash.
+    """
+    sock = socket.socket(_family(host), socket.SOCK_DGRAM)
+    try:
+        # No SO_REUSEADDR: on Linux it lets a second UDP socket bind the same port and take
+        # its traffic silently; a busy port must fail (UDP has no TIME_WAIT to work around).
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        set_receive_buffer(sock, rcvbuf_bytes)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_tcp(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_unixgram(
+    path: Path, rcvbuf_bytes: int = DEFAULT_RCVBUF_BYTES, *, mode: int = 0o600
+) -> socket.socket:
+    """A Unix datagram socket at ``path``, readable and writable by the owner (0600) or also
+    the group (0660); never world-writable. A stale socket file from a crash is replaced; any
+    other file at the path is refused."""
+    if mode not in UNIX_SOCKET_MODES:
+        raise ValueError(f"unix socket mode must be 0600 or 0660, got {mode:04o}")
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        set_receive_buffer(sock, rcvbuf_bytes)
+        # The umask makes the socket private from the moment it exists; chmod then widens it
+        # to the requested mode (0660) if asked. umask is per process: ingest binds at start.
+        previous = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(previous)
+        os.chmod(path, mode)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def set_receive_buffer(sock: socket.socket, size: int) -> None:
+    # SO_RCVBUFFORCE ignores net.core.rmem_max but needs CAP_NET_ADMIN; fall back to the
+    # capped SO_RCVBUF for unprivileged users.
+    force = getattr(socket, "SO_RCVBUFFORCE", None)
+    if force is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+            return
+        except PermissionError:
+            pass
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+
+
+def describe(sock: socket.socket) -> str:
+    """The socket as a ``--listen`` value (for logs, stats and self-metric tags)."""
+    address = sock.getsockname()
+    if sock.family == socket.AF_UNIX:
+        return f"unixgram://{address}"
+    scheme = "tcp" if sock.type == socket.SOCK_STREAM else "udp"
+    return str(ListenSpec(scheme, address[0], address[1]))
+
+
+class LineAssembler:
+    """Turns a TCP byte stream into whole lines: a line split across reads is kept until its
+    newline arrives. A partial line longer than ``max_line_bytes`` is cut off and its rest
+    skipped up to the next newline; the caller counts it as ``line_too_long``."""
+
+    def __init__(self, max_line_bytes: int) -> None:
+        self._max = max_line_bytes
+        self._pending = b""
+        self._skipping = False
+
+    def feed(self, data: bytes) -> tuple[bytes, int]:
+        """(complete lines ending in a newline, or b"", number of overlong lines cut off)."""
+        overlong = 0
+        if self._skipping:
+            newline = data.find(b"\n")
+            if newline < 0:
+                return b"", 0
+            data = data[newline + 1 :]
+            self._skipping = False
+        buffer = self._pending + data if self._pending else data
+        cut = buffer.rfind(b"\n")
+        if cut < 0:
+            complete, self._pending = b"", buffer
+        else:
+            complete, self._pending = buffer[: cut + 1], buffer[cut + 1 :]
+        if len(self._pending) > self._max:
+            # "x:1|c" + 70 KB without a newline: never buffered without bound
+            self._pending = b""
+            self._skipping = True
+            overlong = 1
+        return complete, overlong
+
+    def close(self) -> bytes:
+        """What is left at end of stream: a last line without its newline still counts."""
+        rest, self._pending = self._pending, b""
+        return rest
