@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--master", default=DEFAULT_MASTER)
     replay.set_defaults(handler=cmd_replay)
 
+    from streamgauge.grafana.commands import register as register_grafana
+
+    register_grafana(commands)
+
     status = commands.add_parser("status", help="what a running daemon is doing")
     status.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
     status.set_defaults(handler=cmd_status)
