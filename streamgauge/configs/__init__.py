@@ -1,6 +1,7 @@
 """Window configs: the YAML schema, its loader, and the frozen specs the pipeline runs on.
 
-``load_config(path)`` is the way in; ``PipelineConfig`` and ``WindowSpec`` are what comes out.
+``load_config(path)`` is the way in; ``PipelineConfig``, ``WindowSpec`` and
+``AlertSpec`` are what comes out.
 """
 
 from streamgauge.configs.durations import format_duration_ms, parse_duration_ms
@@ -11,18 +12,41 @@ from streamgauge.configs.loader import (
     load_config,
     parse_config,
 )
-from streamgauge.configs.model import WINDOW_KINDS, PipelineConfig, WindowKind, WindowSpec
+from streamgauge.configs.model import (
+    AGGREGATES,
+    COMPARISONS,
+    EVALUATION_STEP_MS,
+    WINDOW_KINDS,
+    Aggregate,
+    AlertSpec,
+    Comparison,
+    PipelineConfig,
+    WindowKind,
+    WindowSpec,
+    evaluation_interval_ms,
+    format_threshold,
+    parse_condition,
+)
 
 __all__ = [
+    "AGGREGATES",
+    "COMPARISONS",
+    "EVALUATION_STEP_MS",
     "WINDOW_KINDS",
+    "Aggregate",
+    "AlertSpec",
+    "Comparison",
     "ConfigError",
     "ConfigIssue",
     "PipelineConfig",
     "WindowKind",
     "WindowSpec",
     "default_config_name",
+    "evaluation_interval_ms",
+    "format_threshold",
     "format_duration_ms",
     "load_config",
+    "parse_condition",
     "parse_config",
     "parse_duration_ms",
 ]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from streamgauge.configs.durations import parse_duration_ms
@@ -34,6 +34,8 @@ from streamgauge.configs.model import (
     DEFAULT_PANE_MS,
     NAME_MAX_LENGTH,
     WINDOW_KINDS,
+    AlertDraft,
+    AlertSpec,
     Loc,
     PipelineConfig,
     Problem,
@@ -43,6 +45,7 @@ from streamgauge.configs.model import (
     config_problems,
     format_path,
     name_problem,
+    parse_condition,
 )
 
 __all__ = ["ConfigError", "ConfigIssue", "default_config_name", "load_config", "parse_config"]
@@ -115,6 +118,7 @@ _Str = Annotated[str | None, BeforeValidator(_present)]
 _Duration = Annotated[int | None, BeforeValidator(_duration), BeforeValidator(_present)]
 _Kind = Annotated[WindowKind | None, BeforeValidator(_present)]
 _StrList = Annotated[list[str] | None, BeforeValidator(_present)]
+_StrMap = Annotated[dict[str, str] | None, BeforeValidator(_present)]
 
 
 class _Shape(BaseModel):
@@ -137,14 +141,28 @@ class _RawWindow(_Shape):
     group_by: _StrList = None
 
 
+class _RawAlert(_Shape):
+    name: _Str = None
+    window: _Str = None
+    metric: _Str = None
+    aggregate: _Str = None
+    condition: _Str = None
+    for_: _Duration = Field(None, alias="for")  # "for" is a Python keyword
+    tags: _StrMap = None
+    labels: _StrMap = None
+    annotations: _StrMap = None
+
+
 class _RawConfig(_Shape):
     name: _Str = None
     pane: _Duration = None
     windows: Annotated[list[Any] | None, BeforeValidator(_present)] = None
+    alerts: Annotated[list[Any] | None, BeforeValidator(_present)] = None
 
 
 _WINDOW_KEYS = tuple(_RawWindow.model_fields)
 _CONFIG_KEYS = tuple(_RawConfig.model_fields)
+_ALERT_KEYS = tuple(field.alias or key for key, field in _RawAlert.model_fields.items())
 
 #: Names users bring from other systems, mapped to ours.
 _SYNONYMS = {
@@ -164,7 +182,31 @@ _SYNONYMS = {
 }
 
 
+#: Names users bring from Prometheus rules and Grafana, mapped to the alert keys.
+_ALERT_SYNONYMS = {
+    "alert": "name",
+    "title": "name",
+    "expr": "condition",
+    "threshold": "condition",
+    "pending": "for",
+    "pending_period": "for",
+    "duration": "for",
+    "filter": "tags",
+    "matchers": "tags",
+    "agg": "aggregate",
+    "aggregation": "aggregate",
+    "column": "aggregate",
+}
+
+
 def _unknown_key_message(key: str, model: type[_Shape]) -> str:
+    if model is _RawAlert:
+        guess = _ALERT_SYNONYMS.get(key) or next(
+            iter(difflib.get_close_matches(key, _ALERT_KEYS, n=1)), None
+        )
+        if guess is not None:
+            return f"unknown key; did you mean {guess}?"
+        return f"unknown key; valid keys here: {', '.join(_ALERT_KEYS)}"
     valid = _WINDOW_KEYS if model is _RawWindow else _CONFIG_KEYS
     if model is _RawWindow and key in _CONFIG_KEYS:
         return f"unknown key; {key} is set once for the whole config, at the top level"
@@ -193,8 +235,16 @@ def _shape_message(error: ErrorDetails, model: type[_Shape]) -> str:
             return f"unknown kind {value!r}; one of {kinds}{hint}"
         return f"must be one of {kinds}, not {_describe(value)}"
     if kind == "string_type":
+        if model is _RawAlert and error["loc"][:1] == ("condition",):
+            return f'must be a quoted string like "> 250", not {_describe(value)}'
         return f"must be a string, not {_describe(value)}"
+    if kind == "dict_type":
+        return f"must be a mapping like {{key: value}}, not {_describe(value)}"
     if kind == "list_type":
+        if error["loc"] == ("alerts",):
+            return (
+                f"must be a list of alerts (each starting with '- name:'), not {_describe(value)}"
+            )
         if error["loc"] == ("windows",):
             return (
                 f"must be a list of windows (each starting with '- name:'), not {_describe(value)}"
@@ -370,6 +420,39 @@ def _spec(raw: _RawWindow) -> WindowSpec:
     return WindowSpec(**{k: v for k, v in values.items() if v is not None})
 
 
+def _alert_draft(raw: _RawAlert, given: frozenset[str]) -> AlertDraft:
+    return AlertDraft(
+        given=given,
+        name=raw.name,
+        window=raw.window,
+        metric=raw.metric,
+        aggregate=raw.aggregate,
+        condition=raw.condition,
+        for_ms=raw.for_,
+        tags=raw.tags,
+        labels=raw.labels,
+        annotations=raw.annotations,
+    )
+
+
+def _alert_spec(raw: _RawAlert) -> AlertSpec:
+    """Build an alert the rules have passed."""
+    assert raw.condition is not None
+    op, threshold = parse_condition(raw.condition)
+    return AlertSpec(
+        name=str(raw.name),
+        window=str(raw.window),
+        metric=str(raw.metric),
+        aggregate=raw.aggregate,  # type: ignore[arg-type]  # checked against AGGREGATES
+        op=op,
+        threshold=threshold,
+        for_ms=raw.for_ or 0,
+        tags=tuple((raw.tags or {}).items()),
+        labels=tuple((raw.labels or {}).items()),
+        annotations=tuple((raw.annotations or {}).items()),
+    )
+
+
 def parse_config(text: str, source: str, default_name: str = "streamgauge") -> PipelineConfig:
     """Parse one YAML config; ``ConfigError`` lists every issue in it, in document order.
 
@@ -418,11 +501,30 @@ def parse_config(text: str, source: str, default_name: str = "streamgauge") -> P
             raw_windows.append(raw)
             drafts.append(_draft(raw, holes, frozenset(k for k in item if isinstance(k, str))))
 
+    raw_alerts: list[_RawAlert | None] | None = None
+    alert_drafts: list[AlertDraft | None] | None = None
+    if top.alerts is not None:
+        raw_alerts, alert_drafts = [], []
+        for index, item in enumerate(top.alerts):
+            if not isinstance(item, dict):
+                problems.append(
+                    (("alerts", index), f"an alert must be a mapping, not {_describe(item)}")
+                )
+                raw_alerts.append(None)
+                alert_drafts.append(None)
+                continue
+            raw_alert, _ = _read_shape(_RawAlert, item, ("alerts", index), problems)
+            raw_alerts.append(raw_alert)
+            alert_drafts.append(
+                _alert_draft(raw_alert, frozenset(k for k in item if isinstance(k, str)))
+            )
+
     problems += config_problems(
         given=frozenset(k for k in document if isinstance(k, str)),
         name=name,
         pane_ms=pane_ms,
         windows=drafts,
+        alerts=alert_drafts,
     )
 
     if problems:
@@ -435,6 +537,7 @@ def parse_config(text: str, source: str, default_name: str = "streamgauge") -> P
         name=name,
         pane_ms=pane_ms,
         windows=tuple(_spec(raw) for raw in raw_windows if raw is not None),
+        alerts=tuple(_alert_spec(raw) for raw in raw_alerts or () if raw is not None),
     )
 
 

@@ -13,6 +13,7 @@ Windows are half-open ``[start, end)`` on event time. All durations are integer 
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import functools
 import re
@@ -23,6 +24,15 @@ from typing import Literal
 from streamgauge.configs.durations import format_duration_ms
 
 WindowKind = Literal["tumbling", "hopping", "sliding", "session"]
+Aggregate = Literal[
+    "count", "sum", "min", "max", "last", "p50", "p90", "p99", "distinct_count", "rate"
+]  # fmt: skip
+#: What an alert can watch: a ``window_results`` column, or ``rate`` (sum per second of window).
+AGGREGATES: tuple[Aggregate, ...] = (
+    "count", "sum", "min", "max", "last", "p50", "p90", "p99", "distinct_count", "rate",
+)  # fmt: skip
+Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
+COMPARISONS: tuple[Comparison, ...] = (">=", "<=", "==", "!=", ">", "<")
 WINDOW_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping", "sliding", "session")
 
 #: Keys whose meaning depends on the kind; every other window key is valid for every kind.
@@ -44,6 +54,18 @@ DEFAULT_PANE_MS = 1_000
 DEFAULT_WATERMARK_DELAY_MS = 1_000
 DEFAULT_ALLOWED_LATENESS_MS = 0
 DEFAULT_METRICS: tuple[str, ...] = ("*",)
+
+#: Grafana's alert scheduler ticks every 10 s (``[unified_alerting] base_interval``, not
+#: configurable since Grafana 9): a rule group's interval must be a multiple of it.
+EVALUATION_STEP_MS = 10_000
+#: Window kinds alerts can watch: the ones with a fixed grid of window ends to evaluate on.
+ALERTABLE_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping")
+#: Prometheus/Grafana label names (Grafana refuses others in alert rule labels).
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: "> 250", ">= 1", "< 0.5", "== 0", "!= -1.5e3"
+_CONDITION = re.compile(
+    r"\s*(>=|<=|==|!=|>|<)\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*", re.ASCII
+)
 
 #: Config and window names end up in result rows, series keys and generated identifiers
 #: (Grafana UIDs, PostgreSQL object names), so they are restricted to characters every one of
@@ -229,18 +251,230 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
     return problems
 
 
+def evaluation_interval_ms(kind: WindowKind, size_ms: int | None, hop_ms: int | None) -> int:
+    """How often alerts on a window are evaluated: once per new window end, on Grafana's grid.
+
+    A tumbling window gets a new end every ``size``, a hopping one every ``hop``. Grafana runs
+    rule groups on a 10 s scheduler tick, so the step is rounded UP to a multiple of 10 s
+    (evaluating more often than windows close finds nothing new; less often than the grid
+    allows would skip windows): 10s -> 10s, 15s -> 20s, 1m -> 60s, 2500ms -> 10s.
+    """
+    step = hop_ms if kind == "hopping" and hop_ms else size_ms
+    if step is None or step <= 0:
+        return EVALUATION_STEP_MS
+    return -(-step // EVALUATION_STEP_MS) * EVALUATION_STEP_MS
+
+
+def parse_condition(text: str) -> tuple[Comparison, float]:
+    """``"> 250"`` -> ``(">", 250.0)``; ``ValueError`` with a sentence otherwise."""
+    match = _CONDITION.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f'{text!r} is not a condition; write an operator and a number, like "> 250", '
+            '">= 1", "< 0.5" or "== 0" (operators: >, >=, <, <=, ==, !=)'
+        )
+    op, number = match.groups()
+    value = float(number)
+    if value != value or value in (float("inf"), float("-inf")):  # "1e999" overflows to inf
+        raise ValueError(f"{text!r}: {number} is not a finite number")
+    return op, value  # type: ignore[return-value]
+
+
+def format_threshold(value: float) -> str:
+    """``250.0`` -> ``250``, ``0.5`` -> ``0.5``: the number as a user would write it."""
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+
+
+@dataclass(frozen=True)
+class AlertDraft:
+    """An alert as far as it could be read; ``None`` marks a value missing or already reported."""
+
+    given: frozenset[str]
+    name: str | None = None
+    window: str | None = None
+    metric: str | None = None
+    aggregate: str | None = None
+    condition: str | None = None
+    for_ms: int | None = None
+    tags: Mapping[str, str] | None = None
+    labels: Mapping[str, str] | None = None
+    annotations: Mapping[str, str] | None = None
+
+
+def alert_problems(draft: AlertDraft, windows: Mapping[str, WindowDraft] | None) -> list[Problem]:
+    """Every rule one alert breaks, locations relative to the alert.
+
+    ``windows`` maps the config's readable window names to their drafts (``None``: the windows
+    could not be read, so the checks that need them are skipped rather than guessed).
+    """
+    problems: list[Problem] = []
+    given = draft.given
+    for key, why in (
+        ("name", "every alert needs a name; it becomes the rule's title and UID"),
+        ("window", "the name of a window in windows: whose results the alert watches"),
+        ("metric", "the exact metric name the alert watches"),
+        ("aggregate", f"one of {', '.join(AGGREGATES)}"),
+        ("condition", 'an operator and a number, like "> 250"'),
+    ):
+        if key not in given:
+            problems.append(((key,), f"required; {why}"))
+
+    if draft.name is not None and (problem := name_problem(draft.name)):
+        problems.append((("name",), problem))
+
+    window: WindowDraft | None = None
+    if draft.window is not None and windows is not None:
+        window = windows.get(draft.window)
+        if window is None:
+            known = ", ".join(windows) or "none"
+            guess = difflib.get_close_matches(draft.window, list(windows), n=1)
+            hint = f"; did you mean {guess[0]}?" if guess else ""
+            problems.append(
+                (("window",), f"no window named {draft.window!r} (windows: {known}){hint}")
+            )
+        elif window.kind is not None and window.kind not in ALERTABLE_KINDS:
+            problems.append(
+                (
+                    ("window",),
+                    f"window {draft.window!r} is a {window.kind} window; alerts watch "
+                    f"{' or '.join(ALERTABLE_KINDS)} windows, whose ends fall on a fixed grid",
+                )
+            )
+            window = None
+
+    if draft.metric is not None:
+        if not draft.metric.strip():
+            problems.append((("metric",), "cannot be empty"))
+        elif any(ch in draft.metric for ch in "*?["):
+            problems.append(
+                (("metric",), f"{draft.metric!r} is a glob; an alert watches one exact metric")
+            )
+        elif window is not None and window.metrics is not None:
+            globs = [g for g in window.metrics if g is not None]
+            if globs and not any(fnmatch.fnmatchcase(draft.metric, g) for g in globs):
+                problems.append(
+                    (
+                        ("metric",),
+                        f"window {draft.window!r} does not aggregate {draft.metric!r} (its "
+                        f"metrics: {', '.join(globs)}); the alert would never see data",
+                    )
+                )
+
+    if draft.aggregate is not None and draft.aggregate not in AGGREGATES:
+        guess = difflib.get_close_matches(draft.aggregate, AGGREGATES, n=1)
+        hint = f"; did you mean {guess[0]}?" if guess else ""
+        problems.append(
+            (
+                ("aggregate",),
+                f"unknown aggregate {draft.aggregate!r}; one of {', '.join(AGGREGATES)}{hint}",
+            )
+        )
+
+    if draft.condition is not None:
+        try:
+            parse_condition(draft.condition)
+        except ValueError as exc:
+            problems.append((("condition",), str(exc)))
+
+    if draft.for_ms is not None:
+        if draft.for_ms < 0:
+            problems.append((("for",), f"must be 0 or more, not {_show(draft.for_ms)}"))
+        elif window is not None and window.kind is not None:
+            step = evaluation_interval_ms(window.kind, window.size_ms, window.hop_ms)
+            if draft.for_ms % step:
+                problems.append(
+                    (
+                        ("for",),
+                        f"{_show(draft.for_ms)} is not a multiple of the evaluation interval "
+                        f"{_show(step)} of window {draft.window!r}; Grafana counts the pending "
+                        f"period in evaluations (use {_show(-(-draft.for_ms // step) * step)})",
+                    )
+                )
+
+    if draft.tags is not None:
+        group_by: list[str] | None = None
+        if window is not None and window.group_by is not None:
+            group_by = [t for t in window.group_by if t is not None]
+        elif window is not None and "group_by" not in window.given:
+            group_by = []  # the default: every tag aggregated away
+        for tag, value in draft.tags.items():
+            if problem := tag_problem(tag):
+                problems.append((("tags", tag), problem))
+            elif group_by is not None and tag not in group_by:
+                kept = ", ".join(group_by) if group_by else "none"
+                problems.append(
+                    (
+                        ("tags", tag),
+                        f"window {draft.window!r} does not keep tag {tag!r} (group_by: {kept}); "
+                        "the filter would match nothing",
+                    )
+                )
+            if not value:
+                problems.append((("tags", tag), "an empty value matches no series"))
+
+    if draft.labels is not None:
+        for label in draft.labels:
+            if not _LABEL_NAME.fullmatch(label) or label.startswith("__"):
+                problems.append(
+                    (
+                        ("labels", label),
+                        f"{label!r} is not a label name; letters, digits and _, not starting "
+                        "with a digit or __",
+                    )
+                )
+    return problems
+
+
 def config_problems(
     *,
     given: Collection[str],
     name: str | None,
     pane_ms: int | None,
     windows: Sequence[WindowDraft | None] | None,
+    alerts: Sequence[AlertDraft | None] | None = None,
 ) -> list[Problem]:
-    """Every rule a whole config breaks, windows included, with locations from the root.
+    """Every rule a whole config breaks, windows and alerts included, with locations from the root.
 
-    A ``None`` in ``windows`` is an entry that could not be read at all (already reported);
-    it still holds its index so that later paths stay right.
+    A ``None`` in ``windows`` or ``alerts`` is an entry that could not be read at all (already
+    reported); it still holds its index so that later paths stay right.
     """
+    problems = _config_and_window_problems(given=given, name=name, pane_ms=pane_ms, windows=windows)
+    if alerts is None:
+        return problems
+    by_name: dict[str, WindowDraft] | None = None
+    if windows is not None and all(w is not None for w in windows):
+        by_name = {}
+        for draft in windows:
+            if draft is not None and draft.name is not None:
+                by_name.setdefault(draft.name, draft)
+    first_seen: dict[str, int] = {}
+    for index, alert in enumerate(alerts):
+        if alert is None:
+            continue
+        for loc, message in alert_problems(alert, by_name):
+            problems.append((("alerts", index, *loc), message))
+        if alert.name is None:
+            continue
+        if alert.name in first_seen:
+            problems.append(
+                (
+                    ("alerts", index, "name"),
+                    f"duplicate alert name {alert.name!r} (already used by "
+                    f"alerts[{first_seen[alert.name]}])",
+                )
+            )
+        else:
+            first_seen[alert.name] = index
+    return problems
+
+
+def _config_and_window_problems(
+    *,
+    given: Collection[str],
+    name: str | None,
+    pane_ms: int | None,
+    windows: Sequence[WindowDraft | None] | None,
+) -> list[Problem]:
     problems: list[Problem] = []
     if name is not None and (problem := name_problem(name)):
         problems.append((("name",), problem))
@@ -386,24 +620,92 @@ class WindowSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AlertSpec:
+    """One alert rule: "``aggregate`` of ``metric`` in window ``window`` ``op`` ``threshold``".
+
+    ``tags`` filters series by equality on their (group_by) tags; ``labels`` and
+    ``annotations`` go to the Grafana rule as they are. Mappings are stored as sorted tuples of
+    pairs so the spec stays hashable and compares equal however the YAML ordered them.
+    """
+
+    name: str
+    window: str
+    metric: str
+    aggregate: Aggregate
+    op: Comparison
+    threshold: float
+    for_ms: int = 0
+    tags: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("tags", "labels", "annotations"):
+            value = getattr(self, key)
+            pairs = value.items() if isinstance(value, Mapping) else value
+            object.__setattr__(self, key, tuple(sorted((str(k), str(v)) for k, v in pairs)))
+        object.__setattr__(self, "threshold", float(self.threshold))
+        _raise_problems(f"alert {self.name!r}", alert_problems(self.draft(), windows=None))
+
+    @property
+    def condition(self) -> str:
+        return f"{self.op} {format_threshold(self.threshold)}"
+
+    def draft(self) -> AlertDraft:
+        return AlertDraft(
+            given=frozenset({"name", "window", "metric", "aggregate", "condition", "for"}),
+            name=self.name,
+            window=self.window,
+            metric=self.metric,
+            aggregate=self.aggregate,
+            condition=self.condition,
+            for_ms=self.for_ms,
+            tags=dict(self.tags),
+            labels=dict(self.labels),
+            annotations=dict(self.annotations),
+        )
+
+    def to_canonical_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "name": self.name,
+            "window": self.window,
+            "metric": self.metric,
+            "aggregate": self.aggregate,
+            "condition": self.condition,
+            "for": format_duration_ms(self.for_ms),
+        }
+        for key in ("tags", "labels", "annotations"):
+            out[key] = dict(getattr(self, key))
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
-    """A whole config file: its name (stored with every result row), pane and windows."""
+    """A whole config file: its name (stored with every result row), pane, windows, alerts."""
 
     name: str
     pane_ms: int = DEFAULT_PANE_MS
     windows: tuple[WindowSpec, ...]
+    alerts: tuple[AlertSpec, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "windows", tuple(self.windows))
+        object.__setattr__(self, "alerts", tuple(self.alerts))
         _raise_problems(
             f"config {self.name!r}",
             config_problems(
-                given={"name", "pane", "windows"},
+                given={"name", "pane", "windows", "alerts"},
                 name=self.name,
                 pane_ms=self.pane_ms,
                 windows=[window.draft() for window in self.windows],
+                alerts=[alert.draft() for alert in self.alerts],
             ),
         )
+
+    def evaluation_interval_ms(self, window_name: str) -> int:
+        """The rule-group interval for alerts on ``window_name`` (a multiple of 10 s)."""
+        window = self.window(window_name)
+        return evaluation_interval_ms(window.kind, window.size_ms, window.hop_ms)
 
     def window(self, name: str) -> WindowSpec:
         """The window called ``name``; ``KeyError`` naming the ones that exist otherwise."""
@@ -415,8 +717,11 @@ class PipelineConfig:
 
     def to_canonical_dict(self) -> dict[str, object]:
         """The effective config, defaults included; loading its YAML gives an equal config."""
-        return {
+        out: dict[str, object] = {
             "name": self.name,
             "pane": format_duration_ms(self.pane_ms),
             "windows": [window.to_canonical_dict() for window in self.windows],
         }
+        if self.alerts:  # no alerts: print nothing rather than an empty list to wonder about
+            out["alerts"] = [alert.to_canonical_dict() for alert in self.alerts]
+        return out

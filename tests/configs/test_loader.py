@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from streamgauge.configs import (
+    AlertSpec,
     ConfigError,
     ConfigIssue,
     PipelineConfig,
@@ -58,6 +59,20 @@ def test_quickstart_loads() -> None:
                 allowed_lateness_ms=30_000,
             ),
         ),
+        alerts=(
+            AlertSpec(
+                name="ingest_rejecting_lines",
+                window="per_1m",
+                metric="streamgauge.ingest.rejected",
+                aggregate="sum",
+                op=">",
+                threshold=0,
+                labels=(("severity", "warning"),),
+                annotations=(
+                    ("summary", "streamgauge is rejecting StatsD lines (see streamgauge status)"),
+                ),
+            ),
+        ),
     )
 
 
@@ -84,7 +99,18 @@ def test_reference_loads_one_window_of_each_kind() -> None:
 def test_reference_uses_every_key() -> None:
     """The reference is the documentation: a key added to the schema must appear in it."""
     document = yaml.safe_load((CONFIGS / "reference.yaml").read_text())
-    assert set(document) == {"name", "pane", "windows"}
+    assert set(document) == {"name", "pane", "windows", "alerts"}
+    assert set().union(*document["alerts"]) == {
+        "name",
+        "window",
+        "metric",
+        "aggregate",
+        "condition",
+        "for",
+        "tags",
+        "labels",
+        "annotations",
+    }
     assert set().union(*document["windows"]) == {
         "name",
         "kind",
@@ -254,7 +280,7 @@ def test_many_mistakes_are_reported_together_in_document_order() -> None:
     error = caught.value
     assert error.source == "many.yaml"
     assert error.issues == (
-        ConfigIssue("retention", "unknown key; valid keys here: name, pane, windows"),
+        ConfigIssue("retention", "unknown key; valid keys here: name, pane, windows, alerts"),
         ConfigIssue(
             "windows[0].hop", "not allowed on a tumbling window (hop belongs to hopping windows)"
         ),
@@ -271,7 +297,7 @@ def test_many_mistakes_are_reported_together_in_document_order() -> None:
         ConfigIssue("windows[4].size", "required for a sliding window"),
     )
     assert str(error).splitlines() == [
-        "many.yaml: retention: unknown key; valid keys here: name, pane, windows",
+        "many.yaml: retention: unknown key; valid keys here: name, pane, windows, alerts",
         "many.yaml: windows[0].hop: not allowed on a tumbling window "
         "(hop belongs to hopping windows)",
         "many.yaml: windows[1].name: duplicate window name 'per_10s' (already used by windows[0])",
@@ -563,11 +589,11 @@ def test_yaml_syntax_errors_have_line_and_column(text: str, expected: str) -> No
     [
         (
             "- name: w\n  kind: sliding\n",
-            "the document must be a mapping with the keys name, pane, windows, not a list",
+            "the document must be a mapping with the keys name, pane, windows, alerts, not a list",
         ),
         (
             "just a string\n",
-            "the document must be a mapping with the keys name, pane, windows, "
+            "the document must be a mapping with the keys name, pane, windows, alerts, "
             "not a string ('just a string')",
         ),
         ("", "the document is empty; a config needs at least a windows: list"),

@@ -1,0 +1,360 @@
+"""The SQL behind every panel, annotation and alert, and the query model that carries it.
+
+Grafana sends ``rawSql`` to its PostgreSQL data source after two substitutions (see
+``pkg/tsdb/grafana-postgresql-datasource/macros.go`` and ``sqleng``): dashboard variables
+(``$window``, ``$metric``: single values are inserted with ``'`` doubled and no quotes added,
+hence ``'$metric'`` below), then ``$__interval``, ``$__unixEpochFrom()`` and the macros
+``$__timeFilter(col)`` (``col BETWEEN '<from RFC3339>' AND '<to RFC3339>'``, both ends
+inclusive) and ``$__timeGroupAlias(col, 10s)`` (``floor(extract(epoch from col)/10)*10 AS
+"time"``). The tests expand exactly that and run every query here on a real PostgreSQL.
+
+Windows are plotted at their start (a window ``[10:00:00, 10:00:10)`` is the point 10:00:00),
+filtered by ``window_start`` for panels and by ``window_end`` for alerts (an alert looks at the
+windows that *ended* within its look-back). Within one ``$__interval`` bucket several windows
+combine the way each aggregate allows: counts and sums add, min and max take the extreme,
+``last`` takes the latest window's, ``rate`` is total sum over total window seconds, and
+percentiles and distinct counts show the largest window's value (percentiles do not average
+and HLL estimates do not add; exact ones need the ``window_histograms`` table, not built yet).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Literal
+
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants as cogvariants
+from grafana_foundation_sdk.models import dashboard as dashboard_models
+
+from streamgauge.configs import Aggregate, AlertSpec, PipelineConfig
+
+DATASOURCE_TYPE = "grafana-postgresql-datasource"
+"""The PostgreSQL plugin id since Grafana 10.3 (``postgres`` remains an alias)."""
+
+SELF_METRIC_PREFIX = "streamgauge.ingest."
+INGEST_METRICS = (
+    "streamgauge.ingest.datagrams",
+    "streamgauge.ingest.lines",
+    "streamgauge.ingest.samples",
+)
+REJECTED_METRIC = "streamgauge.ingest.rejected"
+WATERMARK_KEY_PREFIX = "watermark_ms:"
+
+QueryFormat = Literal["time_series", "table"]
+
+
+class PostgresQuery(cogvariants.Dataquery):
+    """A raw-SQL PostgreSQL target: the SDK has builders for many data sources but not this one.
+
+    Serialised the way Grafana 11's SQL query editor saves a query in code mode.
+    """
+
+    def __init__(self, ref_id: str, raw_sql: str, fmt: QueryFormat, datasource_uid: str) -> None:
+        self.ref_id = ref_id
+        self.raw_sql = raw_sql
+        self.format = fmt
+        self.datasource_uid = datasource_uid
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "refId": self.ref_id,
+            "datasource": {"type": DATASOURCE_TYPE, "uid": self.datasource_uid},
+            "editorMode": "code",
+            "format": self.format,
+            "rawQuery": True,
+            "rawSql": self.raw_sql,
+        }
+
+
+class PostgresQueryBuilder(cogbuilder.Builder[PostgresQuery]):
+    """The builder form the SDK's ``with_target`` and alerting ``model`` expect."""
+
+    def __init__(self, query: PostgresQuery) -> None:
+        self._query = query
+
+    def build(self) -> PostgresQuery:
+        return self._query
+
+
+class SqlAnnotationTarget(dashboard_models.AnnotationTarget):
+    """An annotation query's target for a SQL data source (the SDK types only Grafana's own)."""
+
+    def __init__(self, raw_sql: str) -> None:
+        super().__init__()
+        self.raw_sql = raw_sql
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "editorMode": "code",
+            "format": "table",
+            "rawQuery": True,
+            "rawSql": self.raw_sql,
+            "refId": "Anno",
+        }
+
+
+class SqlAnnotationTargetBuilder(cogbuilder.Builder[dashboard_models.AnnotationTarget]):
+    def __init__(self, raw_sql: str) -> None:
+        self._target = SqlAnnotationTarget(raw_sql)
+
+    def build(self) -> dashboard_models.AnnotationTarget:
+        return self._target
+
+
+def literal(text: str) -> str:
+    """A SQL string literal (``standard_conforming_strings`` is on since PostgreSQL 9.1)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+# --- per-config dashboard ----------------------------------------------------------------------
+
+#: How windows combine inside one $__interval bucket (see the module docstring).
+BUCKET_EXPRESSIONS: Mapping[Aggregate, str] = {
+    "count": "sum(count)",
+    "sum": "sum(sum)",
+    "min": "min(min)",
+    "max": "max(max)",
+    "last": "(array_agg(last ORDER BY window_start DESC) FILTER (WHERE last IS NOT NULL))[1]",
+    "p50": "max(p50)",
+    "p90": "max(p90)",
+    "p99": "max(p99)",
+    "distinct_count": "max(distinct_count)",
+    "rate": "sum(sum) / sum(extract(epoch FROM window_end - window_start))",
+}
+
+#: The value of one window, for alerts (no combining: each window is evaluated on its own).
+WINDOW_EXPRESSIONS: Mapping[Aggregate, str] = {
+    "count": "count::double precision",
+    "sum": "sum",
+    "min": "min",
+    "max": "max",
+    "last": "last",
+    "p50": "p50",
+    "p90": "p90",
+    "p99": "p99",
+    "distinct_count": "distinct_count",
+    "rate": "sum / extract(epoch FROM window_end - window_start)",
+}
+
+# A series is the metric, plus its tags when the window keeps any.
+_SERIES = "CASE WHEN tags = '{}'::jsonb THEN metric ELSE metric || ' ' || tags::text END"
+
+
+def _series_filter(config: PipelineConfig) -> str:
+    return (
+        f"config_name = {literal(config.name)}\n"
+        "  AND window_name = '$window'\n"
+        "  AND metric = '$metric'\n"
+        "  AND $__timeFilter(window_start)"
+    )
+
+
+def aggregate_sql(config: PipelineConfig, aggregate: Aggregate, *, provisional: bool) -> str:
+    """One aggregate of the selected metric and window, one point per ``$__interval`` bucket.
+
+    ``provisional=True`` keeps only the buckets holding a window that is not final yet, and
+    names the series "... (provisional)": drawn over the full series as dashed points.
+    """
+    series = f"{_SERIES} || ' (provisional)'" if provisional else _SERIES
+    having = "\nHAVING NOT bool_and(is_final)" if provisional else ""
+    return (
+        "SELECT\n"
+        "  $__timeGroupAlias(window_start, $__interval),\n"
+        f"  {series} AS metric,\n"
+        f"  {BUCKET_EXPRESSIONS[aggregate]} AS value\n"
+        "FROM window_results\n"
+        f"WHERE {_series_filter(config)}\n"
+        f"GROUP BY 1, 2{having}\n"
+        "ORDER BY 1, 2"
+    )
+
+
+def stat_samples_sql(config: PipelineConfig) -> str:
+    """Samples of the selected metric received in the time range."""
+    return (
+        "SELECT coalesce(sum(count), 0) AS samples\n"
+        "FROM window_results\n"
+        f"WHERE {_series_filter(config)}"
+    )
+
+
+def stat_windows_sql(config: PipelineConfig) -> str:
+    """Windows in the time range, final and provisional."""
+    return (
+        "SELECT\n"
+        "  count(*) FILTER (WHERE is_final) AS final,\n"
+        "  count(*) FILTER (WHERE NOT is_final) AS provisional\n"
+        "FROM window_results\n"
+        f"WHERE {_series_filter(config)}"
+    )
+
+
+def stat_distinct_sql(config: PipelineConfig) -> str:
+    """Distinct count of the latest window in range (largest over tag groups: HLLs don't add)."""
+    return (
+        "SELECT max(distinct_count) AS distinct_count\n"
+        "FROM window_results\n"
+        f"WHERE {_series_filter(config)}\n"
+        "  AND window_start = (\n"
+        "    SELECT max(window_start) FROM window_results\n"
+        f"    WHERE {_series_filter(config).replace(chr(10), chr(10) + '    ')}\n"
+        "  )"
+    )
+
+
+def corrections_annotation_sql(config: PipelineConfig) -> str:
+    """Annotation rows (time, timeend, text, tags) for the selected metric's revised windows.
+
+    ``window_results`` keeps only the latest revision of a row, so "revised by stragglers" is
+    inferred: every series of one window interval is first written by the same micro-batch
+    (the one whose watermark passed the window's end), so a row of a higher revision than the
+    lowest of its interval was rewritten later. LIMIT: finalization (``sinks.store._FINALIZE``)
+    also sets ``revision`` to the finalizing batch for every row of the interval, so once a
+    window is final the evidence is gone: this marks windows revised *while provisional*. An
+    exact, permanent annotation needs the sink to keep the revision of the last value change
+    (or the first revision) in its own column.
+    """
+    return (
+        "SELECT\n"
+        '  window_start AS "time",\n'
+        "  window_end AS timeend,\n"
+        f"  {_SERIES} || ': corrected to revision ' || revision || ' (first ' || first_revision"
+        " || '), count ' || count AS text,\n"
+        "  'correction' AS tags\n"
+        "FROM (\n"
+        "  SELECT *, min(revision) OVER (PARTITION BY window_start) AS first_revision\n"
+        "  FROM window_results\n"
+        f"  WHERE config_name = {literal(config.name)}\n"
+        "    AND window_name = '$window'\n"
+        "    AND $__timeFilter(window_start)\n"
+        ") AS w\n"
+        "WHERE revision > first_revision AND metric = '$metric'\n"
+        "ORDER BY 1, 3"
+    )
+
+
+def metric_variable_sql(config: PipelineConfig) -> str:
+    """The ``metric`` variable: metric names the selected window has results for."""
+    return (
+        "SELECT DISTINCT metric FROM window_results\n"
+        f"WHERE config_name = {literal(config.name)} AND window_name = '$window'\n"
+        "ORDER BY 1"
+    )
+
+
+# --- pipeline health ---------------------------------------------------------------------------
+
+
+def ingest_rate_sql(config: PipelineConfig) -> str:
+    """Datagrams, lines and samples per second (the receivers' counters, fed back as metrics)."""
+    names = ", ".join(literal(m) for m in INGEST_METRICS)
+    return (
+        "SELECT\n"
+        "  $__timeGroupAlias(window_start, $__interval),\n"
+        f"  substr(metric, {len(SELF_METRIC_PREFIX) + 1}) AS metric,\n"
+        f"  {BUCKET_EXPRESSIONS['rate']} AS value\n"
+        "FROM window_results\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        "  AND window_name = '$window'\n"
+        f"  AND metric IN ({names})\n"
+        "  AND $__timeFilter(window_start)\n"
+        "GROUP BY 1, 2\n"
+        "ORDER BY 1, 2"
+    )
+
+
+def rejects_sql(config: PipelineConfig) -> str:
+    """Rejected lines per bucket by reason (the ``reason`` tag survives if the window keeps it)."""
+    return (
+        "SELECT\n"
+        "  $__timeGroupAlias(window_start, $__interval),\n"
+        "  coalesce(tags->>'reason', 'all reasons') AS metric,\n"
+        "  sum(sum) AS value\n"
+        "FROM window_results\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        "  AND window_name = '$window'\n"
+        f"  AND metric = {literal(REJECTED_METRIC)}\n"
+        "  AND $__timeFilter(window_start)\n"
+        "GROUP BY 1, 2\n"
+        "ORDER BY 1, 2"
+    )
+
+
+def watermark_lag_sql(config: PipelineConfig) -> str:
+    """Per window: how far the watermark was behind processing time at the last commit, and
+    how long ago that commit was (a stalled job shows as a growing age, not a growing lag)."""
+    return (
+        "SELECT\n"
+        f'  substr(key, {len(WATERMARK_KEY_PREFIX) + 1}) AS "window",\n'
+        "  (extract(epoch FROM updated_at) * 1000 - value_ms) / 1000.0 AS lag_seconds,\n"
+        "  extract(epoch FROM now() - updated_at)::double precision AS age_seconds\n"
+        "FROM pipeline_state\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        f"  AND starts_with(key, {literal(WATERMARK_KEY_PREFIX)})\n"
+        "ORDER BY 1"
+    )
+
+
+def late_events_sql(config: PipelineConfig) -> str:
+    """Samples that came after their window was final, per bucket (all metrics of the window)."""
+    return (
+        "SELECT\n"
+        "  $__timeGroupAlias(window_start, $__interval),\n"
+        "  'late events' AS metric,\n"
+        "  sum(late_events)::double precision AS value\n"
+        "FROM window_results\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        "  AND window_name = '$window'\n"
+        "  AND $__timeFilter(window_start)\n"
+        "GROUP BY 1, 2\n"
+        "ORDER BY 1, 2"
+    )
+
+
+def corrections_sql(config: PipelineConfig) -> str:
+    """Revised rows (see ``corrections_annotation_sql`` and its limit) and provisional rows."""
+    return (
+        "SELECT\n"
+        "  $__timeGroupAlias(window_start, $__interval),\n"
+        "  count(*) FILTER (WHERE revision > first_revision)::double precision AS corrected,\n"
+        "  count(*) FILTER (WHERE NOT is_final)::double precision AS provisional\n"
+        "FROM (\n"
+        "  SELECT *, min(revision) OVER (PARTITION BY window_start) AS first_revision\n"
+        "  FROM window_results\n"
+        f"  WHERE config_name = {literal(config.name)}\n"
+        "    AND window_name = '$window'\n"
+        "    AND $__timeFilter(window_start)\n"
+        ") AS w\n"
+        "GROUP BY 1\n"
+        "ORDER BY 1"
+    )
+
+
+# --- alerts ------------------------------------------------------------------------------------
+
+
+def alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
+    """Every window of the alert's series that ended inside the rule's look-back, one value each.
+
+    One string column per ``group_by`` tag of the window: Grafana turns string columns of a
+    time-series result into labels, so each tag group is its own alert instance (``host=a``).
+    """
+    window = config.window(alert.window)
+    labels = "".join(f"  tags->>{literal(tag)} AS {json.dumps(tag)},\n" for tag in window.group_by)
+    tag_filter = ""
+    if alert.tags:
+        tag_json = json.dumps(dict(alert.tags), sort_keys=True, separators=(",", ":"))
+        tag_filter = f"\n  AND tags @> {literal(tag_json)}::jsonb"
+    return (
+        "SELECT\n"
+        '  window_end AS "time",\n'
+        f"{labels}"
+        f"  {WINDOW_EXPRESSIONS[alert.aggregate]} AS value\n"
+        "FROM window_results\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        f"  AND window_name = {literal(alert.window)}\n"
+        f"  AND metric = {literal(alert.metric)}{tag_filter}\n"
+        "  AND $__timeFilter(window_end)\n"
+        "ORDER BY 1"
+    )
