@@ -348,6 +348,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "--data-dir", str(data_dir), "--receiver", f"udp-{index}",
                  *[arg for sock in sockets for arg in ("--inherit-fd", str(sock.fileno()))]],
                 pass_fds=[sock.fileno() for sock in sockets],
+                preexec_fn=_terminate_with_parent,
             )
             for index, sockets in enumerate(groups)
         ])
@@ -383,6 +384,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("%s", failure)
         return 1
     return 0
+
+
+def _terminate_with_parent() -> None:
+    """In the ingest child, before exec: SIGTERM when `run` dies, even by SIGKILL (Linux).
+
+    The receiver then drains its socket, writes its closing segment and frees the port for
+    the restarted daemon, instead of living on as an orphan that holds the port.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _supervise(
