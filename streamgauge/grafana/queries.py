@@ -204,32 +204,25 @@ def stat_distinct_sql(config: PipelineConfig) -> str:
 
 
 def corrections_annotation_sql(config: PipelineConfig) -> str:
-    """Annotation rows (time, timeend, text, tags) for the selected metric's revised windows.
+    """Annotation rows (time, timeend, text, tags) for the selected metric's corrected windows.
 
-    ``window_results`` keeps only the latest revision of a row, so "revised by stragglers" is
-    inferred: every series of one window interval is first written by the same micro-batch
-    (the one whose watermark passed the window's end), so a row of a higher revision than the
-    lowest of its interval was rewritten later. LIMIT: finalization (``sinks.store._FINALIZE``)
-    also sets ``revision`` to the finalizing batch for every row of the interval, so once a
-    window is final the evidence is gone: this marks windows revised *while provisional*. An
-    exact, permanent annotation needs the sink to keep the revision of the last value change
-    (or the first revision) in its own column.
+    ``window_results.corrections`` counts the value changes after a window first appeared
+    (stragglers within the allowed lateness, or `streamgauge replay`), so the annotation stays
+    after the window is final.
     """
     return (
         "SELECT\n"
         '  window_start AS "time",\n'
         "  window_end AS timeend,\n"
-        f"  {_SERIES} || ': corrected to revision ' || revision || ' (first ' || first_revision"
-        " || '), count ' || count AS text,\n"
+        f"  {_SERIES} || ': corrected ' || corrections || 'x, revision ' || revision"
+        " || ', count ' || count AS text,\n"
         "  'correction' AS tags\n"
-        "FROM (\n"
-        "  SELECT *, min(revision) OVER (PARTITION BY window_start) AS first_revision\n"
-        "  FROM window_results\n"
-        f"  WHERE config_name = {literal(config.name)}\n"
-        "    AND window_name = '$window'\n"
-        "    AND $__timeFilter(window_start)\n"
-        ") AS w\n"
-        "WHERE revision > first_revision AND metric = '$metric'\n"
+        "FROM window_results\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        "  AND window_name = '$window'\n"
+        "  AND metric = '$metric'\n"
+        "  AND corrections > 0\n"
+        "  AND $__timeFilter(window_start)\n"
         "ORDER BY 1, 3"
     )
 
@@ -313,19 +306,16 @@ def late_events_sql(config: PipelineConfig) -> str:
 
 
 def corrections_sql(config: PipelineConfig) -> str:
-    """Revised rows (see ``corrections_annotation_sql`` and its limit) and provisional rows."""
+    """Corrected windows (``corrections > 0``) and provisional (not yet final) windows."""
     return (
         "SELECT\n"
         "  $__timeGroupAlias(window_start, $__interval),\n"
-        "  count(*) FILTER (WHERE revision > first_revision)::double precision AS corrected,\n"
+        "  count(*) FILTER (WHERE corrections > 0)::double precision AS corrected,\n"
         "  count(*) FILTER (WHERE NOT is_final)::double precision AS provisional\n"
-        "FROM (\n"
-        "  SELECT *, min(revision) OVER (PARTITION BY window_start) AS first_revision\n"
-        "  FROM window_results\n"
-        f"  WHERE config_name = {literal(config.name)}\n"
-        "    AND window_name = '$window'\n"
-        "    AND $__timeFilter(window_start)\n"
-        ") AS w\n"
+        "FROM window_results\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        "  AND window_name = '$window'\n"
+        "  AND $__timeFilter(window_start)\n"
         "GROUP BY 1\n"
         "ORDER BY 1"
     )

@@ -182,7 +182,21 @@ COMMENT ON COLUMN late_events.replayed_at IS
     'When `streamgauge replay` applied the partial to its window; NULL until then.';
 """
 
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2)
+_MIGRATION_3 = """
+-- Windows the watermark has not passed yet: results appear in window_results only once the
+-- watermark passes a window's end (provisional), as the config documents.
+CREATE TABLE window_pending (LIKE window_results INCLUDING ALL);
+COMMENT ON TABLE window_pending IS
+    'Windows with data whose end the watermark has not passed yet (not yet emitted). The '
+    'micro-batch whose watermark passes a window''s end moves its row to window_results.';
+
+ALTER TABLE window_results ADD COLUMN corrections bigint NOT NULL DEFAULT 0;
+COMMENT ON COLUMN window_results.corrections IS
+    'How many times the values changed after the window first appeared: stragglers within '
+    'the allowed lateness, or `streamgauge replay`. 0 for a window never corrected.';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -114,13 +114,58 @@ _LATE_SAMPLES_OF_STAGED = f"""(
       AND l.window_start = {_ms_to_ts("s.window_start_ms")}
       AND l.window_end = {_ms_to_ts("s.window_end_ms")})"""
 
-_UPSERT = f"""
+_VALUES_CHANGED = (
+    f"({', '.join(f'window_results.{c}' for c in _VALUE_COLUMNS[:10])}) IS DISTINCT FROM "
+    f"({', '.join(f'excluded.{c}' for c in _VALUE_COLUMNS[:10])})"
+)  # metric_type .. distinct_count: the values, not revision/finality/emission
+
+
+def _upsert_sql(table: str, where: str) -> str:
+    corrections = (
+        f", corrections = window_results.corrections + (CASE WHEN {_VALUES_CHANGED} "
+        "THEN 1 ELSE 0 END)"
+        if table == "window_results"
+        else ""
+    )
+    return f"""
+INSERT INTO {table} ({_KEY}, {", ".join(_VALUE_COLUMNS)})
+SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
+       s.metric_type, s.count, s.sum, s.min, s.max, s.last, s.p50, s.p90, s.p99,
+       s.distinct_count, s.revision, s.is_final, {_LATE_SAMPLES_OF_STAGED},
+       {_ms_to_ts("s.emitted_at_ms")}
+FROM {_STAGING} s LEFT JOIN {_HOLD} h USING (config_name, window_name)
+WHERE {where}
+ON CONFLICT ({_KEY}) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}{corrections}
+WHERE {table}.revision < excluded.revision
+""".replace("window_results.corrections", f"{table}.corrections")
+
+
+# Which windows are held back until the watermark passes their end, per (config, window).
+_HOLD = "sg_hold"
+_HOLD_DDL = f"""
+CREATE TEMPORARY TABLE IF NOT EXISTS {_HOLD} (
+    config_name text, window_name text, watermark_ms int8
+) ON COMMIT DELETE ROWS
+"""
+_UPSERT = _upsert_sql(
+    "window_results", "h.watermark_ms IS NULL OR s.window_end_ms <= h.watermark_ms"
+)
+_UPSERT_PENDING = _upsert_sql("window_pending", "s.window_end_ms > h.watermark_ms")
+
+# The batch whose watermark passes a pending window's end emits it, with the batch revision.
+_PROMOTE = f"""
+WITH moved AS (
+    DELETE FROM window_pending p USING {_HOLD} h
+    WHERE p.config_name = h.config_name AND p.window_name = h.window_name
+      AND p.window_end <= {_ms_to_ts("h.watermark_ms")}
+    RETURNING p.*
+)
 INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
-SELECT config_name, window_name, metric, tags::jsonb,
-       {_ms_to_ts("window_start_ms")}, {_ms_to_ts("window_end_ms")},
-       metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count,
-       revision, is_final, {_LATE_SAMPLES_OF_STAGED}, {_ms_to_ts("emitted_at_ms")}
-FROM {_STAGING} s
+SELECT {_KEY}, metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count,
+       %(revision)s, false, late_events, {_ms_to_ts("%(now_ms)s")}
+FROM moved
 ON CONFLICT ({_KEY}) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}
 WHERE window_results.revision < excluded.revision
@@ -140,6 +185,7 @@ FROM {_STAGING} s
 ON CONFLICT ({_KEY}) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in _CORRECTED)},
     revision = window_results.revision + 1, is_final = true,
+    corrections = window_results.corrections + 1,
     late_events = excluded.late_events, emitted_at = excluded.emitted_at
 WHERE ({", ".join(f"window_results.{c}" for c in _CORRECTED)})
     IS DISTINCT FROM ({", ".join(f"excluded.{c}" for c in _CORRECTED)})
@@ -385,6 +431,7 @@ class ResultStore:
         revision: int,
         state: Mapping[tuple[str, str], int] = _NO_STATE,
         lock_name: str | None = None,
+        hold_after: Mapping[tuple[str, str], int] = _NO_STATE,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
 
@@ -402,7 +449,16 @@ class ResultStore:
                 cur.execute(_CLAIM_BATCH, (query_name, batch_id, now_ms))
                 if cur.rowcount == 0:
                     return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
+                cur.execute(_HOLD_DDL)
+                if hold_after:
+                    cur.executemany(
+                        f"INSERT INTO {_HOLD} VALUES (%s, %s, %s)",
+                        [(cfg, win, int(ms)) for (cfg, win), ms in hold_after.items()],
+                    )
                 upserted = self._upsert(cur, table) if table.num_rows else 0
+                if hold_after:
+                    cur.execute(_PROMOTE, {"revision": revision, "now_ms": now_ms})
+                    upserted += max(cur.rowcount, 0)
                 finalized = 0
                 for fin in finalizations:
                     cur.execute(
@@ -518,12 +574,14 @@ class ResultStore:
         _copy_into(cur, _STAGING_DDL, _STAGING, table)
         try:
             cur.execute(_UPSERT)
+            upserted = max(cur.rowcount, 0)
+            cur.execute(_UPSERT_PENDING)
         except pgerrors.CardinalityViolation as exc:
             raise ValueError(
                 "the batch holds the same window twice (same config_name, window_name, metric, "
                 "tags, window_start_ms, window_end_ms): emit one row per window and batch"
             ) from exc
-        return max(cur.rowcount, 0)
+        return upserted
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:

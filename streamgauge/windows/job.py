@@ -8,8 +8,10 @@ For each window spec::
 
 Emission and revisions (this slice; corrections and replay deepen it):
 
-- Spark's update mode emits a window whenever a micro-batch changes it, so a window's row
-  appears early and is revised as data arrives. ``revision`` is the micro-batch id + 1: strictly
+- Spark's update mode emits a window whenever a micro-batch changes it. Until the watermark
+  passes the window's end the store holds that row in ``window_pending``; the batch whose
+  watermark passes the end moves it to ``window_results`` (provisional), later changes are
+  corrections (``corrections`` counts them). ``revision`` is the micro-batch id + 1: strictly
   increasing per window and the same when Spark replays a batch after a crash, so the store's
   keep-the-highest-revision upsert makes replays change nothing.
 - The watermark of a batch is derived from the receivers' heartbeats recorded in the batch's
@@ -48,6 +50,8 @@ from streamgauge.windows.source import SOURCE_NAME, batch_heartbeats, receivers_
 log = logging.getLogger(__name__)
 
 _QUANTILE_COLUMNS = ("p50", "p90", "p99", "distinct_count")
+NO_WATERMARK_MS = 0
+"""Before any heartbeat: every window is held (all event times are after the epoch)."""
 
 
 @dataclass(frozen=True)
@@ -296,12 +300,28 @@ class WindowBatchWriter:
         self._checkpoint = checkpoint
         self._clock = clock
         self._name = query_name(config, window)
+        self._state_key = f"watermark_ms:{window.name}"
+        self._watermark_floor: int | None = None
+
+    def watermark_ms(self, batch_id: int) -> int | None:
+        """This batch's watermark, never below one already committed.
+
+        A receiver stream that appears with an older heartbeat lowers the minimum over
+        receivers; a window already emitted (or final) must not go back to pending.
+        """
+        heartbeat_ms = receivers_heartbeat_ms(batch_heartbeats(self._checkpoint, batch_id))
+        if self._watermark_floor is None:
+            self._watermark_floor = self._store.read_state(self._config.name, self._state_key)
+        if heartbeat_ms is None:
+            return self._watermark_floor
+        watermark = heartbeat_ms - self._window.watermark_delay_ms
+        if self._watermark_floor is not None:
+            watermark = max(watermark, self._watermark_floor)
+        self._watermark_floor = watermark
+        return watermark
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        heartbeat_ms = receivers_heartbeat_ms(batch_heartbeats(self._checkpoint, batch_id))
-        watermark_ms = (
-            None if heartbeat_ms is None else heartbeat_ms - self._window.watermark_delay_ms
-        )
+        watermark_ms = self.watermark_ms(batch_id)
         revision = batch_id + 1
         rows = to_result_rows(
             batch.toArrow(),
@@ -322,10 +342,13 @@ class WindowBatchWriter:
                     self._window.allowed_lateness_ms,
                 )
             )
-            state[(self._config.name, f"watermark_ms:{self._window.name}")] = watermark_ms
+            state[(self._config.name, self._state_key)] = watermark_ms
+        # Until the watermark passes a window's end, its row waits in window_pending.
+        hold = {(self._config.name, self._window.name): NO_WATERMARK_MS
+                if watermark_ms is None else watermark_ms}  # fmt: skip
         outcome = self._store.commit_batch(
             self._name, batch_id, rows, finalizations, revision=revision, state=state,
-            lock_name=self._name,
+            lock_name=self._name, hold_after=hold,
         )  # fmt: skip
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
 

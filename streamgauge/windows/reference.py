@@ -165,6 +165,8 @@ class ReferenceWindower:
     def stored(self, *, after_replay: bool = False) -> dict[WindowKey, StoredWindow]:
         """The final state of ``window_results``, as the job stores it (NULLs by type).
 
+        Windows whose end the watermark has not passed are not there (``window_pending``).
+
         ``after_replay``: as after `streamgauge replay` over all time, final windows include
         their late partials (and windows made only of late partials exist).
         """
@@ -184,7 +186,9 @@ class ReferenceWindower:
         for key, state in states.items():
             window = self.config.window(key[0])
             watermark = self.watermark_ms(window)
-            final = watermark is not None and key[4] + window.allowed_lateness_ms <= watermark
+            if watermark is None or key[4] > watermark:
+                continue  # not emitted yet: the watermark has not passed the window's end
+            final = key[4] + window.allowed_lateness_ms <= watermark
             counter, gauge = state.metric_type == "c", state.metric_type == "g"
             result[key] = StoredWindow(
                 metric_type=state.metric_type,

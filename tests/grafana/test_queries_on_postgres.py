@@ -213,7 +213,7 @@ def test_metric_variable_lists_the_windows_metrics(store_url: str, config: Pipel
     assert run(store_url, queries.metric_variable_sql(config), window="per_1m") == []
 
 
-def test_corrections_annotation_marks_the_window_revised_while_provisional(
+def test_corrections_annotation_marks_the_corrected_window_even_once_final(
     store_url: str, config: PipelineConfig
 ) -> None:
     rows = run(store_url, queries.corrections_annotation_sql(config))
@@ -224,7 +224,7 @@ def test_corrections_annotation_marks_the_window_revised_while_provisional(
         T + dt.timedelta(seconds=20),
         "correction",
     )
-    assert text == f"api.latency {A}: corrected to revision 2 (first 1), count 4"
+    assert text == f"api.latency {A}: corrected 1x, revision 2, count 4"
 
 
 def test_health_queries(store_url: str, config: PipelineConfig) -> None:
