@@ -52,5 +52,16 @@ def build_spark_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _quiet(spark, "org.apache.spark.sql.execution.streaming.ProcessingTimeExecutor")
     spark.dataSource.register(SpoolDataSource)
     return spark
+
+
+def _quiet(spark: SparkSession, logger: str) -> None:
+    """Silence one chatty logger: a micro-batch longer than the trigger interval is normal
+    under load (the next one starts at once), but Spark warns about every one of them."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        return
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    configurator.setLevel(logger, jvm.org.apache.logging.log4j.Level.ERROR)
