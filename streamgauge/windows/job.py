@@ -98,33 +98,49 @@ def series_tags(group_by: tuple[str, ...]) -> Column:
 
 
 def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> DataFrame:
-    """Add ``window_start_ms``/``window_end_ms``/``late`` (+ ``suffix``) for one window spec.
+    """Add ``window_start_ms``/``window_end_ms``/``tags``/``late`` (+ ``suffix``) per window.
 
     Event time is the pane start, capped at the segment's heartbeat: a client timestamp from
     the future (within the ingest skew) counts as "now" rather than dragging the watermark
-    ahead of the receivers. A row is **late** when its window was already final before the
-    row's segment was written: ``window_end + allowed_lateness <= prior_heartbeat -
+    ahead of the receivers. A row is **late** for a window when that window was already final
+    before the row's segment was written: ``window_end + allowed_lateness <= prior_heartbeat -
     watermark_delay``. Timeline (size 10 s, delay 1 s, lateness 5 s)::
 
         [0 s ............ 10 s)~~~~~ lateness ~~~~~|
                                   prior heartbeat - 1 s >= 15 s  →  late
+
+    Hopping windows (size 10 s, hop 5 s): an instant belongs to size/hop windows, and a row
+    is judged late or on time for each of them separately::
+
+        t = 12 s      [5 s ........... 15 s)
+                           [10 s .......... 20 s)
+
+    This slice assigns each partial to its size/hop windows (one output row per window);
+    merging hop-wide panes instead is the planned optimisation.
     """
-    if window.kind != "tumbling":
+    if window.kind not in ("tumbling", "hopping"):
         raise NotImplementedError(
             f"window {window.name!r}: kind {window.kind!r} is not implemented yet; "
-            "only tumbling windows run in this build"
+            "tumbling and hopping windows run in this build"
         )
     assert window.size_ms is not None
     size, offset = window.size_ms, window.offset_ms
+    step = window.hop_ms if window.kind == "hopping" and window.hop_ms else size
     event_ms = F.least(F.col("pane_start_ms"), F.col("segment_heartbeat_ms"))
-    start = event_ms - F.pmod(event_ms - F.lit(offset), F.lit(size))
-    closes_at = start + F.lit(size + window.allowed_lateness_ms)
+    latest_start = event_ms - F.pmod(event_ms - F.lit(offset), F.lit(step))
+    if step == size:
+        start = latest_start
+    else:
+        starts = F.sequence(latest_start - F.lit(size - step), latest_start, F.lit(step))
+        start = F.explode(starts)
+    assigned = source.withColumn(f"window_start_ms{suffix}", start)
+    start_col = F.col(f"window_start_ms{suffix}")
+    closes_at = start_col + F.lit(size + window.allowed_lateness_ms)
     late = (closes_at <= F.col("prior_heartbeat_ms") - F.lit(window.watermark_delay_ms)) & (
         metric_filter(window.metrics)
     )
     return (
-        source.withColumn(f"window_start_ms{suffix}", start)
-        .withColumn(f"window_end_ms{suffix}", start + F.lit(size))
+        assigned.withColumn(f"window_end_ms{suffix}", start_col + F.lit(size))
         .withColumn(f"tags{suffix}", series_tags(window.group_by))
         .withColumn(f"late{suffix}", late)
     )

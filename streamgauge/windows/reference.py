@@ -100,6 +100,17 @@ class LatePartial:
     count: int
 
 
+def windows_containing(window: WindowSpec, event_ms: int) -> list[tuple[int, int]]:
+    """Every ``[start, end)`` of ``window`` that contains ``event_ms`` (one for tumbling)."""
+    if window.kind not in ("tumbling", "hopping"):
+        raise NotImplementedError(f"reference windower: kind {window.kind!r}")
+    assert window.size_ms is not None
+    size = window.size_ms
+    step = window.hop_ms if window.kind == "hopping" and window.hop_ms else size
+    latest = event_ms - (event_ms - window.offset_ms) % step
+    return [(start, start + size) for start in range(latest - size + step, latest + 1, step)]
+
+
 def project_tags(tags_json: str, group_by: tuple[str, ...]) -> str:
     """Keep the ``group_by`` keys, in the sorted order ingest wrote them."""
     if not group_by:
@@ -133,12 +144,14 @@ class ReferenceWindower:
     def _assign(
         self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial
     ) -> None:
-        if window.kind != "tumbling":
-            raise NotImplementedError(f"reference windower: kind {window.kind!r}")
-        assert window.size_ms is not None
         event_ms = min(partial.pane_start_ms, segment.heartbeat_ms)
-        start = event_ms - (event_ms - window.offset_ms) % window.size_ms
-        end = start + window.size_ms
+        for start, end in windows_containing(window, event_ms):
+            self._assign_one(window, segment, prior_ms, partial, start, end)
+
+    def _assign_one(
+        self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial,
+        start: int, end: int,
+    ) -> None:  # fmt: skip
         tags = project_tags(partial.tags, window.group_by)
         key = (window.name, partial.metric, tags, start, end)
         self.replayed.setdefault(key, WindowState(partial.metric_type)).add(partial)
