@@ -36,6 +36,7 @@ from streamgauge.sinks.store import ResultStore, run_sql
 from streamgauge.windows.job import JobPaths, start_window_queries
 from streamgauge.windows.session import build_spark_session
 
+
 class TimedStore(ResultStore):
     """The real store, timing its commits: splits a batch's time into Spark vs. PostgreSQL."""
 
