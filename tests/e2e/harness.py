@@ -54,13 +54,15 @@ class Daemon:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
 
     def start(self) -> None:
         (self.data_dir / "run.json").unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "streamgauge", "run", "--config", str(self.config_path),
-                 "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}"],
+                 "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
+                 *self.extra_args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
