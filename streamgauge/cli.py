@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--pg-port", type=int, help="TCP port of the embedded PostgreSQL")
     run.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
     run.add_argument("--trigger", default="0.5 seconds", help="micro-batch interval")
+    retention_flags(run)
     run.set_defaults(handler=cmd_run)
 
     ingest = commands.add_parser("ingest", help="receiver only (UDP, TCP, Unix datagram), "
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     process.add_argument("--pg-port", type=int)
     process.add_argument("--master", default=DEFAULT_MASTER)
     process.add_argument("--trigger", default="0.5 seconds")
+    retention_flags(process)
     process.set_defaults(handler=cmd_process)
 
     validate = commands.add_parser("validate", help="check a config; print the compiled form")
@@ -147,6 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def retention_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--retain-log", default="3d", metavar="AGE",
+        help="keep segments this long for replay, once every query has read them "
+        "(default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--retain-results", default="90d", metavar="AGE",
+        help="delete windows that ended longer ago than this (default %(default)s)",
+    )  # fmt: skip
+
+
 # -- validate -----------------------------------------------------------------------------------
 
 
@@ -163,6 +177,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     print(yaml.safe_dump(config.to_canonical_dict(), sort_keys=False), end="")
     return 0
+
+
+def _check_retention_or_exit(args: argparse.Namespace) -> None:
+    from streamgauge.configs import parse_duration_ms
+
+    for flag in ("retain_log", "retain_results"):
+        try:
+            parse_duration_ms(getattr(args, flag))
+        except ValueError as error:
+            raise SystemExit(f"--{flag.replace('_', '-')}: {error}") from None
 
 
 def _load_config_or_exit(path: str) -> Any:
@@ -255,9 +279,15 @@ class WindowJob:
         store = ResultStore(url)
         store.ensure_schema()
         store.close()
+        from streamgauge.configs import parse_duration_ms
+
         self.spark = build_spark_session(args.master)
         paths = JobPaths(spool=data_dir / "spool", checkpoints=data_dir / "checkpoints")
         paths.spool.mkdir(parents=True, exist_ok=True)
+        self._janitor = Janitor(
+            paths, config, url, parse_duration_ms(args.retain_log),
+            parse_duration_ms(args.retain_results),
+        )  # fmt: skip
         self.queries = start_window_queries(
             self.spark, config, paths, lambda: ResultStore(url), SystemClock(),
             trigger_interval=args.trigger,
@@ -268,6 +298,7 @@ class WindowJob:
         return self.spark.sparkContext.uiWebUrl
 
     def failure(self) -> str | None:
+        self._janitor.maybe_run()
         for query in self.queries:
             if not query.isActive:
                 error = query.exception()
@@ -294,6 +325,36 @@ class WindowJob:
             raise RuntimeError("; ".join(problems))
 
 
+class Janitor:
+    """Retention, run from the supervising loop at most once a minute (see retention.py)."""
+
+    INTERVAL_S = 60.0
+
+    def __init__(
+        self, paths: Any, config: Any, url: str, retain_log_ms: int, retain_results_ms: int
+    ) -> None:
+        self._paths, self._config, self._url = paths, config, url
+        self._retain_log_ms, self._retain_results_ms = retain_log_ms, retain_results_ms
+        self._next = time.monotonic() + self.INTERVAL_S
+
+    def maybe_run(self) -> None:
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.INTERVAL_S
+        from streamgauge.retention import prune_spool
+        from streamgauge.sinks.store import ResultStore, RetryPolicy
+        from streamgauge.windows.job import all_checkpoints
+
+        clock = SystemClock()
+        try:
+            prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
+                        self._retain_log_ms, clock)  # fmt: skip
+            with ResultStore(self._url, retry=RetryPolicy(max_attempts=1)) as store:
+                store.prune(clock.now_ms() - self._retain_results_ms)
+        except Exception as error:  # noqa: BLE001 - retention must never stop the daemon
+            log.warning("retention skipped this round: %s", str(error).splitlines()[0])
+
+
 def _wait_between_batches(query: Any, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
@@ -302,6 +363,7 @@ def _wait_between_batches(query: Any, timeout_s: float) -> None:
 
 def cmd_process(args: argparse.Namespace) -> int:
     config = _load_config_or_exit(args.config)
+    _check_retention_or_exit(args)
     data_dir = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     stop = StopRequested()
@@ -324,6 +386,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from streamgauge.redaction import redact_url
 
     config = _load_config_or_exit(args.config)
+    _check_retention_or_exit(args)
     data_dir = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     run_file = data_dir / "run.json"

@@ -545,6 +545,29 @@ class ResultStore:
 
         return self._with_retry(f"publish corrections for {lock_name!r}", work)
 
+    def prune(self, before_ms: int) -> dict[str, int]:
+        """Delete windows that ended before ``before_ms`` (and batch records older than it).
+
+        Returns the rows deleted per table. One transaction, so a dashboard never sees a
+        window without its late events or the other way round.
+        """
+        statements = {
+            "window_results": "DELETE FROM window_results WHERE window_end < {ts}",
+            "window_pending": "DELETE FROM window_pending WHERE window_end < {ts}",
+            "late_events": "DELETE FROM late_events WHERE window_end < {ts}",
+            "sink_batches": "DELETE FROM sink_batches WHERE committed_at < {ts}",
+        }
+
+        def work(conn: psycopg.Connection[Any]) -> dict[str, int]:
+            deleted = {}
+            with conn.transaction(), conn.cursor() as cur:
+                for table, sql in statements.items():
+                    cur.execute(sql.format(ts=_ms_to_ts("%(before)s")), {"before": before_ms})
+                    deleted[table] = max(cur.rowcount, 0)
+            return deleted
+
+        return self._with_retry("prune old results", work)
+
     def read_state(self, config_name: str, key: str) -> int | None:
         """A value of ``pipeline_state`` (e.g. a window's watermark), or None if never set."""
 

@@ -75,6 +75,15 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
     return paths.checkpoints / config.name / f"{window.name}-{digest}"
 
 
+def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
+    """Every checkpoint the running queries of ``config`` use (window and late queries)."""
+    found = []
+    for window in config.windows:
+        checkpoint = checkpoint_dir(paths, config, window)
+        found += [checkpoint, checkpoint.with_name(checkpoint.name + ".late")]
+    return found
+
+
 def query_name(config: PipelineConfig, window: WindowSpec) -> str:
     return f"{config.name}.{window.name}"
 
@@ -402,7 +411,7 @@ def start_window_queries(
             _start(
                 late_partials(_read_spool(spark, paths), window),
                 late_query_name(config, window),
-                checkpoint.with_name(checkpoint.name + ".late"),
+                checkpoint.with_name(checkpoint.name + ".late"),  # see all_checkpoints
                 LateBatchWriter(config, window, store_factory()),
                 trigger_interval,
                 output_mode="append",

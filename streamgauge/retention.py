@@ -1,0 +1,90 @@
+"""Retention: the segment log and the result store do not grow forever.
+
+**Segment log.** A segment may be deleted only when it is older than the retention age
+*and* every window query of the running config has committed a micro-batch that read past it
+(``commits/<n>`` in the query's checkpoint, whose ``offsets/<n>`` names the last sequence per
+receiver). The newest committed segment of each stream is always kept: the source reads its
+heartbeat as the "prior heartbeat" of the next segment, which decides lateness. Retained
+segments are what `streamgauge replay` can recompute from.
+
+**Results.** Windows that ended before the retention age are deleted from
+``window_results``, ``window_pending`` and ``late_events``, and old ``sink_batches`` records
+with them (a batch that old can no longer be replayed by Spark: its segments are gone too).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamgauge.clock import Clock
+from streamgauge.ingest.log import list_receivers, list_segments, read_heartbeat
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpoolPruneReport:
+    deleted: int
+    kept_uncommitted: int
+    bytes_freed: int
+
+
+def committed_sequences(checkpoint: Path) -> dict[str, int] | None:
+    """Per receiver, the last segment sequence a query has committed; None if nothing yet."""
+    commits = checkpoint / "commits"
+    if not commits.is_dir():
+        return None
+    batches = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
+    if not batches:
+        return None
+    offsets = checkpoint / "offsets" / str(max(batches))
+    receivers = json.loads(offsets.read_text().splitlines()[-1]).get("receivers", {})
+    return {name: int(position["seq"]) for name, position in receivers.items()}
+
+
+def safe_sequences(checkpoints: Iterable[Path]) -> dict[str, int]:
+    """Per receiver, the highest sequence every query has committed (the minimum over them).
+
+    A receiver a query has not read at all is absent: nothing of it may be deleted.
+    """
+    safe: dict[str, int] | None = None
+    for checkpoint in checkpoints:
+        committed = committed_sequences(checkpoint)
+        if committed is None:
+            return {}
+        if safe is None:
+            safe = dict(committed)
+        else:
+            safe = {r: min(seq, committed[r]) for r, seq in safe.items() if r in committed}
+    return safe or {}
+
+
+def prune_spool(
+    spool: Path, checkpoints: Iterable[Path], older_than_ms: int, clock: Clock
+) -> SpoolPruneReport:
+    """Delete segments older than ``older_than_ms`` that every query has committed past."""
+    cutoff = clock.now_ms() - older_than_ms
+    safe = safe_sequences(checkpoints)
+    deleted = kept = freed = 0
+    for receiver in list_receivers(spool):
+        limit = safe.get(receiver)
+        for segment in list_segments(spool, receiver):
+            # Strictly below the committed sequence: the committed one itself stays (its
+            # heartbeat is the next segment's prior heartbeat).
+            if limit is None or segment.sequence >= limit:
+                kept += 1
+                continue
+            if read_heartbeat(segment.path).heartbeat_ms >= cutoff:
+                break  # sequences are in time order: the rest are younger still
+            size = segment.path.stat().st_size
+            os.unlink(segment.path)
+            deleted += 1
+            freed += size
+    if deleted:
+        log.info("retention: deleted %d segment(s), %d bytes", deleted, freed)
+    return SpoolPruneReport(deleted, kept, freed)
