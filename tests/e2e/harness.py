@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,30 @@ class PacedSender(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join()
+
+
+@contextlib.contextmanager
+def daemon_for(config_text: str, name: str, *extra_args: str) -> Iterator[Daemon]:
+    """A daemon (not yet started) for a config, in a scratch directory removed afterwards."""
+    root = scratch_dir(f"streamgauge-{name}-")
+    config = root / f"{name}.yaml"
+    config.write_text(config_text)
+    daemon = Daemon(config, root / "data", free_udp_port(), root / "daemon.log",
+                    extra_args=tuple(extra_args))  # fmt: skip
+    try:
+        yield daemon
+    finally:
+        daemon.cleanup(root)
+
+
+def wait_until(daemon: Daemon, sql: str, timeout_s: float = 90) -> None:
+    """Poll the store until ``sql`` returns a row whose column ``ok`` is true."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if daemon.query(sql)[0]["ok"]:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for: {sql}\n{daemon.log_tail()}")
 
 
 def segments_from_spool(spool: Path) -> list[Segment]:

@@ -19,11 +19,11 @@ from streamgauge.sinks.embedded import EmbeddedPostgres
 from tests.e2e.harness import (
     Daemon,
     PacedSender,
-    free_udp_port,
+    daemon_for,
     load,
     reference_rows,
-    scratch_dir,
     stored_rows,
+    wait_until,
 )
 
 CONFIG = """
@@ -37,22 +37,12 @@ windows:
 
 @pytest.fixture()
 def daemon() -> Iterator[Daemon]:
-    root = scratch_dir("streamgauge-faults-")
-    config = root / "faults.yaml"
-    config.write_text(CONFIG)
-    daemon = Daemon(config, root / "data", free_udp_port(), root / "daemon.log")
-    yield daemon
-    daemon.cleanup(root)
+    with daemon_for(CONFIG, "faults") as daemon:
+        yield daemon
 
 
-def _wait_for_rows(daemon: Daemon, minimum: int, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        rows = daemon.query("select count(*) as n from window_results where config_name = 'faults'")
-        if rows[0]["n"] >= minimum:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"no results after {timeout_s} s:\n{daemon.log_tail()}")
+def _wait_for_rows(daemon: Daemon, minimum: int) -> None:
+    wait_until(daemon, f"select count(*) >= {minimum} as ok from window_results")
 
 
 def _assert_store_equals_log(daemon: Daemon) -> None:

@@ -25,12 +25,12 @@ from tests.e2e.harness import (
     Daemon,
     PacedSender,
     _canonical,
-    free_udp_port,
+    daemon_for,
     load,
     reference_rows,
-    scratch_dir,
     segments_from_spool,
     stored_rows,
+    wait_until,
 )
 
 CONFIG = """
@@ -44,21 +44,8 @@ windows:
 
 @pytest.fixture()
 def daemon() -> Iterator[Daemon]:
-    root = scratch_dir("streamgauge-stragglers-")
-    config = root / "stragglers.yaml"
-    config.write_text(CONFIG)
-    daemon = Daemon(config, root / "data", free_udp_port(), root / "daemon.log")
-    yield daemon
-    daemon.cleanup(root)
-
-
-def _wait(predicate_sql: str, daemon: Daemon, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if daemon.query(predicate_sql)[0]["ok"]:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for: {predicate_sql}\n{daemon.log_tail()}")
+    with daemon_for(CONFIG, "stragglers") as daemon:
+        yield daemon
 
 
 def test_stragglers_correct_windows_or_land_in_late_events_and_replay_applies_them(
@@ -67,17 +54,17 @@ def test_stragglers_correct_windows_or_land_in_late_events_and_replay_applies_th
     daemon.start()
     sender = PacedSender(daemon.port, lines_per_second=200)
     sender.start()
-    _wait("select count(*) >= 3 as ok from window_results", daemon)
+    wait_until(daemon, "select count(*) >= 3 as ok from window_results")
     dog = DogStatsd("127.0.0.1", daemon.port, disable_telemetry=True)
     now_s = int(time.time())
     dog.count_with_timestamp("e2e.c.3", 5, timestamp=now_s - 6)
     dog.count_with_timestamp("e2e.late", 7, timestamp=now_s - 40)
     dog.flush()
-    _wait("select count(*) >= 1 as ok from late_events", daemon)
-    _wait(
+    wait_until(daemon, "select count(*) >= 1 as ok from late_events")
+    wait_until(
+        daemon,
         "select coalesce(bool_or(corrections > 0), false) as ok from window_results "
         "where metric = 'e2e.c.3'",
-        daemon,
     )
     sender.stop()
     assert daemon.stop() == 0, daemon.log_tail()
