@@ -11,6 +11,13 @@ counter    count of samples, sum scaled by 1/sample rate
 gauge      last value (deltas applied to the series' current value), min, max
 timer      count, sum, min, max (sketches and histograms come with the sketches slice)
 =========  ===============================================================
+
+Two lanes, one set of partials. ``add`` takes one sample (the general path: any line the
+protocol allows). ``add_fast`` takes a whole wake-up's worth of plain samples at once — series
+already known (a *slot* each), no client timestamp, no gauge delta — and updates numpy columns
+with ``ufunc.at`` in line order, so sums, extremes and the last value come out bit-for-bit as
+``add`` would give them. A partial lives in exactly one lane at a time: before either lane
+touches a (series, pane) the other one holds, the partial is moved over.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
 from streamgauge.ingest.protocol import Sample
@@ -43,11 +52,39 @@ def canonical_tags(tags: tuple[tuple[str, str], ...]) -> str:
     return json.dumps(dict(tags), sort_keys=True, separators=(",", ":"))
 
 
+TYPE_CODES = {"c": 0, "g": 1, "ms": 2, "h": 3, "d": 4}
+_COUNTER, _GAUGE = 0, 1
+_INITIAL_SLOTS = 1024
+
+
 class PaneCombiner:
     """Accumulates partials for one receiver until they are drained into a segment.
 
     Not thread-safe: one receiver loop owns it.
+
+    Every series it has seen has a *slot* (an index into numpy columns) until ``forget``
+    frees it; the fast lane's partials are those columns, all for one pane (``fast_pane``).
     """
+
+    # per-slot columns, grown together by _allocate
+    slot_type: np.ndarray
+    slot_gen: np.ndarray
+    f_count: np.ndarray
+    f_total: np.ndarray
+    f_min: np.ndarray
+    f_max: np.ndarray
+    f_last: np.ndarray
+    f_last_event: np.ndarray
+    f_first_recv: np.ndarray
+    f_last_recv: np.ndarray
+    sealed_row: np.ndarray
+    in_dict: np.ndarray
+    g_value: np.ndarray
+    g_fresh: np.ndarray
+    admitted: np.ndarray
+    seen_ms: np.ndarray
+    synced_ms: np.ndarray
+    capacity: int
 
     def __init__(self, pane_ms: int) -> None:
         if pane_ms <= 0:
@@ -57,9 +94,103 @@ class PaneCombiner:
         # Gauges keep their value across panes (StatsD semantics: "+3" moves the current value).
         self._gauges: dict[SeriesKey, float] = {}
         self._types: dict[str, str] = {}
+        # -- slots ----------------------------------------------------------------------------
+        self._slot_of: dict[SeriesKey, int] = {}
+        self.slot_keys: list[SeriesKey | None] = []
+        self.slot_series: list[tuple[str, str, tuple[tuple[str, str], ...]] | None] = []
+        self._free: list[int] = []
+        self.fast_pane: int | None = None
+        self._n_fast = 0  # slots with a fast-lane partial (count > 0)
+        # The fast lane's partials of the pane before, kept as columns until drained (turning
+        # 10k of them into Python objects at every pane change stalled the receive loop).
+        self._sealed_pane: int | None = None
+        self._sealed: dict[str, np.ndarray] = {}
+        self._sealed_live = 0
+        self._allocate(_INITIAL_SLOTS)
+
+    def _allocate(self, capacity: int) -> None:
+        old = getattr(self, "capacity", 0)
+        self.capacity = capacity
+
+        def grow(name: str, dtype: type, fill: object) -> None:
+            array: np.ndarray = np.full(capacity, fill, dtype=dtype)
+            if old:
+                array[:old] = getattr(self, name)
+            setattr(self, name, array)
+
+        grow("slot_type", np.int8, -1)
+        grow("slot_gen", np.int64, 0)  # bumped when a slot is freed: stale references see it
+        grow("f_count", np.int64, 0)
+        grow("f_total", np.float64, -0.0)  # -0.0 + v == v for every v, also -0.0
+        grow("f_min", np.float64, np.inf)
+        grow("f_max", np.float64, -np.inf)
+        grow("f_last", np.float64, 0.0)
+        grow("f_last_event", np.int64, 0)
+        grow("f_first_recv", np.int64, 0)
+        grow("f_last_recv", np.int64, 0)
+        grow("sealed_row", np.int64, -1)  # row of the slot in self._sealed, -1 if none
+        grow("in_dict", np.bool_, False)  # a general-lane partial for (slot, fast_pane) exists
+        grow("g_value", np.float64, 0.0)  # current gauge value set by the fast lane...
+        grow("g_fresh", np.bool_, False)  # ...newer than self._gauges[key]
+        # The cardinality guard's view, kept here per slot for the receiver's fast path.
+        grow("admitted", np.bool_, False)
+        grow("seen_ms", np.int64, 0)  # last activity (fast lane included)
+        grow("synced_ms", np.int64, 0)  # last activity the guard itself was told
 
     def __len__(self) -> int:
-        return len(self._partials)
+        return len(self._partials) + self._n_fast + self._sealed_live
+
+    _COLUMNS = ("f_count", "f_total", "f_min", "f_max", "f_last", "f_last_event",
+                "f_first_recv", "f_last_recv")
+
+    def _unseal(self, slot: int) -> None:
+        """Move the sealed partial of ``slot`` to the general lane."""
+        row = int(self.sealed_row[slot])
+        key = self.slot_keys[slot]
+        assert key is not None and self._sealed_pane is not None
+        sealed = self._sealed
+        self._partials[(key, self._sealed_pane)] = Partial(
+            int(sealed["f_count"][row]), float(sealed["f_total"][row]),
+            float(sealed["f_min"][row]), float(sealed["f_max"][row]),
+            float(sealed["f_last"][row]), int(sealed["f_last_event"][row]),
+            int(sealed["f_first_recv"][row]), int(sealed["f_last_recv"][row]),
+        )
+        sealed["live"][row] = False
+        self.sealed_row[slot] = -1
+        self._sealed_live -= 1
+
+    def _unseal_all(self) -> None:
+        if self._sealed_live:
+            for slot in self._sealed["slot"][self._sealed["live"]].tolist():
+                self._unseal(slot)
+        self._sealed, self._sealed_pane = {}, None
+
+    @property
+    def slots_used(self) -> int:
+        return len(self.slot_keys)
+
+    def slot_of(self, key: SeriesKey) -> int | None:
+        return self._slot_of.get(key)
+
+    def _slot(self, key: SeriesKey, sample: Sample) -> int:
+        slot = self._slot_of.get(key)
+        if slot is not None:
+            return slot
+        if self._free:
+            slot = self._free.pop()
+            self.slot_keys[slot] = key
+            self.slot_series[slot] = (sample.metric, sample.metric_type, sample.tags)
+        else:
+            slot = len(self.slot_keys)
+            if slot >= self.capacity:
+                self._allocate(self.capacity * 2)
+            self.slot_keys.append(key)
+            self.slot_series.append((sample.metric, sample.metric_type, sample.tags))
+        self._slot_of[key] = slot
+        self.slot_type[slot] = TYPE_CODES[sample.metric_type]
+        self.admitted[slot] = False
+        self.in_dict[slot] = self.fast_pane is not None and (key, self.fast_pane) in self._partials
+        return slot
 
     def type_conflicts(self, sample: Sample) -> bool:
         """True if the name was first seen with another type (one name, one meaning)."""
@@ -69,14 +200,98 @@ class PaneCombiner:
     def forget(self, metric: str, metric_type: str, tags: tuple[tuple[str, str], ...]) -> None:
         """Drop a series' carried state (the current gauge value) once it went idle, so that
         state stays bounded by the active series (see ``CardinalityGuard``)."""
-        self._gauges.pop((metric, metric_type, canonical_tags(tags)), None)
+        key = (metric, metric_type, canonical_tags(tags))
+        self._gauges.pop(key, None)
+        slot = self._slot_of.pop(key, None)
+        if slot is None:
+            return
+        if self.f_count[slot]:
+            self._to_dict(slot)  # its partial still goes into the next segment
+        if self.sealed_row[slot] >= 0:
+            self._unseal(slot)
+        self.g_fresh[slot] = False
+        self.in_dict[slot] = False
+        self.admitted[slot] = False
+        self.slot_type[slot] = -1
+        self.slot_gen[slot] += 1
+        self.slot_keys[slot] = None
+        self.slot_series[slot] = None
+        self._free.append(slot)
 
-    def add(self, sample: Sample, event_ms: int, recv_ms: int) -> None:
+    def _to_dict(self, slot: int) -> None:
+        """Move the fast lane's partial of ``slot`` to the general lane (same values)."""
+        key = self.slot_keys[slot]
+        assert key is not None and self.fast_pane is not None
+        self._partials[(key, self.fast_pane)] = Partial(
+            int(self.f_count[slot]), float(self.f_total[slot]), float(self.f_min[slot]),
+            float(self.f_max[slot]), float(self.f_last[slot]), int(self.f_last_event[slot]),
+            int(self.f_first_recv[slot]), int(self.f_last_recv[slot]),
+        )
+        self._reset_fast(slot)
+        self._n_fast -= 1
+        self.in_dict[slot] = True
+
+    def _reset_fast(self, slots: int | np.ndarray) -> None:
+        self.f_count[slots] = 0
+        self.f_total[slots] = -0.0
+        self.f_min[slots] = np.inf
+        self.f_max[slots] = -np.inf
+
+    def _from_dict(self, slot: int) -> None:
+        """Move the general lane's partial of (slot, fast_pane) into the fast lane."""
+        key = self.slot_keys[slot]
+        assert key is not None
+        partial = self._partials.pop((key, self.fast_pane))  # type: ignore[arg-type]
+        self.f_count[slot] = partial.count
+        self.f_total[slot] = partial.total
+        self.f_min[slot] = partial.minimum
+        self.f_max[slot] = partial.maximum
+        self.f_last[slot] = partial.last
+        self.f_last_event[slot] = partial.last_event_ms
+        self.f_first_recv[slot] = partial.first_recv_ms
+        self.f_last_recv[slot] = partial.last_recv_ms
+        self.in_dict[slot] = False
+        self._n_fast += 1
+
+    def _set_fast_pane(self, pane: int) -> None:
+        """The fast lane moves to another pane: its partials are sealed (kept as columns)."""
+        self._unseal_all()
+        slots = np.flatnonzero(self.f_count[: self.slots_used])
+        if len(slots):
+            self._sealed = {name: getattr(self, name)[slots] for name in self._COLUMNS}
+            self._sealed["slot"] = slots
+            self._sealed["live"] = np.ones(len(slots), dtype=bool)
+            self._sealed_pane = self.fast_pane
+            self._sealed_live = len(slots)
+            self.sealed_row[slots] = np.arange(len(slots))
+            self._reset_fast(slots)
+            self._n_fast = 0
+        self.fast_pane = pane
+        used = self.slots_used
+        self.in_dict[:used] = False
+        for key, partial_pane in self._partials:
+            if partial_pane == pane:
+                slot = self._slot_of.get(key)
+                if slot is not None:
+                    self.in_dict[slot] = True
+
+    def add(self, sample: Sample, event_ms: int, recv_ms: int) -> int:
+        """Combine one sample (the general lane); returns the series' slot."""
         key: SeriesKey = (sample.metric, sample.metric_type, canonical_tags(sample.tags))
+        slot = self._slot(key, sample)
         pane_start = event_ms - event_ms % self._pane_ms
+        if pane_start == self.fast_pane:
+            if self.f_count[slot]:
+                self._to_dict(slot)
+            self.in_dict[slot] = True
+        elif pane_start == self._sealed_pane and self.sealed_row[slot] >= 0:
+            self._unseal(slot)
         if sample.metric_type == "c":
             value = sample.value / sample.sample_rate
         elif sample.metric_type == "g":
+            if self.g_fresh[slot]:
+                self._gauges[key] = float(self.g_value[slot])
+                self.g_fresh[slot] = False
             value = self._gauges.get(key, 0.0) + sample.value if sample.delta else sample.value
             self._gauges[key] = value
         else:
@@ -86,7 +301,7 @@ class PaneCombiner:
             self._partials[(key, pane_start)] = Partial(
                 1, value, value, value, value, event_ms, recv_ms, recv_ms
             )
-            return
+            return slot
         partial.count += 1
         partial.total += value
         if value < partial.minimum:
@@ -97,25 +312,108 @@ class PaneCombiner:
             partial.last = value
             partial.last_event_ms = event_ms
         partial.last_recv_ms = recv_ms
+        return slot
+
+    def add_fast(self, slots: np.ndarray, values: np.ndarray, recv_ms: int) -> None:
+        """Combine plain samples of known series received at ``recv_ms``, in line order.
+
+        ``slots``: each sample's series slot; ``values``: already scaled by 1/sample rate for
+        counters; gauges are absolute values (no deltas), never -0.0. Event time is
+        ``recv_ms`` for all of them. Equivalent to ``add`` called once per sample in order.
+        """
+        if not len(slots):
+            return
+        pane = recv_ms - recv_ms % self._pane_ms
+        if pane != self.fast_pane:
+            self._set_fast_pane(pane)
+        pulled = self.in_dict[slots]
+        if pulled.any():
+            for slot in np.unique(slots[pulled]).tolist():
+                self._from_dict(slot)
+        used = self.slots_used
+        count_before = self.f_count[:used].copy()
+        np.add.at(self.f_count, slots, 1)
+        touched = np.flatnonzero(self.f_count[:used] != count_before)
+        fresh = touched[count_before[touched] == 0]
+        self._n_fast += len(fresh)
+        self.f_first_recv[fresh] = recv_ms
+        np.add.at(self.f_total, slots, values)
+        # Python's "if value < minimum" keeps -0.0 against 0.0; np.minimum would not.
+        min_neg_zero = touched[(self.f_min[touched] == 0) & np.signbit(self.f_min[touched])]
+        max_neg_zero = touched[(self.f_max[touched] == 0) & np.signbit(self.f_max[touched])]
+        np.minimum.at(self.f_min, slots, values)
+        np.maximum.at(self.f_max, slots, values)
+        self.f_min[min_neg_zero[self.f_min[min_neg_zero] == 0]] = -0.0
+        self.f_max[max_neg_zero[self.f_max[max_neg_zero] == 0]] = -0.0
+        last_index = np.full(used, -1, dtype=np.int64)
+        np.maximum.at(last_index, slots, np.arange(len(slots), dtype=np.int64))
+        last_values = values[last_index[touched]]
+        newer = (count_before[touched] == 0) | (recv_ms >= self.f_last_event[touched])
+        self.f_last[touched[newer]] = last_values[newer]
+        self.f_last_event[touched[newer]] = recv_ms
+        self.f_last_recv[touched] = recv_ms
+        gauges = touched[self.slot_type[touched] == _GAUGE]
+        if len(gauges):
+            self.g_value[gauges] = values[last_index[gauges]]
+            self.g_fresh[gauges] = True
 
     def drain(self) -> pa.RecordBatch:
         """Hand over everything combined so far as one record batch and start afresh."""
-        items = sorted(self._partials.items(), key=lambda item: (item[0][1], item[0][0]))
+        items = list(self._partials.items())
         self._partials = {}
-        keys = [key for key, _ in items]
+        fast = np.flatnonzero(self.f_count[: self.slots_used])
+        live = self._sealed["live"] if self._sealed_live else np.zeros(0, dtype=bool)
+        sealed_slots = self._sealed["slot"][live] if self._sealed_live else np.zeros(0, np.int64)
+        fast_keys = [self.slot_keys[slot] for slot in np.concatenate([fast, sealed_slots]).tolist()]
+        keys = [key for (key, _), _ in items]
         partials = [partial for _, partial in items]
+        n_fast = len(fast)
+        fast_pane = self.fast_pane if self.fast_pane is not None else 0
+        sealed_pane = self._sealed_pane if self._sealed_pane is not None else 0
+
+        def lane(name: str) -> np.ndarray:
+            column: np.ndarray = getattr(self, name)[fast]
+            if self._sealed_live:
+                column = np.concatenate([column, self._sealed[name][live]])
+            return column
+
+        def ints(general: list[int], lane: np.ndarray) -> pa.Array:
+            return pa.array(np.concatenate([np.array(general, dtype=np.int64), lane]), pa.int64())
+
+        def floats(general: list[float], lane: np.ndarray) -> pa.Array:
+            return pa.array(
+                np.concatenate([np.array(general, dtype=np.float64), lane]), pa.float64()
+            )
+
+        panes = np.concatenate([np.full(n_fast, fast_pane, dtype=np.int64),
+                                np.full(len(sealed_slots), sealed_pane, dtype=np.int64)])
+
         columns = [
-            pa.array([k[0][0] for k in keys], pa.string()),
-            pa.array([k[0][1] for k in keys], pa.string()),
-            pa.array([k[0][2] for k in keys], pa.string()),
-            pa.array([k[1] for k in keys], pa.int64()),
-            pa.array([p.count for p in partials], pa.int64()),
-            pa.array([p.total for p in partials], pa.float64()),
-            pa.array([p.minimum for p in partials], pa.float64()),
-            pa.array([p.maximum for p in partials], pa.float64()),
-            pa.array([p.last for p in partials], pa.float64()),
-            pa.array([p.last_event_ms for p in partials], pa.int64()),
-            pa.array([p.first_recv_ms for p in partials], pa.int64()),
-            pa.array([p.last_recv_ms for p in partials], pa.int64()),
+            pa.array([k[0] for k in keys] + [k[0] for k in fast_keys], pa.string()),
+            pa.array([k[1] for k in keys] + [k[1] for k in fast_keys], pa.string()),
+            pa.array([k[2] for k in keys] + [k[2] for k in fast_keys], pa.string()),
+            ints([pane for (_, pane), _ in items], panes),
+            ints([p.count for p in partials], lane("f_count")),
+            floats([p.total for p in partials], lane("f_total")),
+            floats([p.minimum for p in partials], lane("f_min")),
+            floats([p.maximum for p in partials], lane("f_max")),
+            floats([p.last for p in partials], lane("f_last")),
+            ints([p.last_event_ms for p in partials], lane("f_last_event")),
+            ints([p.first_recv_ms for p in partials], lane("f_first_recv")),
+            ints([p.last_recv_ms for p in partials], lane("f_last_recv")),
         ]
-        return pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
+        self._reset_fast(fast)
+        self._n_fast = 0
+        if self._sealed_live:
+            self.sealed_row[sealed_slots] = -1
+        self._sealed, self._sealed_pane, self._sealed_live = {}, None, 0
+        self.in_dict[: self.slots_used] = False
+        batch = pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
+        # Ordered by (pane, metric, type, tags), as sorted() over the keys would give them
+        # (UTF-8 byte order is code point order).
+        order = pc.sort_indices(
+            batch,
+            sort_keys=[(name, "ascending") for name in
+                       ("pane_start_ms", "metric", "metric_type", "tags")],
+        )
+        return batch.take(order)

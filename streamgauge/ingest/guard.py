@@ -92,6 +92,16 @@ class CardinalityGuard:
         self._per_metric[metric] = per_metric + 1
         return True
 
+    def refresh(self, series: SeriesId, now_ms: int) -> None:
+        """Record activity of an admitted series seen at ``now_ms`` (no-op if not active).
+
+        The receiver's fast path tells the guard in bulk, oldest activity first, before the
+        guard next decides anything (an ``admit`` of a new series or an ``expire``)."""
+        last_seen = self._last_seen
+        if series in last_seen:
+            last_seen[series] = now_ms
+            last_seen.move_to_end(series)
+
     def expire(self, now_ms: int) -> None:
         """Forget series idle for longer than the TTL (the oldest are at the front)."""
         horizon = now_ms - self._limits.ttl_ms

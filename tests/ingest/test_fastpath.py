@@ -1,0 +1,171 @@
+"""The whole-buffer fast path gives exactly what the line-by-line general path gives."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamgauge.clock import ManualClock
+from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.fastpath import _parse_values
+from streamgauge.ingest.guard import CardinalityLimits
+from streamgauge.ingest.log import SegmentWriter, list_segments, read_segment
+from streamgauge.ingest.protocol import _NUMBER_RE
+from streamgauge.ingest.receiver import Receiver
+
+T0 = 1_700_000_000_000
+
+
+def _values(texts: list[bytes]) -> list[float | None]:
+    buffer = b"|".join(texts) + b"|"
+    starts, position = [], 0
+    for text in texts:
+        starts.append(position)
+        position += len(text) + 1
+    values, _, ok = _parse_values(
+        np.frombuffer(buffer, np.uint8), np.array(starts), np.array([len(t) for t in texts])
+    )
+    return [float(v) if good else None for v, good in zip(values, ok, strict=True)]
+
+
+def test_plain_decimals_parse_exactly_as_float_does() -> None:
+    texts = [b"0", b"1", b"42", b"-3", b"1.", b".5", b"-.5", b"0.1", b"3.14159", b"007",
+             b"123456789012345", b"0.00000000000001", b"99999.9999"]
+    for text, value in zip(texts, _values(texts), strict=True):
+        assert value is not None and value.hex() == float(text).hex(), text
+
+
+def test_other_numbers_are_left_to_the_general_parser() -> None:
+    texts = [b"-0", b"-0.0", b"+1", b"1e3", b"1.2.3", b"-", b".", b"1-2", b"nan", b"1 ",
+             b"1234567890123456", b"--1", b"1_0"]
+    assert _values(texts) == [None] * len(texts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789.-+e", min_size=1, max_size=16))
+def test_a_value_is_fast_only_if_the_protocol_takes_it_and_then_equal(text: str) -> None:
+    (value,) = _values([text.encode()])
+    if value is not None:
+        assert _NUMBER_RE.fullmatch(text)
+        assert value.hex() == float(text).hex()
+
+
+NAMES = ["a", "b", "c.d", "bad name", ""]
+TYPES = ["c", "g", "ms", "d", "h", "s", "q"]
+VALUES = ["1", "0", "-0", "2.5", "-3", "+4", "1e3", "nan", "1:2", "", ".5", "7"]
+EXTRAS = ["", "", "", "|@0.5", "|@0.25", "|#x:1", "|#x:1,y:2", "|#y:2,x:1", "|#x", "|T{ts}",
+          "|T1", "|c:abc", "\r", "|zz", "|@2"]
+
+
+@st.composite
+def _line(draw: Any) -> bytes:
+    if draw(st.integers(0, 30)) == 0:
+        return draw(st.sampled_from([b"", b"_e{1,1}:a|b", b"_sc|db|0", b"\xff:1|c", b"x"]))
+    extra = draw(st.sampled_from(EXTRAS)).replace("{ts}", str(T0 // 1000 + 1))
+    text = (f"{draw(st.sampled_from(NAMES))}:{draw(st.sampled_from(VALUES))}"
+            f"|{draw(st.sampled_from(TYPES))}{extra}")
+    return text.encode()
+
+
+_step = st.one_of(
+    st.tuples(
+        st.just("batch"),
+        st.lists(st.lists(_line(), min_size=1, max_size=6).map(b"\n".join), max_size=8),
+        st.integers(0, 1500),
+    ),
+    st.tuples(st.just("roll"), st.just([]), st.integers(0, 1500)),
+)
+
+
+def _receiver(root: Path, sock: socket.socket, fast: bool, limits: CardinalityLimits
+              ) -> tuple[Receiver, ManualClock]:
+    clock = ManualClock(T0)
+    # no /proc/net: the namespace's drop counters (other programs' too) would differ per run
+    receiver = Receiver(
+        sock, SegmentWriter(root, "udp-0", fsync=False), PaneCombiner(1000), clock,
+        cardinality=limits, fast_path=fast, proc_net=root / "no-proc",
+    )
+    return receiver, clock
+
+
+def _exact(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Rows with floats as hex: 0.0 and -0.0 (and every last bit) must match."""
+    return [
+        tuple(v.hex() if isinstance(v, float) else v for v in row.values()) for row in rows
+    ]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                 HealthCheck.data_too_large])
+@given(
+    steps=st.lists(_step, min_size=1, max_size=25),
+    max_series=st.sampled_from([0, 3]),
+    ttl_ms=st.sampled_from([600_000, 2_000]),
+)
+def test_fast_and_general_paths_give_identical_partials_and_counts(
+    tmp_path_factory: Any, steps: list[tuple[str, list[bytes], int]], max_series: int,
+    ttl_ms: int,
+) -> None:
+    limits = CardinalityLimits(max_series=max_series, max_series_per_metric=0, ttl_ms=ttl_ms)
+    root = tmp_path_factory.mktemp("fast")
+    outcomes = []
+    for fast in (True, False):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            spool = root / ("fast" if fast else "general")
+            receiver, clock = _receiver(spool, sock, fast, limits)
+            for kind, datagrams, advance in steps:
+                if kind == "batch" and datagrams:
+                    receiver._ingest_datagrams(datagrams, receiver.now_ms())
+                else:
+                    receiver.roll(receiver.now_ms())
+                clock.advance(advance)
+            receiver.roll(receiver.now_ms(), closed=True)
+            rows = [
+                row
+                for segment in list_segments(spool, "udp-0")
+                for batch in read_segment(segment.path)
+                for row in batch.to_pylist()
+            ]
+            stats = receiver.stats.to_json()
+            assert receiver.stats.lines == receiver.stats.accounted()
+            outcomes.append((_exact(rows), stats))
+    assert outcomes[0][0] == outcomes[1][0]
+    assert outcomes[0][1] == outcomes[1][1]
+
+
+def test_mixed_datagrams_take_both_paths_and_agree(tmp_path: Path) -> None:
+    """A fixed mix: plain lines (fast after the first sight), deltas, rates, tags in another
+    order, client timestamps, multi-values and rejects, over several panes."""
+    lines = [b"hits:1|c", b"hits:2|c|@0.5", b"lat:12.5|ms|#host:a", b"depth:10|g",
+             b"depth:+5|g", b"depth:-2|g", b"lat:3|ms|#host:a", b"req:1:2:3|d",
+             b"lat:7|ms|#host:b,zone:z", b"lat:8|ms|#zone:z,host:b", b"hits:x|c", b"q:1|zz",
+             b"hits:4|c|T%d" % (T0 // 1000), b"depth:-0|g", b"hits:0|c\r", b"depth:0|g"]
+    outcomes = []
+    for fast in (True, False):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            receiver, clock = _receiver(tmp_path / str(fast), sock, fast, CardinalityLimits())
+            for round_ in range(40):
+                datagrams = [b"\n".join(lines[(round_ + i) % len(lines)] for i in range(k))
+                             for k in (1, 3, 7)]
+                receiver._ingest_datagrams(datagrams, receiver.now_ms())
+                clock.advance(130)
+                if round_ % 3 == 0:
+                    receiver.roll(receiver.now_ms())
+            receiver.roll(receiver.now_ms(), closed=True)
+            rows = [row for segment in list_segments(tmp_path / str(fast), "udp-0")
+                    for batch in read_segment(segment.path) for row in batch.to_pylist()]
+            outcomes.append((_exact(rows), receiver.stats.to_json()))
+            if fast:
+                # a good part took the fast path (series mixed with |T or deltas did not)
+                assert receiver.fast_lines > receiver.stats.lines / 4
+            else:
+                assert receiver.fast_lines == 0
+    assert outcomes[0] == outcomes[1]
