@@ -1,8 +1,9 @@
-"""``streamgauge``: run | ingest | process | validate | send | query | status.
+"""``streamgauge``: run | ingest | process | validate | send | query | replay | grafana | status.
 
 ``run`` is the whole daemon on one machine: an embedded PostgreSQL (unless ``--postgres-url``),
-one UDP receiver process writing the segment log, and the Spark window job in this process.
-``ingest`` and ``process`` run the two halves alone, for several hosts sharing one spool.
+receiver processes writing the segment log, and the Spark window job in this process (see
+``daemon.py``). ``ingest`` and ``process`` run the two halves alone, for several hosts sharing
+one spool.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ import decimal
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamgauge.clock import SystemClock
+
+if TYPE_CHECKING:  # the daemon pulls in PySpark: imported only by the commands that run it
+    from streamgauge.daemon import WindowJob
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 DEFAULT_DATA_DIR = "streamgauge-data"
@@ -202,25 +203,6 @@ def _load_config_or_exit(path: str) -> Any:
 # -- run / ingest / process ---------------------------------------------------------------------
 
 
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag the supervising loop polls."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self.install()
-
-    def install(self) -> None:
-        """(Re)install the handlers: creating a SparkContext replaces SIGINT's with its own."""
-        signal.signal(signal.SIGINT, self._handle)
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.signal = signum
-
-    def __bool__(self) -> bool:
-        return self.signal is not None
-
-
 def cmd_ingest(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -258,6 +240,17 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window_job(args: argparse.Namespace, config: Any, data_dir: Path, url: str) -> WindowJob:
+    from streamgauge.configs import parse_duration_ms
+    from streamgauge.daemon import WindowJob
+
+    return WindowJob(
+        config, data_dir, url, master=args.master, trigger=args.trigger,
+        retain_log_ms=parse_duration_ms(args.retain_log),
+        retain_results_ms=parse_duration_ms(args.retain_results),
+    )  # fmt: skip
+
+
 def _start_store(args: argparse.Namespace, data_dir: Path) -> tuple[str, Any]:
     """The store URL, and the embedded server to stop afterwards (None if external)."""
     if args.postgres_url:
@@ -268,100 +261,9 @@ def _start_store(args: argparse.Namespace, data_dir: Path) -> tuple[str, Any]:
     return server.start(), server
 
 
-class WindowJob:
-    """The Spark half of the daemon: session, one query per window, clean shutdown."""
-
-    def __init__(self, args: argparse.Namespace, config: Any, data_dir: Path, url: str) -> None:
-        from streamgauge.sinks.store import ResultStore
-        from streamgauge.windows.job import JobPaths, start_window_queries
-        from streamgauge.windows.session import build_spark_session
-
-        store = ResultStore(url)
-        store.ensure_schema()
-        store.close()
-        from streamgauge.configs import parse_duration_ms
-
-        self.spark = build_spark_session(args.master)
-        paths = JobPaths(spool=data_dir / "spool", checkpoints=data_dir / "checkpoints")
-        paths.spool.mkdir(parents=True, exist_ok=True)
-        self._janitor = Janitor(
-            paths, config, url, parse_duration_ms(args.retain_log),
-            parse_duration_ms(args.retain_results),
-        )  # fmt: skip
-        self.queries = start_window_queries(
-            self.spark, config, paths, lambda: ResultStore(url), SystemClock(),
-            trigger_interval=args.trigger,
-        )
-
-    @property
-    def ui_url(self) -> str | None:
-        return self.spark.sparkContext.uiWebUrl
-
-    def failure(self) -> str | None:
-        self._janitor.maybe_run()
-        for query in self.queries:
-            if not query.isActive:
-                error = query.exception()
-                return f"query {query.name} stopped: {error or 'no error reported'}"
-        return None
-
-    def stop(self, *, drain: bool) -> None:
-        """Process what is in the spool (if draining), then stop each query between batches.
-
-        ``StreamingQuery.stop`` cancels a running micro-batch; that batch would be replayed at
-        the next start (exactly-once), but stopping between batches keeps shutdown clean.
-        """
-        problems: list[str] = []
-        for query in self.queries:
-            try:
-                if drain and query.isActive:
-                    query.processAllAvailable()
-                _wait_between_batches(query, timeout_s=30)
-                query.stop()
-            except Exception as error:  # noqa: BLE001 - stop the other queries regardless
-                problems.append(f"{query.name}: {str(error).splitlines()[0]}")
-        self.spark.stop()
-        if problems:
-            raise RuntimeError("; ".join(problems))
-
-
-class Janitor:
-    """Retention, run from the supervising loop at most once a minute (see retention.py)."""
-
-    INTERVAL_S = 60.0
-
-    def __init__(
-        self, paths: Any, config: Any, url: str, retain_log_ms: int, retain_results_ms: int
-    ) -> None:
-        self._paths, self._config, self._url = paths, config, url
-        self._retain_log_ms, self._retain_results_ms = retain_log_ms, retain_results_ms
-        self._next = time.monotonic() + self.INTERVAL_S
-
-    def maybe_run(self) -> None:
-        if time.monotonic() < self._next:
-            return
-        self._next = time.monotonic() + self.INTERVAL_S
-        from streamgauge.retention import prune_spool
-        from streamgauge.sinks.store import ResultStore, RetryPolicy
-        from streamgauge.windows.job import all_checkpoints
-
-        clock = SystemClock()
-        try:
-            prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
-                        self._retain_log_ms, clock)  # fmt: skip
-            with ResultStore(self._url, retry=RetryPolicy(max_attempts=1)) as store:
-                store.prune(clock.now_ms() - self._retain_results_ms)
-        except Exception as error:  # noqa: BLE001 - retention must never stop the daemon
-            log.warning("retention skipped this round: %s", str(error).splitlines()[0])
-
-
-def _wait_between_batches(query: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 def cmd_process(args: argparse.Namespace) -> int:
+    from streamgauge.daemon import StopRequested, supervise
+
     config = _load_config_or_exit(args.config)
     _check_retention_or_exit(args)
     data_dir = args.data_dir.resolve()
@@ -369,10 +271,10 @@ def cmd_process(args: argparse.Namespace) -> int:
     stop = StopRequested()
     url, server = _start_store(args, data_dir)
     try:
-        job = WindowJob(args, config, data_dir, url)
+        job = _window_job(args, config, data_dir, url)
         stop.install()
         print(f"spark ui: {job.ui_url}", flush=True)
-        failure = _supervise(stop, job, ingest=None)
+        failure = supervise(stop, job, ingest=None)
         job.stop(drain=failure is None)
         return 0 if failure is None else 1
     finally:
@@ -381,6 +283,13 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from streamgauge.daemon import (
+        StopRequested,
+        shutdown,
+        supervise,
+        terminate_with_parent,
+        write_private_json,
+    )
     from streamgauge.ingest.process import IngestChildren, bind_receivers, udp_address
     from streamgauge.ingest.transports import parse_listen_spec
     from streamgauge.redaction import redact_url
@@ -411,14 +320,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "--data-dir", str(data_dir), "--receiver", f"udp-{index}",
                  *[arg for sock in sockets for arg in ("--inherit-fd", str(sock.fileno()))]],
                 pass_fds=[sock.fileno() for sock in sockets],
-                preexec_fn=_terminate_with_parent,
+                preexec_fn=terminate_with_parent,
             )
             for index, sockets in enumerate(groups)
         ])
         for sockets in groups:
             for sock in sockets:
                 sock.close()  # the children own them now (and remove Unix socket files)
-        job = WindowJob(args, config, data_dir, url)
+        job = _window_job(args, config, data_dir, url)
         stop.install()
         info = {
             "udp": udp,
@@ -431,7 +340,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "ingest_pid": ingest.pid,
             "ingest_pids": ingest.pids,
         }
-        _write_private_json(run_file, info)
+        write_private_json(run_file, info)
         print(
             f"streamgauge {config.name}: udp {udp} | postgres {redact_url(url)} | "
             f"spark ui {job.ui_url} | data {data_dir}\n"
@@ -439,74 +348,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"  query: streamgauge query --data-dir {data_dir} 'select * from window_results'",
             flush=True,
         )
-        failure = _supervise(stop, job, ingest)
+        failure = supervise(stop, job, ingest)
     finally:
-        failure = _shutdown(ingest, job, server, failure) or failure
+        failure = shutdown(ingest, job, server, failure) or failure
         run_file.unlink(missing_ok=True)
     if failure:
         log.error("%s", failure)
         return 1
     return 0
-
-
-def _terminate_with_parent() -> None:
-    """In the ingest child, before exec: SIGTERM when `run` dies, even by SIGKILL (Linux).
-
-    The receiver then drains its socket, writes its closing segment and frees the port for
-    the restarted daemon, instead of living on as an orphan that holds the port.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def _supervise(
-    stop: StopRequested, job: WindowJob, ingest: subprocess.Popen[bytes] | None
-) -> str | None:
-    while not stop:
-        if ingest is not None and ingest.poll() is not None:
-            return f"ingest process exited with status {ingest.returncode}"
-        failure = job.failure()
-        if failure:
-            return failure
-        time.sleep(0.2)
-    log.info("signal %s: stopping", stop.signal)
-    return None
-
-
-def _shutdown(
-    ingest: subprocess.Popen[bytes] | None, job: WindowJob | None, server: Any, failure: str | None
-) -> str | None:
-    """Stop in data-path order so what was received reaches the store: receivers flush their
-    last segment, the job processes what is in the spool, then the store stops."""
-    problem = None
-    if ingest is not None and ingest.poll() is None:
-        ingest.send_signal(signal.SIGTERM)
-        try:
-            ingest.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            ingest.kill()
-            problem = "ingest did not stop within 30 s and was killed"
-    if job is not None:
-        try:
-            job.stop(drain=failure is None)
-        except Exception as error:  # noqa: BLE001 - report, then still stop the store
-            problem = f"stopping the Spark job failed: {error}"
-    if server is not None:
-        server.stop()
-    return problem
-
-
-def _write_private_json(path: Path, payload: dict[str, Any]) -> None:
-    """run.json holds the store password: create it readable by the owner only."""
-    temporary = path.with_suffix(".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle, indent=2)
-    os.replace(temporary, path)
 
 
 # -- send / query / status ----------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""The daemon's supervision: the Spark half as one object, retention, signals, shutdown.
+
+`streamgauge run` and `streamgauge process` (in ``cli.py``) assemble these: the store, the
+ingest children, a ``WindowJob``; ``supervise`` watches them until a signal or a failure;
+``shutdown`` stops them in data-path order so that what was received reaches the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from streamgauge.clock import SystemClock
+from streamgauge.configs import PipelineConfig
+from streamgauge.retention import prune_spool
+from streamgauge.sinks.store import ResultStore, RetryPolicy
+from streamgauge.windows.job import JobPaths, all_checkpoints, start_window_queries
+from streamgauge.windows.session import build_spark_session
+
+log = logging.getLogger("streamgauge")
+
+
+class StopRequested:
+    """Turns SIGINT/SIGTERM into a flag the supervising loop polls."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.install()
+
+    def install(self) -> None:
+        """(Re)install the handlers: creating a SparkContext replaces SIGINT's with its own."""
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signal = signum
+
+    def __bool__(self) -> bool:
+        return self.signal is not None
+
+
+class WindowJob:
+    """The Spark half of the daemon: session, one query per window, clean shutdown."""
+
+    def __init__(
+        self, config: PipelineConfig, data_dir: Path, url: str, *, master: str,
+        trigger: str, retain_log_ms: int, retain_results_ms: int,
+    ) -> None:  # fmt: skip
+        store = ResultStore(url)
+        store.ensure_schema()
+        store.close()
+        self.spark = build_spark_session(master)
+        paths = JobPaths(spool=data_dir / "spool", checkpoints=data_dir / "checkpoints")
+        paths.spool.mkdir(parents=True, exist_ok=True)
+        self._janitor = Janitor(paths, config, url, retain_log_ms, retain_results_ms)
+        self.queries = start_window_queries(
+            self.spark, config, paths, lambda: ResultStore(url), SystemClock(),
+            trigger_interval=trigger,
+        )
+
+    @property
+    def ui_url(self) -> str | None:
+        return self.spark.sparkContext.uiWebUrl
+
+    def failure(self) -> str | None:
+        self._janitor.maybe_run()
+        for query in self.queries:
+            if not query.isActive:
+                error = query.exception()
+                return f"query {query.name} stopped: {error or 'no error reported'}"
+        return None
+
+    def stop(self, *, drain: bool) -> None:
+        """Process what is in the spool (if draining), then stop each query between batches.
+
+        ``StreamingQuery.stop`` cancels a running micro-batch; that batch would be replayed at
+        the next start (exactly-once), but stopping between batches keeps shutdown clean.
+        """
+        problems: list[str] = []
+        for query in self.queries:
+            try:
+                if drain and query.isActive:
+                    query.processAllAvailable()
+                wait_between_batches(query, timeout_s=30)
+                query.stop()
+            except Exception as error:  # noqa: BLE001 - stop the other queries regardless
+                problems.append(f"{query.name}: {str(error).splitlines()[0]}")
+        self.spark.stop()
+        if problems:
+            raise RuntimeError("; ".join(problems))
+
+
+class Janitor:
+    """Retention, run from the supervising loop at most once a minute (see retention.py)."""
+
+    INTERVAL_S = 60.0
+
+    def __init__(
+        self, paths: JobPaths, config: PipelineConfig, url: str, retain_log_ms: int,
+        retain_results_ms: int,
+    ) -> None:  # fmt: skip
+        self._paths, self._config, self._url = paths, config, url
+        self._retain_log_ms, self._retain_results_ms = retain_log_ms, retain_results_ms
+        self._next = time.monotonic() + self.INTERVAL_S
+
+    def maybe_run(self) -> None:
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.INTERVAL_S
+        clock = SystemClock()
+        try:
+            prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
+                        self._retain_log_ms, clock)  # fmt: skip
+            with ResultStore(self._url, retry=RetryPolicy(max_attempts=1)) as store:
+                store.prune(clock.now_ms() - self._retain_results_ms)
+        except Exception as error:  # noqa: BLE001 - retention must never stop the daemon
+            log.warning("retention skipped this round: %s", str(error).splitlines()[0])
+
+
+def wait_between_batches(query: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def terminate_with_parent() -> None:
+    """In the ingest child, before exec: SIGTERM when `run` dies, even by SIGKILL (Linux).
+
+    The receiver then drains its socket, writes its closing segment and frees the port for
+    the restarted daemon, instead of living on as an orphan that holds the port.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def supervise(
+    stop: StopRequested, job: WindowJob, ingest: subprocess.Popen[bytes] | None
+) -> str | None:
+    while not stop:
+        if ingest is not None and ingest.poll() is not None:
+            return f"ingest process exited with status {ingest.returncode}"
+        failure = job.failure()
+        if failure:
+            return failure
+        time.sleep(0.2)
+    log.info("signal %s: stopping", stop.signal)
+    return None
+
+
+def shutdown(
+    ingest: subprocess.Popen[bytes] | None, job: WindowJob | None, server: Any, failure: str | None
+) -> str | None:
+    """Stop in data-path order so what was received reaches the store: receivers flush their
+    last segment, the job processes what is in the spool, then the store stops."""
+    problem = None
+    if ingest is not None and ingest.poll() is None:
+        ingest.send_signal(signal.SIGTERM)
+        try:
+            ingest.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            ingest.kill()
+            problem = "ingest did not stop within 30 s and was killed"
+    if job is not None:
+        try:
+            job.stop(drain=failure is None)
+        except Exception as error:  # noqa: BLE001 - report, then still stop the store
+            problem = f"stopping the Spark job failed: {error}"
+    if server is not None:
+        server.stop()
+    return problem
+
+
+def write_private_json(path: Path, payload: dict[str, Any]) -> None:
+    """run.json holds the store password: create it readable by the owner only."""
+    temporary = path.with_suffix(".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle, indent=2)
+    os.replace(temporary, path)
