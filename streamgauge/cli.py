@@ -497,6 +497,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     run_file = data_dir / "run.json"
     if run_file.exists():
         running = json.loads(run_file.read_text())
+        report["windows"] = _window_status(running["postgres_url"])
         running["postgres_url"] = redact_url(running["postgres_url"])
         report["running"] = running
     report["spool"] = describe_spool(data_dir / "spool")
@@ -505,8 +506,38 @@ def cmd_status(args: argparse.Namespace) -> int:
         report["ingest"] = {
             p.stem: json.loads(p.read_text()) for p in sorted(ingest_dir.glob("*.json"))
         }
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2, default=_json_value))
     return 0
+
+
+_WINDOW_STATUS_SQL = """
+WITH w AS (
+    SELECT config_name, substr(key, length('watermark_ms:') + 1) AS window_name, value_ms
+    FROM pipeline_state WHERE key LIKE 'watermark_ms:%'
+)
+SELECT w.config_name, w.window_name, w.value_ms AS watermark_ms,
+       (extract(epoch from now()) * 1000)::bigint - w.value_ms AS watermark_lag_ms,
+       (SELECT count(*) FROM window_results r
+        WHERE (r.config_name, r.window_name) = (w.config_name, w.window_name)) AS windows_emitted,
+       (SELECT count(*) FROM window_pending p
+        WHERE (p.config_name, p.window_name) = (w.config_name, w.window_name)) AS windows_pending,
+       (SELECT coalesce(sum(count), 0)::bigint FROM late_events l
+        WHERE (l.config_name, l.window_name) = (w.config_name, w.window_name)) AS late_samples
+FROM w ORDER BY 1, 2
+"""
+
+
+def _window_status(url: str) -> list[dict[str, Any]] | str:
+    """Per window: the watermark, how far it is behind now, and what is emitted or waiting."""
+    import psycopg
+
+    from streamgauge.sinks.store import run_sql
+
+    try:
+        columns, rows = run_sql(url, _WINDOW_STATUS_SQL, ())
+    except psycopg.Error as error:
+        return f"store unavailable: {_first_line(error)}"
+    return [dict(zip(columns, row, strict=True)) for row in rows]
 
 
 if __name__ == "__main__":
