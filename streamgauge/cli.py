@@ -444,6 +444,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if server is not None and not server.adopted:
             server.stop()
     for item in report:
+        if item.skipped:
+            print(f"{config.name}.{item.window_name}: skipped: {item.skipped}")
+            continue
         if item.watermark_ms is None:
             print(f"{config.name}.{item.window_name}: no watermark yet: nothing is final")
             continue

@@ -292,6 +292,37 @@ WHERE (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_
 """
 
 
+RETRACTION_SCHEMA = pa.schema(
+    [
+        pa.field("config_name", pa.string(), nullable=False),
+        pa.field("window_name", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("tags", pa.string(), nullable=False),
+        pa.field("window_start_ms", pa.int64(), nullable=False),
+        pa.field("window_end_ms", pa.int64(), nullable=False),
+    ]
+)
+"""The Arrow schema of ``commit_batch(retractions=...)``: windows superseded by this batch
+(a session that grew or merged), deleted from ``window_results`` and ``window_pending``."""
+
+_RETRACT_STAGING = "sg_retract_staging"
+_RETRACT_STAGING_DDL = f"""
+CREATE TEMPORARY TABLE IF NOT EXISTS {_RETRACT_STAGING} (
+    {", ".join(f"{f.name} {_PG_TYPES[f.type]}" for f in RETRACTION_SCHEMA)}
+) ON COMMIT DELETE ROWS
+"""
+
+# Only rows older than the batch: a newer revision of a window is never touched (the same
+# rule as the upsert), and a replayed batch never gets this far (sink_batches).
+_RETRACT = f"""
+DELETE FROM {{table}} w USING {_RETRACT_STAGING} r
+WHERE (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end)
+    = (r.config_name, r.window_name, r.metric, r.tags::jsonb,
+       {_ms_to_ts("r.window_start_ms")}, {_ms_to_ts("r.window_end_ms")})
+  AND w.revision < %(revision)s
+"""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff: ``initial_s``, doubling (``multiplier``), capped at ``max_s``.
@@ -354,6 +385,8 @@ class BatchOutcome:
     already_committed: bool
     rows_upserted: int
     rows_finalized: int
+    rows_retracted: int = 0
+    late_recorded: int = 0
 
 
 class ResultStoreUnavailable(RuntimeError):
@@ -432,6 +465,9 @@ class ResultStore:
         state: Mapping[tuple[str, str], int] = _NO_STATE,
         lock_name: str | None = None,
         hold_after: Mapping[tuple[str, str], int] = _NO_STATE,
+        retractions: pa.Table | None = None,
+        late: pa.Table | None = None,
+        late_query_name: str | None = None,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
 
@@ -439,8 +475,16 @@ class ResultStore:
         rows carry their own ``revision`` column (normally the same number). ``state`` maps
         ``(config_name, key)`` to an integer (e.g. ``("web", "watermark") → epoch ms``) stored in
         ``pipeline_state`` in the same transaction, so state never runs ahead of results.
+
+        ``retractions`` (``RETRACTION_SCHEMA``): windows this batch supersedes (a session that
+        grew or merged), deleted from ``window_results`` and ``window_pending`` before the
+        upsert, so no reader ever sees both the old and the new session. ``late``
+        (``LATE_SCHEMA``): late partials the window query found itself (a partial reaching
+        into a final session), recorded in ``late_events`` under ``late_query_name``.
         """
         table = _conform(results)
+        retracted_rows = None if retractions is None else _conform(retractions, RETRACTION_SCHEMA)
+        late_rows = None if late is None else _conform(late, LATE_SCHEMA)
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
@@ -455,6 +499,20 @@ class ResultStore:
                         f"INSERT INTO {_HOLD} VALUES (%s, %s, %s)",
                         [(cfg, win, int(ms)) for (cfg, win), ms in hold_after.items()],
                     )
+                retracted = 0
+                if retracted_rows is not None and retracted_rows.num_rows:
+                    _copy_into(cur, _RETRACT_STAGING_DDL, _RETRACT_STAGING, retracted_rows)
+                    for target in ("window_results", "window_pending"):
+                        cur.execute(_RETRACT.format(table=target), {"revision": revision})
+                        retracted += max(cur.rowcount, 0)
+                recorded = 0
+                if late_rows is not None and late_rows.num_rows:
+                    _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, late_rows)
+                    params = {"query_name": late_query_name or query_name,
+                              "batch_id": batch_id, "now_ms": now_ms}  # fmt: skip
+                    cur.execute(_INSERT_LATE, params)
+                    recorded = max(cur.rowcount, 0)
+                    cur.execute(_COUNT_LATE_ON_WINDOWS)
                 upserted = self._upsert(cur, table) if table.num_rows else 0
                 if hold_after:
                     cur.execute(_PROMOTE, {"revision": revision, "now_ms": now_ms})
@@ -480,11 +538,12 @@ class ResultStore:
                 cur.execute(
                     "UPDATE sink_batches SET rows_written = %s"
                     " WHERE query_name = %s AND batch_id = %s",
-                    (upserted + finalized, query_name, batch_id),
+                    (upserted + finalized + retracted, query_name, batch_id),
                 )
             return BatchOutcome(
-                already_committed=False, rows_upserted=upserted, rows_finalized=finalized
-            )
+                already_committed=False, rows_upserted=upserted, rows_finalized=finalized,
+                rows_retracted=retracted, late_recorded=recorded,
+            )  # fmt: skip
 
         return self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
 

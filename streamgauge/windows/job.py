@@ -45,6 +45,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sinks.store import Finalization, ResultStore
+from streamgauge.windows.session_windows import (
+    OUTPUT_DDL,
+    STATE_DDL,
+    session_horizon_ms,
+    session_state_function,
+)
 from streamgauge.windows.source import SOURCE_NAME, batch_heartbeats, receivers_heartbeat_ms
 
 log = logging.getLogger(__name__)
@@ -67,10 +73,13 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
     same name gets a fresh checkpoint (and rebuilds from the retained log) instead of a
     start-up failure on incompatible state.
     """
-    fingerprint = json.dumps(
-        [config.pane_ms, window.kind, window.size_ms, window.offset_ms, window.watermark_delay_ms,
-         window.allowed_lateness_ms, list(window.metrics), list(window.group_by)]
-    )
+    shape: list[object] = [
+        config.pane_ms, window.kind, window.size_ms, window.offset_ms, window.watermark_delay_ms,
+        window.allowed_lateness_ms, list(window.metrics), list(window.group_by),
+    ]  # fmt: skip
+    if window.kind == "session":  # appended only here: other kinds keep their checkpoints
+        shape += [window.gap_ms, window.key]
+    fingerprint = json.dumps(shape)
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
     return paths.checkpoints / config.name / f"{window.name}-{digest}"
 
@@ -94,6 +103,14 @@ def metric_filter(globs: tuple[str, ...]) -> Column:
         return F.lit(True)
     pattern = "|".join(f"(?:{fnmatch.translate(g)})" for g in globs)
     return F.col("metric").rlike(pattern)
+
+
+def series_keys(window: WindowSpec) -> tuple[str, ...]:
+    """The tag keys that identify a series of ``window``: ``group_by``, plus a session's
+    ``key`` (a series without that tag is one series of its own, not dropped)."""
+    if window.kind == "session" and window.key and window.key not in window.group_by:
+        return (*window.group_by, window.key)
+    return window.group_by
 
 
 def series_tags(group_by: tuple[str, ...]) -> Column:
@@ -126,11 +143,29 @@ def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> D
 
     This slice assigns each partial to its size/hop windows (one output row per window);
     merging hop-wide panes instead is the planned optimisation.
+
+    Session windows (``gap``): the row's own possible session ``[t, t + gap)``, with the
+    same late rule on that end (see ``session_windows``, which merges them per series)::
+
+        t = 4 s, gap 3 s      [4 s ..... 7 s)~~ lateness ~~|  <= prior heartbeat - delay: late
     """
+    if window.kind == "session":
+        assert window.gap_ms is not None
+        event = F.least(F.col("pane_start_ms"), F.col("segment_heartbeat_ms"))
+        closes_at = event + F.lit(window.gap_ms + window.allowed_lateness_ms)
+        late = (closes_at <= F.col("prior_heartbeat_ms") - F.lit(window.watermark_delay_ms)) & (
+            metric_filter(window.metrics)
+        )
+        return (
+            source.withColumn(f"window_start_ms{suffix}", event)
+            .withColumn(f"window_end_ms{suffix}", event + F.lit(window.gap_ms))
+            .withColumn(f"tags{suffix}", series_tags(series_keys(window)))
+            .withColumn(f"late{suffix}", late)
+        )
     if window.kind not in ("tumbling", "hopping"):
         raise NotImplementedError(
             f"window {window.name!r}: kind {window.kind!r} is not implemented yet; "
-            "tumbling and hopping windows run in this build"
+            "tumbling, hopping and session windows run in this build"
         )
     assert window.size_ms is not None
     size, offset = window.size_ms, window.offset_ms
@@ -172,6 +207,37 @@ def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
         .withWatermark("window_end_ts", f"{horizon_ms} milliseconds")
     )
     return aggregate_windows(on_time)
+
+
+_SESSION_INPUT = (
+    "metric", "tags", "metric_type", "event_ms", "event_ts", "count", "sum", "min", "max", "last",
+    "last_event_ms", "first_recv_ms", "last_recv_ms", "receiver", "pane_start_ms",
+    "segment_heartbeat_ms", "prior_heartbeat_ms",
+)  # fmt: skip
+
+
+def sessionized_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """On-time partials of ``window`` → session changes per series (``session_windows``).
+
+    Output rows have a ``change`` column: ``upsert`` (a session created or changed),
+    ``retract`` (a session superseded by a longer or merged one) or ``late`` (a partial that
+    reaches into a session already final).
+    """
+    on_time = (
+        assign_windows(source, window)
+        .where(metric_filter(window.metrics) & ~F.col("late"))
+        .withColumnRenamed("window_start_ms", "event_ms")
+        .withColumn("event_ts", F.timestamp_millis("event_ms"))
+        .withWatermark("event_ts", f"{session_horizon_ms(window)} milliseconds")
+        .select(*_SESSION_INPUT)
+    )
+    return on_time.groupBy("metric", "tags").applyInPandasWithState(
+        session_state_function(window),
+        OUTPUT_DDL,
+        STATE_DDL,
+        "Update",
+        "EventTimeTimeout",
+    )
 
 
 def aggregate_windows(assigned: DataFrame) -> DataFrame:
@@ -346,10 +412,20 @@ class WindowBatchWriter:
         return watermark
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self._commit(batch.toArrow(), batch_id)
+
+    def _commit(
+        self,
+        changed: pa.Table,
+        batch_id: int,
+        *,
+        retractions: pa.Table | None = None,
+        late: pa.Table | None = None,
+    ) -> None:
         watermark_ms = self.watermark_ms(batch_id)
         revision = batch_id + 1
         rows = to_result_rows(
-            batch.toArrow(),
+            changed,
             self._config,
             self._window,
             revision=revision,
@@ -373,9 +449,43 @@ class WindowBatchWriter:
                 if watermark_ms is None else watermark_ms}  # fmt: skip
         outcome = self._store.commit_batch(
             self._name, batch_id, rows, finalizations, revision=revision, state=state,
-            lock_name=self._name, hold_after=hold,
+            lock_name=self._name, hold_after=hold, retractions=retractions, late=late,
+            late_query_name=late_query_name(self._config, self._window),
         )  # fmt: skip
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
+
+
+class SessionBatchWriter(WindowBatchWriter):
+    """``foreachBatch`` of a session query: upserts, retractions and late partials, one commit.
+
+    The operator's rows are split by ``change``; retractions of superseded sessions are
+    deleted in the same transaction that writes the sessions replacing them, so the table
+    never shows overlapping sessions of a series.
+    """
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        table = batch.toArrow()
+        change = table.column("change")
+        upserts = table.filter(pc.equal(change, "upsert"))
+        retracted = table.filter(pc.equal(change, "retract"))
+        late = table.filter(pc.equal(change, "late"))
+        retractions = None
+        if retracted.num_rows:
+            n = retracted.num_rows
+            retractions = pa.table(
+                {
+                    "config_name": pa.array([self._config.name] * n, pa.string()),
+                    "window_name": pa.array([self._window.name] * n, pa.string()),
+                    **{name: retracted.column(name) for name in
+                       ("metric", "tags", "window_start_ms", "window_end_ms")},
+                }
+            )  # fmt: skip
+        late_rows = to_late_rows(late, self._config, self._window) if late.num_rows else None
+        result_columns = ("metric", "tags", "metric_type", "window_start_ms", "window_end_ms",
+                          "count", "sum", "min", "max", "last")  # fmt: skip
+        self._commit(
+            upserts.select(list(result_columns)), batch_id, retractions=retractions, late=late_rows
+        )
 
 
 def start_window_queries(
@@ -396,10 +506,17 @@ def start_window_queries(
     queries: list[StreamingQuery] = []
     for window in config.windows:
         checkpoint = checkpoint_dir(paths, config, window)
-        writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
+        if window.kind == "session":
+            writer: WindowBatchWriter = SessionBatchWriter(
+                config, window, store_factory(), checkpoint, clock
+            )
+            changes = sessionized_partials(_read_spool(spark, paths), window)
+        else:
+            writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
+            changes = windowed_partials(_read_spool(spark, paths), window)
         queries.append(
             _start(
-                windowed_partials(_read_spool(spark, paths), window),
+                changes,
                 query_name(config, window),
                 checkpoint,
                 writer,

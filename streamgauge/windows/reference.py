@@ -14,6 +14,13 @@ Rules (the same as ``streamgauge.windows.job``; see its docstrings):
 - final when ``end + allowed_lateness <= W``, ``W = heartbeat(receivers) - watermark_delay``,
   the heartbeat of the receivers being the minimum over open streams (the latest if all are
   closed).
+
+Session windows (``streamgauge.windows.session_windows`` has the timeline): per series
+(metric, ``group_by`` tags and the ``key`` tag), partials in log order (within a segment by
+event time); a partial is late when ``t + gap + allowed_lateness <= prior heartbeat -
+watermark_delay`` (recorded with bounds ``[t, t + gap)``) or when it reaches a session
+already final by that same measure (recorded with that session's bounds); otherwise it
+merges every session ``[start, end)`` with ``start - gap < t < end`` into one.
 """
 
 from __future__ import annotations
@@ -111,6 +118,20 @@ def windows_containing(window: WindowSpec, event_ms: int) -> list[tuple[int, int
     return [(start, start + size) for start in range(latest - size + step, latest + 1, step)]
 
 
+@dataclass(slots=True)
+class SessionState:
+    start: int
+    end: int
+    state: WindowState
+
+
+def series_keys(window: WindowSpec) -> tuple[str, ...]:
+    """``group_by``, plus the ``key`` tag of a session window."""
+    if window.kind == "session" and window.key and window.key not in window.group_by:
+        return (*window.group_by, window.key)
+    return window.group_by
+
+
 def project_tags(tags_json: str, group_by: tuple[str, ...]) -> str:
     """Keep the ``group_by`` keys, in the sorted order ingest wrote them."""
     if not group_by:
@@ -128,6 +149,8 @@ class ReferenceWindower:
     # Every partial, late or not: what `streamgauge replay` recomputes a final window from.
     replayed: dict[WindowKey, WindowState] = field(default_factory=dict)
     _heartbeats: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    # Session windows: the sessions of each (window name, metric, tags), never evicted.
+    sessions: dict[tuple[str, str, str], list[SessionState]] = field(default_factory=dict)
 
     def feed_all(self, segments: Iterable[Segment]) -> None:
         for segment in segments:
@@ -137,8 +160,16 @@ class ReferenceWindower:
         prior_ms, _ = self._heartbeats.get(segment.receiver, (0, False))
         for partial in segment.partials:
             for window in self.config.windows:
-                if window.matches(partial.metric):
+                if window.kind != "session" and window.matches(partial.metric):
                     self._assign(window, segment, prior_ms, partial)
+        in_event_order = sorted(
+            segment.partials, key=lambda p: min(p.pane_start_ms, segment.heartbeat_ms)
+        )
+        for window in self.config.windows:
+            if window.kind == "session":
+                for partial in in_event_order:
+                    if window.matches(partial.metric):
+                        self._sessionize(window, segment, prior_ms, partial)
         self._heartbeats[segment.receiver] = (segment.heartbeat_ms, segment.closed)
 
     def _assign(
@@ -168,6 +199,47 @@ class ReferenceWindower:
             state = self.windows[key] = WindowState(partial.metric_type)
         state.add(partial)
 
+    def _sessionize(
+        self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial
+    ) -> None:
+        assert window.gap_ms is not None
+        gap, lateness = window.gap_ms, window.allowed_lateness_ms
+        closed_before = prior_ms - window.watermark_delay_ms
+        t = min(partial.pane_start_ms, segment.heartbeat_ms)
+        tags = project_tags(partial.tags, series_keys(window))
+        series = self.sessions.setdefault((window.name, partial.metric, tags), [])
+
+        def late(start: int, end: int) -> None:
+            self.late.append(
+                LatePartial(window.name, partial.metric, tags, start, end, segment.receiver,
+                            partial.pane_start_ms, partial.count)
+            )  # fmt: skip
+
+        if t + gap + lateness <= closed_before:
+            late(t, t + gap)  # its own session would already be final
+            return
+        touched = [s for s in series if s.start - gap < t < s.end]
+        final = [s for s in touched if s.end + lateness <= closed_before]
+        if final:
+            first = min(final, key=lambda s: s.start)
+            late(first.start, first.end)  # reaches into a final session: never reopened
+            return
+        merged = SessionState(t, t + gap, WindowState(partial.metric_type))
+        merged.state.add(partial)
+        for session in touched:
+            series.remove(session)
+            merged.start = min(merged.start, session.start)
+            merged.end = max(merged.end, session.end)
+            old = session.state
+            merged.state.count += old.count
+            merged.state.sum += old.sum
+            merged.state.min = min(merged.state.min, old.min)
+            merged.state.max = max(merged.state.max, old.max)
+            merged.state.metric_type = min(merged.state.metric_type, old.metric_type)
+            if old.last_event_ms > merged.state.last_event_ms:
+                merged.state.last, merged.state.last_event_ms = old.last, old.last_event_ms
+        series.append(merged)
+
     def watermark_ms(self, window: WindowSpec) -> int | None:
         heartbeat = receivers_heartbeat_ms(
             {r: {"heartbeat_ms": hb, "closed": closed} for r, (hb, closed) in
@@ -190,6 +262,9 @@ class ReferenceWindower:
             late_samples[key] = late_samples.get(key, 0) + late.count
         result: dict[WindowKey, StoredWindow] = {}
         states = dict(self.windows)
+        for (name, metric, tags), series in self.sessions.items():
+            for session in series:
+                states[(name, metric, tags, session.start, session.end)] = session.state
         if after_replay:
             for key, state in self.replayed.items():
                 window = self.config.window(key[0])

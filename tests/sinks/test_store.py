@@ -407,3 +407,86 @@ def test_run_sql_returns_columns_and_rows(clean_store: str) -> None:
     )
     assert run_sql(clean_store, "SELECT %s::int AS n", (5,)) == (["n"], [(5,)])
     assert run_sql(clean_store, "SET application_name = 'x'") == ([], [])
+
+
+def _retraction(start_ms: int, end_ms: int, **overrides: Any) -> dict[str, Any]:
+    base = {
+        "config_name": "web",
+        "window_name": "1m",
+        "metric": "api.latency",
+        "tags": '{"host":"a"}',
+        "window_start_ms": start_ms,
+        "window_end_ms": end_ms,
+    }
+    base.update(overrides)
+    return base
+
+
+def test_retractions_delete_superseded_sessions_in_the_upsert_transaction(
+    store: ResultStore, clean_store: str
+) -> None:
+    """Session [0, 1) shown and [2, 3) pending; a batch merges them into [0, 3)::
+
+        minutes      0    1    2    3
+        batch 1      [ a )     [ b )      a in window_results, b in window_pending (W = 2)
+        batch 2      [      a+b      )    a and b retracted, a+b pending (W = 2.5)
+    """
+    run_sql(clean_store, "DELETE FROM window_pending")  # clean_store does not empty it
+    hold = {("web", "1m"): T0 + 2 * MINUTE}
+    store.commit_batch(
+        "q", 1, table(window(0, revision=1), window(2, revision=1)), [], revision=1,
+        hold_after=hold,
+    )  # fmt: skip
+    assert [r["start_ms"] for r in stored(clean_store)] == [T0]
+    merged = row(window_start_ms=T0, window_end_ms=T0 + 3 * MINUTE, count=6, revision=2)
+    retractions = pa.Table.from_pylist(
+        [_retraction(T0, T0 + MINUTE), _retraction(T0 + 2 * MINUTE, T0 + 3 * MINUTE),
+         _retraction(T0, T0 + MINUTE, tags='{"host":"b"}')]  # another series: untouched
+    )  # fmt: skip
+    outcome = store.commit_batch(
+        "q", 2, table(merged), [], revision=2, retractions=retractions,
+        hold_after={("web", "1m"): T0 + 5 * MINUTE // 2},
+    )  # fmt: skip
+    assert outcome.rows_retracted == 2
+    assert stored(clean_store) == []
+    _, pending = run_sql(
+        clean_store,
+        "SELECT (extract(epoch FROM window_start) * 1000)::bigint,"
+        " (extract(epoch FROM window_end) * 1000)::bigint, count FROM window_pending"
+        " WHERE config_name = 'web'",
+    )
+    assert pending == [(T0, T0 + 3 * MINUTE, 6)]
+    # The same batch again changes nothing (sink_batches), retractions included.
+    again = store.commit_batch("q", 2, table(merged), [], revision=2, retractions=retractions)
+    assert again.already_committed
+
+
+def test_retraction_never_deletes_a_newer_revision(store: ResultStore, clean_store: str) -> None:
+    store.commit_batch("q", 5, table(window(0, revision=5)), [], revision=5)
+    retractions = pa.Table.from_pylist([_retraction(T0, T0 + MINUTE)])
+    outcome = store.commit_batch("q", 3, table(), [], revision=3, retractions=retractions)
+    assert outcome.rows_retracted == 0
+    assert [r["revision"] for r in stored(clean_store)] == [5]
+
+
+def test_late_rows_of_a_window_batch_are_counted_on_their_window(
+    store: ResultStore, clean_store: str
+) -> None:
+    from streamgauge.sinks.store import LATE_SCHEMA
+
+    store.commit_batch("q", 1, table(window(0, is_final=True)), [], revision=1)
+    late = pa.Table.from_pylist(
+        [{"config_name": "web", "window_name": "1m", "metric": "api.latency",
+          "tags": '{"host":"a"}', "metric_type": "ms", "window_start_ms": T0,
+          "window_end_ms": T0 + MINUTE, "receiver": "r0", "pane_start_ms": T0, "count": 4,
+          "sum": 1.0, "min": 1.0, "max": 1.0, "last": 1.0, "first_recv_ms": NOW,
+          "last_recv_ms": NOW, "closed_by_ms": NOW}],
+        schema=LATE_SCHEMA,
+    )  # fmt: skip
+    outcome = store.commit_batch("q", 2, table(), [], revision=2, late=late,
+                                 late_query_name="q.late")  # fmt: skip
+    assert outcome.late_recorded == 1
+    _, counted = run_sql(clean_store, "SELECT late_events FROM window_results")
+    assert counted == [(4,)]
+    _, recorded = run_sql(clean_store, "SELECT query_name, batch_id FROM late_events")
+    assert recorded == [("q.late", 2)]

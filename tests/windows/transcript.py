@@ -18,7 +18,8 @@ A transcript is YAML::
       late:                         # every late partial (optional)
         - {window: w, metric: a, start: 0, count: 1}
 
-Times are integer milliseconds after ``T0``. Listed window fields other than
+Times are integer milliseconds after ``T0``; ``end`` (optional) is the window's exclusive end,
+worth listing for session windows, whose end moves as they grow. Listed window fields other than
 ``window/metric/start`` are compared; ``tags`` defaults to ``{}``. The loader is strict:
 unknown keys, heartbeats going backwards, unparsable lines or expectations naming an unknown
 window are refused with every problem listed.
@@ -41,7 +42,7 @@ from streamgauge.ingest.protocol import Reject, parse_line
 from streamgauge.windows.reference import PanePartial, Segment
 
 T0 = 1_700_000_000_000
-WINDOW_FIELDS = {"count", "sum", "min", "max", "last", "final", "late_events", "type"}
+WINDOW_FIELDS = {"count", "sum", "min", "max", "last", "final", "late_events", "type", "end"}
 
 
 class TranscriptError(ValueError):

@@ -1,0 +1,193 @@
+"""Session windows (``kind: session``): a stateful Spark operator per series, with retractions.
+
+A series is (metric, the ``key`` tag's value, the ``group_by`` tags). Its events are its pane
+partials, at event time ``t = min(pane_start, segment heartbeat)`` (the same event time as the
+other kinds, so sessions have pane resolution). A **session** is a maximal run of events in
+which consecutive events are less than ``gap`` apart; it is the half-open interval
+``[first event, last event + gap)``. Timeline (pane 1 s, gap 3 s), one series::
+
+    t (s)        0    1    2    3    4    5    6    7    8    9   10   11   12
+    events       x         x                        x    x
+    sessions     [0 ...... 2 ........ 5)            [7 ...... 8 ........ 11)
+                 2 - 0 < 3: one session             7 - 2 = 5 >= 3: a new one
+
+    straggler at 4 s (within lateness): 4 - 2 < 3 and 7 - 4 < 3, so it merges both:
+    sessions     [0 ............................................... 11)
+                 rows [0, 5) and [7, 11) are retracted in the transaction that writes [0, 11)
+
+Emission is that of every window kind (``job.py``): a session is held in ``window_pending``
+until the watermark ``W`` passes its end, then provisional in ``window_results``, corrected
+while stragglers extend or merge it, final once ``end + allowed_lateness <= W``.
+
+Lateness, per partial (``W' = prior heartbeat of its segment - watermark_delay``):
+
+- ``t + gap + allowed_lateness <= W'``: the session the partial would open on its own is
+  already final. The stateless late query records it in ``late_events`` with the bounds
+  ``[t, t + gap)`` (the ``assign_windows`` rule shape of the other kinds).
+- otherwise it is on time for its own session, but it may still reach back into a session
+  that is final: ``start - gap < t < end`` with ``end + allowed_lateness <= W'``. A final
+  session never changes, so the operator records that partial in ``late_events`` with **that
+  session's** bounds (so the session row's ``late_events`` counts it) instead of merging it.
+  Example (gap 5 s, lateness 2 s, delay 0): session [0, 10) final at W' = 12; a partial at
+  8 s has 8 + 5 + 2 = 15 > 12 (its own session would be open) but 8 < 10 touches [0, 10).
+
+Operator: ``applyInPandasWithState`` keyed by (metric, tags), fed the on-time partials in
+update mode. State per series = the metric type and the open (or recently final) sessions,
+packed as one binary blob of fixed-size records (DESIGN.md §9: an array field in the state
+schema crashed the Python worker, a blob works). Each call emits, per series, the sessions
+the batch created or changed (``change = 'upsert'``), the superseded ones
+(``'retract'``) and the partials late for a final session (``'late'``). Sessions are
+dropped from state once Spark's watermark passes their end: Spark's watermark trails ours by
+``gap + allowed_lateness`` at least (see ``session_horizon_ms``), so by then the session is
+final and no on-time partial can reach it. An event-time timeout at the newest session end
+makes Spark call back for idle series so their state is freed.
+
+Within a micro-batch the partials of a series are applied in log order as far as the rows
+tell it: by prior heartbeat, then segment heartbeat, then event time. For one receiver this
+is exactly the order of the log, so the result does not depend on how Spark cuts batches.
+With several receivers feeding the same series in one batch, the order between receivers is
+by heartbeat; it only matters for the "late for a final session" decision, whose own
+watermark is per receiver anyway.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from streamgauge.configs import WindowSpec
+
+#: One session in the state blob: start, end, count, sum, min, max, last, last_event_ms.
+_RECORD = struct.Struct("<qqqddddq")
+
+STATE_DDL = "metric_type string, sessions binary"
+
+OUTPUT_DDL = (
+    "change string, metric string, tags string, metric_type string, "
+    "window_start_ms bigint, window_end_ms bigint, count bigint, sum double, min double, "
+    "max double, last double, receiver string, pane_start_ms bigint, first_recv_ms bigint, "
+    "last_recv_ms bigint, prior_heartbeat_ms bigint"
+)
+OUTPUT_COLUMNS = tuple(part.split()[0] for part in OUTPUT_DDL.split(", "))
+
+
+def session_horizon_ms(window: WindowSpec) -> int:
+    """How far Spark's watermark trails the newest event time of a session query.
+
+    ``delay + lateness + gap``: then Spark's watermark is at most ``W - lateness - gap``, so
+    (1) an on-time partial (``t + gap + lateness > W'``) is never behind it and never dropped
+    by Spark, and (2) a session whose end it passes is final and out of reach of any on-time
+    partial (``t > W' - gap - lateness >= end``), so its state can go.
+    """
+    assert window.gap_ms is not None
+    return window.watermark_delay_ms + window.allowed_lateness_ms + window.gap_ms
+
+
+@dataclass(slots=True)
+class Session:
+    start: int
+    end: int
+    count: int = 0
+    sum: float = 0.0
+    min: float = float("inf")
+    max: float = float("-inf")
+    last: float = 0.0
+    last_event_ms: int = -1
+
+    def absorb(self, other: Session) -> None:
+        self.start = min(self.start, other.start)
+        self.end = max(self.end, other.end)
+        self.count += other.count
+        self.sum += other.sum
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        if other.last_event_ms > self.last_event_ms:
+            self.last, self.last_event_ms = other.last, other.last_event_ms
+
+    def values(self) -> tuple[Any, ...]:
+        return (self.start, self.end, self.count, self.sum, self.min, self.max, self.last,
+                self.last_event_ms)  # fmt: skip
+
+
+def pack_sessions(sessions: list[Session]) -> bytes:
+    return b"".join(_RECORD.pack(*s.values()) for s in sessions)
+
+
+def unpack_sessions(blob: bytes) -> list[Session]:
+    return [Session(*fields) for fields in _RECORD.iter_unpack(bytes(blob))]
+
+
+def session_state_function(window: WindowSpec) -> Any:
+    """The ``applyInPandasWithState`` function for ``window`` (picklable closure)."""
+    assert window.gap_ms is not None
+    gap, lateness, delay = window.gap_ms, window.allowed_lateness_ms, window.watermark_delay_ms
+
+    def update_sessions(
+        key: tuple[str, str], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
+        metric, tags = key
+        metric_type, sessions = None, []
+        if state.exists:
+            metric_type, blob = state.get
+            sessions = unpack_sessions(blob)
+        before = {(s.start, s.end): s.values() for s in sessions}
+        superseded: set[tuple[int, int]] = set()
+        out: list[tuple[Any, ...]] = []
+        if not state.hasTimedOut:
+            batch = pd.concat(list(frames), ignore_index=True)
+            batch = batch.sort_values(
+                ["prior_heartbeat_ms", "segment_heartbeat_ms", "event_ms"], kind="stable"
+            )
+            types = batch["metric_type"].tolist()
+            metric_type = min([*types, metric_type] if metric_type else types)
+            for row in batch.itertuples(index=False):
+                t = int(row.event_ms)
+                touched = [s for s in sessions if s.start - gap < t < s.end]
+                closed_before = int(row.prior_heartbeat_ms) - delay
+                final = [s for s in touched if s.end + lateness <= closed_before]
+                if final:
+                    target = min(final, key=lambda s: s.start)
+                    out.append(
+                        ("late", metric, tags, row.metric_type, target.start, target.end,
+                         int(row.count), float(row.sum), float(row.min), float(row.max),
+                         float(row.last), row.receiver, int(row.pane_start_ms),
+                         int(row.first_recv_ms), int(row.last_recv_ms),
+                         int(row.prior_heartbeat_ms))
+                    )  # fmt: skip
+                    continue
+                merged = Session(
+                    t, t + gap, int(row.count), float(row.sum), float(row.min), float(row.max),
+                    float(row.last), int(row.last_event_ms),
+                )  # fmt: skip
+                for session in touched:
+                    merged.absorb(session)
+                    sessions.remove(session)
+                    superseded.add((session.start, session.end))
+                sessions.append(merged)
+        sessions.sort(key=lambda s: s.start)
+        current = {(s.start, s.end) for s in sessions}
+        for start, end in sorted((superseded & set(before)) - current):
+            out.append(("retract", metric, tags, metric_type, start, end, *[None] * 10))
+        for session in sessions:
+            if before.get((session.start, session.end)) != session.values():
+                out.append(
+                    ("upsert", metric, tags, metric_type, session.start, session.end,
+                     session.count, session.sum, session.min, session.max, session.last,
+                     *[None] * 5)
+                )  # fmt: skip
+        # Free what no on-time partial can reach any more (see session_horizon_ms).
+        watermark = state.getCurrentWatermarkMs()
+        sessions = [s for s in sessions if s.end > watermark]
+        if sessions:
+            state.update((metric_type, pack_sessions(sessions)))
+            state.setTimeoutTimestamp(max(s.end for s in sessions))
+        else:
+            state.remove()
+        if out:
+            yield pd.DataFrame(out, columns=list(OUTPUT_COLUMNS))
+
+    return update_sessions
