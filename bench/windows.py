@@ -128,6 +128,9 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--kind", choices=sorted(WINDOWS), default="tumbling")
+    parser.add_argument("--shuffle-partitions", type=int, default=None,
+                        help="state partitions (default: 2 per core)")
+    parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="streamgauge-bench-windows-"))
@@ -137,7 +140,15 @@ def main() -> None:
         ResultStore(url).ensure_schema()
         text = f"name: bench\npane: 1s\nwindows: [{WINDOWS[args.kind]}]\n"
         config = parse_config(text, "bench")
-        spark = build_spark_session("local[2]", app_name="bench-windows")
+        conf = {}
+        if args.rocksdb:
+            conf["spark.sql.streaming.stateStore.providerClass"] = (
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+            )
+        spark = build_spark_session(
+            "local[2]", app_name="bench-windows", shuffle_partitions=args.shuffle_partitions,
+            extra_conf=conf,
+        )  # fmt: skip
         paths = JobPaths(spool=root / "spool", checkpoints=root / "checkpoints")
         paths.spool.mkdir()
         queries = start_window_queries(
@@ -157,7 +168,9 @@ def main() -> None:
         durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
         rows_per_s = args.series  # one partial per series per second
         print(f"window job, {args.kind} 10 s, {args.series} series at 1 s panes "
-              f"({rows_per_s} partial rows/s offered), {args.seconds} s, local[2]")  # fmt: skip
+              f"({rows_per_s} partial rows/s offered), {args.seconds} s, local[2], "
+              f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
+              f"{'RocksDB' if args.rocksdb else 'HDFS'} state store")  # fmt: skip
         print(f"{'measure':<44}{'median':>10}{'p99':>10}")
         for name, values in (
             ("partial rows/s per micro-batch (window query)", rates),
