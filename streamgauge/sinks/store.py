@@ -84,14 +84,18 @@ _PG_TYPES = {
     pa.float64(): "float8",
     pa.bool_(): "bool",
 }
+def _staging_ddl(table: str, schema: pa.Schema) -> str:
+    """A per-connection temporary table shaped like ``schema``, emptied at every commit.
+
+    ON COMMIT DELETE ROWS: a staging table holds one transaction's rows (a rollback discards
+    them anyway), so the table itself lives as long as the connection.
+    """
+    columns = ", ".join(f"{f.name} {_PG_TYPES[f.type]}" for f in schema)
+    return f"CREATE TEMPORARY TABLE IF NOT EXISTS {table} ({columns}) ON COMMIT DELETE ROWS"
+
+
 _STAGING = "sg_results_staging"
-_STAGING_DDL = f"""
-CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} (
-    {", ".join(f"{f.name} {_PG_TYPES[f.type]}" for f in RESULT_SCHEMA)}
-) ON COMMIT DELETE ROWS
-"""
-# Staging holds one transaction's rows: ON COMMIT DELETE ROWS empties it at every commit (a
-# rollback discards them anyway), so the table itself lives as long as the connection.
+_STAGING_DDL = _staging_ddl(_STAGING, RESULT_SCHEMA)
 
 _KEY = "config_name, window_name, metric, tags, window_start, window_end"
 _VALUE_COLUMNS = (
@@ -257,11 +261,7 @@ LATE_SCHEMA = pa.schema(
 """The Arrow schema ``commit_late_batch`` expects: one row per late pane partial and window."""
 
 _LATE_STAGING = "sg_late_staging"
-_LATE_STAGING_DDL = f"""
-CREATE TEMPORARY TABLE IF NOT EXISTS {_LATE_STAGING} (
-    {", ".join(f"{f.name} {_PG_TYPES[f.type]}" for f in LATE_SCHEMA)}
-) ON COMMIT DELETE ROWS
-"""
+_LATE_STAGING_DDL = _staging_ddl(_LATE_STAGING, LATE_SCHEMA)
 
 _INSERT_LATE = f"""
 INSERT INTO late_events (config_name, window_name, metric, tags, window_start, window_end,
@@ -306,11 +306,7 @@ RETRACTION_SCHEMA = pa.schema(
 (a session that grew or merged), deleted from ``window_results`` and ``window_pending``."""
 
 _RETRACT_STAGING = "sg_retract_staging"
-_RETRACT_STAGING_DDL = f"""
-CREATE TEMPORARY TABLE IF NOT EXISTS {_RETRACT_STAGING} (
-    {", ".join(f"{f.name} {_PG_TYPES[f.type]}" for f in RETRACTION_SCHEMA)}
-) ON COMMIT DELETE ROWS
-"""
+_RETRACT_STAGING_DDL = _staging_ddl(_RETRACT_STAGING, RETRACTION_SCHEMA)
 
 # Only rows older than the batch: a newer revision of a window is never touched (the same
 # rule as the upsert), and a replayed batch never gets this far (sink_batches).
