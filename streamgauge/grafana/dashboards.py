@@ -136,18 +136,27 @@ def _stat(title: str, sql: str, ds: str, *, unit: str = "short") -> stat.Panel:
     )
 
 
-def results_dashboard(config: PipelineConfig, datasource_uid: str) -> dict[str, Any]:
-    """The config's results dashboard, as the JSON dict Grafana stores."""
-    ds = datasource_uid
-    builder = (
-        dash.Dashboard(f"streamgauge: {config.name}")
-        .uid(dashboard_uid(config.name))
-        .tags(["streamgauge", config.name])
+def _dashboard(title: str, uid: str, tags: list[str]) -> dash.Dashboard:
+    """What every streamgauge dashboard shares: UTC, last hour, 10 s refresh, shared cursor."""
+    return (
+        dash.Dashboard(title)
+        .uid(uid)
+        .tags(tags)
         .editable()
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .time("now-1h", "now")
         .refresh("10s")
         .timezone("utc")
+    )
+
+
+def results_dashboard(config: PipelineConfig, datasource_uid: str) -> dict[str, Any]:
+    """The config's results dashboard, as the JSON dict Grafana stores."""
+    ds = datasource_uid
+    builder = (
+        _dashboard(
+            f"streamgauge: {config.name}", dashboard_uid(config.name), ["streamgauge", config.name]
+        )
         .with_variable(_window_variable(config))
         .with_variable(_metric_variable(config, ds))
         .annotation(
@@ -190,14 +199,11 @@ def health_dashboard(config: PipelineConfig, datasource_uid: str) -> dict[str, A
     """The pipeline-health dashboard, from the self-metrics and the store's own columns."""
     ds = datasource_uid
     builder = (
-        dash.Dashboard(f"streamgauge: {config.name} pipeline health")
-        .uid(health_dashboard_uid(config.name))
-        .tags(["streamgauge", config.name, "health"])
-        .editable()
-        .tooltip(DashboardCursorSync.CROSSHAIR)
-        .time("now-1h", "now")
-        .refresh("10s")
-        .timezone("utc")
+        _dashboard(
+            f"streamgauge: {config.name} pipeline health",
+            health_dashboard_uid(config.name),
+            ["streamgauge", config.name, "health"],
+        )
         .with_variable(_window_variable(config))
         .with_panel(
             _health_series(
