@@ -6,6 +6,7 @@ tables are truncated by ``clean_store``: never point it at a database you care a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -36,6 +37,24 @@ def postgres_url() -> Iterator[str]:
     server = EmbeddedPostgres(base / "data", sync_initdb=False)
     try:
         yield server.start()
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def stopped_cluster(prefix: str) -> Iterator[EmbeddedPostgres]:
+    """An initialised, stopped cluster of the caller's own, removed afterwards.
+
+    Not under pytest's tmp_path: as root, every pytest session resets /tmp/pytest-of-root to
+    0700, which locks the server's system user out of its own cluster.
+    """
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    server = EmbeddedPostgres(base / "data", sync_initdb=False)
+    try:
+        server.start()
+        server.stop()
+        yield server
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)

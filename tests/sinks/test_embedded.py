@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from streamgauge.sinks.embedded import (
     EmbeddedPostgresError,
     read_connection_url,
 )
+from tests.conftest import stopped_cluster
 
 
 def _password(url: str) -> str:
@@ -39,15 +38,8 @@ def _password(url: str) -> str:
 @pytest.fixture(scope="module")
 def own() -> Iterator[EmbeddedPostgres]:
     """An initialised, stopped cluster of this module's own."""
-    base = Path(tempfile.mkdtemp(prefix="streamgauge-test-own-"))  # why not tmp_path: conftest
-    server = EmbeddedPostgres(base / "data", sync_initdb=False)
-    try:
-        server.start()
-        server.stop()
+    with stopped_cluster("streamgauge-test-own-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- connecting to the session server -------------------------------------------------------

@@ -13,12 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 import socket
-import tempfile
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -38,6 +35,7 @@ from streamgauge.sinks.store import (
     RetryPolicy,
     run_sql,
 )
+from tests.conftest import stopped_cluster
 
 MINUTE = 60_000
 T0 = 1_700_000_000_123  # deliberately not a whole second: milliseconds must survive
@@ -327,15 +325,8 @@ def test_wrong_password_is_not_retried(postgres_url: str) -> None:
 
 @pytest.fixture(scope="module")
 def stopped_server() -> Iterator[EmbeddedPostgres]:
-    base = Path(tempfile.mkdtemp(prefix="streamgauge-test-retry-"))  # why not tmp_path: conftest
-    server = EmbeddedPostgres(base / "data", sync_initdb=False)
-    try:
-        server.start()
-        server.stop()
+    with stopped_cluster("streamgauge-test-retry-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_retries_with_growing_delays_until_the_server_starts(
