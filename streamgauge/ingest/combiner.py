@@ -9,8 +9,14 @@ Partial per (metric, type, tags, pane):
 =========  ===============================================================
 counter    count of samples, sum scaled by 1/sample rate
 gauge      last value (deltas applied to the series' current value), min, max
-timer      count, sum, min, max (sketches and histograms come with the sketches slice)
+timer      count, sum, min, max, a t-digest and HDR histogram buckets of the values (h, d too)
+set        count of samples, an HLL_8 sketch of the members
 =========  ===============================================================
+
+Sketches are built once per partial when the combiner is drained, from the raw values kept
+beside the partials (``_SketchValues``): the lanes below never see them, so moving a partial
+between lanes never touches a sketch, and the receive loop pays one list append (general lane)
+or one array append per wake-up (fast lane) per sketched sample.
 
 Two lanes, one set of partials. ``add`` takes one sample (the general path: any line the
 protocol allows). ``add_fast`` takes a whole wake-up's worth of plain samples at once — series
@@ -31,6 +37,8 @@ import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
 from streamgauge.ingest.protocol import Sample
+from streamgauge.ingest.pane_sketches import PaneSketches
+from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
 
@@ -52,8 +60,11 @@ def canonical_tags(tags: tuple[tuple[str, str], ...]) -> str:
     return json.dumps(dict(tags), sort_keys=True, separators=(",", ":"))
 
 
-TYPE_CODES = {"c": 0, "g": 1, "ms": 2, "h": 3, "d": 4}
+TYPE_CODES = {"c": 0, "g": 1, "ms": 2, "h": 3, "d": 4, "s": 5}
 _COUNTER, _GAUGE = 0, 1
+SKETCHED_TYPES = frozenset({"ms", "h", "d"})
+"""Types whose partials carry a t-digest and HDR buckets of their values."""
+_SKETCHED_CODES = np.array([TYPE_CODES[t] for t in sorted(SKETCHED_TYPES)], dtype=np.int8)
 _INITIAL_SLOTS = 1024
 
 
@@ -86,10 +97,14 @@ class PaneCombiner:
     synced_ms: np.ndarray
     capacity: int
 
-    def __init__(self, pane_ms: int) -> None:
+    def __init__(self, pane_ms: int, sketches: SketchParams | None = None) -> None:
         if pane_ms <= 0:
             raise ValueError(f"pane_ms must be positive, got {pane_ms}")
         self._pane_ms = pane_ms
+        self._sketches = PaneSketches(sketches or compile_accuracy())
+        # Fast-lane values of sketched series, (pane, slots, values) per wake-up, grouped by
+        # series only when needed (drain, or before a slot is freed).
+        self._fast_sketched: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._partials: dict[tuple[SeriesKey, int], Partial] = {}
         # Gauges keep their value across panes (StatsD semantics: "+3" moves the current value).
         self._gauges: dict[SeriesKey, float] = {}
@@ -119,6 +134,7 @@ class PaneCombiner:
             setattr(self, name, array)
 
         grow("slot_type", np.int8, -1)
+        grow("sketched", np.bool_, False)  # the series' partials carry sketches of values
         grow("slot_gen", np.int64, 0)  # bumped when a slot is freed: stale references see it
         grow("f_count", np.int64, 0)
         grow("f_total", np.float64, -0.0)  # -0.0 + v == v for every v, also -0.0
@@ -188,6 +204,7 @@ class PaneCombiner:
             self.slot_series.append((sample.metric, sample.metric_type, sample.tags))
         self._slot_of[key] = slot
         self.slot_type[slot] = TYPE_CODES[sample.metric_type]
+        self.sketched[slot] = sample.metric_type in SKETCHED_TYPES
         self.admitted[slot] = False
         self.in_dict[slot] = self.fast_pane is not None and (key, self.fast_pane) in self._partials
         return slot
@@ -202,9 +219,11 @@ class PaneCombiner:
         state stays bounded by the active series (see ``CardinalityGuard``)."""
         key = (metric, metric_type, canonical_tags(tags))
         self._gauges.pop(key, None)
-        slot = self._slot_of.pop(key, None)
+        slot = self._slot_of.get(key)
         if slot is None:
             return
+        self._resolve_fast_sketched()  # buffered values still name the slot's series by index
+        del self._slot_of[key]
         if self.f_count[slot]:
             self._to_dict(slot)  # its partial still goes into the next segment
         if self.sealed_row[slot] >= 0:
@@ -213,6 +232,7 @@ class PaneCombiner:
         self.in_dict[slot] = False
         self.admitted[slot] = False
         self.slot_type[slot] = -1
+        self.sketched[slot] = False
         self.slot_gen[slot] += 1
         self.slot_keys[slot] = None
         self.slot_series[slot] = None
@@ -296,6 +316,10 @@ class PaneCombiner:
             self._gauges[key] = value
         else:
             value = sample.value
+            if sample.metric_type == "s":
+                self._sketches.add_member((key, pane_start), sample.member)
+            else:
+                self._sketches.add_value((key, pane_start), value)
         partial = self._partials.get((key, pane_start))
         if partial is None:
             self._partials[(key, pane_start)] = Partial(
@@ -326,6 +350,9 @@ class PaneCombiner:
         pane = recv_ms - recv_ms % self._pane_ms
         if pane != self.fast_pane:
             self._set_fast_pane(pane)
+        sketched = self.sketched[slots]
+        if sketched.any():
+            self._fast_sketched.append((pane, slots[sketched], values[sketched]))
         pulled = self.in_dict[slots]
         if pulled.any():
             for slot in np.unique(slots[pulled]).tolist():
@@ -357,8 +384,29 @@ class PaneCombiner:
             self.g_value[gauges] = values[last_index[gauges]]
             self.g_fresh[gauges] = True
 
+    def _resolve_fast_sketched(self) -> None:
+        """Hand the fast lane's buffered values to ``_sketches`` under their series keys."""
+        if not self._fast_sketched:
+            return
+        by_pane: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for pane, slots, values in self._fast_sketched:
+            by_pane.setdefault(pane, []).append((slots, values))
+        self._fast_sketched = []
+        for pane, parts in by_pane.items():
+            slots = np.concatenate([p[0] for p in parts])
+            values = np.concatenate([p[1] for p in parts])
+            order = np.argsort(slots, kind="stable")  # stable: values keep their line order
+            slots, values = slots[order], values[order]
+            unique, starts = np.unique(slots, return_index=True)
+            ends = [*starts[1:].tolist(), len(slots)]
+            for slot, start, end in zip(unique.tolist(), starts.tolist(), ends, strict=True):
+                key = self.slot_keys[slot]
+                assert key is not None
+                self._sketches.add_values((key, pane), values[start:end])
+
     def drain(self) -> pa.RecordBatch:
         """Hand over everything combined so far as one record batch and start afresh."""
+        self._resolve_fast_sketched()
         items = list(self._partials.items())
         self._partials = {}
         fast = np.flatnonzero(self.f_count[: self.slots_used])
@@ -402,6 +450,10 @@ class PaneCombiner:
             ints([p.first_recv_ms for p in partials], lane("f_first_recv")),
             ints([p.last_recv_ms for p in partials], lane("f_last_recv")),
         ]
+        partial_keys = [(key, pane) for (key, pane), _ in items] + list(
+            zip(fast_keys, panes.tolist(), strict=True)
+        )
+        columns += self._sketches.columns(partial_keys)  # type: ignore[arg-type]
         self._reset_fast(fast)
         self._n_fast = 0
         if self._sealed_live:

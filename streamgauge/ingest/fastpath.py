@@ -35,6 +35,7 @@ MAX_DIGITS = 15  # < 2**53: the mantissa is exact in a double
 _POW10 = np.array([10.0**k for k in range(MAX_DIGITS + 1)])
 _NL, _CR, _COLON, _PIPE, _DOT, _MINUS = 10, 13, 58, 124, 46, 45
 _GAUGE = 1
+_SET = 5  # combiner.TYPE_CODES["s"]
 
 
 @dataclass(slots=True)
@@ -85,7 +86,12 @@ class FastPath:
         return line[: colon + 1] + line[pipe:]
 
     def remember(self, line: bytes, slot: int, sample_rate: float) -> None:
-        """``parse_line`` accepted ``line`` (one value, no ``|T``) as series ``slot``."""
+        """``parse_line`` accepted ``line`` (one value, no ``|T``) as series ``slot``.
+
+        Sets never take the fast path: their value is a member (text), not a number.
+        """
+        if self._combiner.slot_type[slot] == _SET:
+            return
         key = self.key_of(line)
         if key is not None:
             self._pending.append((key, slot, int(self._combiner.slot_gen[slot]), sample_rate))

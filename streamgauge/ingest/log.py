@@ -37,8 +37,27 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("last_event_ms", pa.int64()),
         pa.field("first_recv_ms", pa.int64()),
         pa.field("last_recv_ms", pa.int64()),
+        # Sketches of the pane's values (streamgauge.sketches), NULL where the type has none:
+        # ms/h/d: a serialized t-digest; s: a serialized HLL_8 of the members.
+        pa.field("sketch", pa.binary()),
+        # ms/h/d: the HDR histogram as sparse rows (sorted bucket indices, counts).
+        pa.field("hdr_bucket", pa.list_(pa.int32())),
+        pa.field("hdr_count", pa.list_(pa.int64())),
     ]
 )
+
+
+def conform_segment(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch in today's ``SEGMENT_SCHEMA``: segments written before a column existed get it
+    as NULLs, so a spool survives an upgrade (columns are only ever appended, nullable)."""
+    if batch.schema.names == SEGMENT_SCHEMA.names:
+        return batch
+    columns = [
+        batch.column(field.name) if field.name in batch.schema.names
+        else pa.nulls(batch.num_rows, field.type)
+        for field in SEGMENT_SCHEMA
+    ]  # fmt: skip
+    return pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
 
 _SEGMENT_NAME = re.compile(r"^(\d{12})\.arrow$")
 _RECEIVER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -160,7 +179,7 @@ def read_segment(path: Path) -> Iterator[pa.RecordBatch]:
     with pa.memory_map(str(path)) as source:
         reader = pa.ipc.open_file(source)
         for index in range(reader.num_record_batches):
-            yield reader.get_batch(index).replace_schema_metadata(None)
+            yield conform_segment(reader.get_batch(index).replace_schema_metadata(None))
 
 
 def describe_spool(spool: Path) -> dict[str, dict[str, int | bool | None]]:

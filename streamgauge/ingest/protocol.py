@@ -26,10 +26,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
-#: The metric types this build aggregates. ``s`` (sets) needs the HyperLogLog sketches of a
-#: later slice and is rejected as ``unsupported_type`` until then, so it is counted, not lost.
-SUPPORTED_TYPES = frozenset({"c", "g", "ms", "h", "d"})
-KNOWN_TYPES = SUPPORTED_TYPES | {"s"}
+#: The metric types this build aggregates (all StatsD/DogStatsD ones). ``unsupported_type``
+#: stays a reason name for a type known but not aggregated, should one be added.
+SUPPORTED_TYPES = frozenset({"c", "g", "ms", "h", "d", "s"})
+KNOWN_TYPES = SUPPORTED_TYPES
 
 #: Every reason a line can be rejected for. Stable names: they are self-metric tag values.
 REJECT_REASONS = (
@@ -102,6 +102,8 @@ class Sample:
     tags: Tags
     delta: bool = False
     timestamp_ms: int | None = None
+    member: str = ""
+    """Sets (``s``): the member, as sent (``value`` is 1.0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +219,6 @@ def parse_line(
     # "x:1|q"
     if metric_type not in KNOWN_TYPES:
         return Reject("unknown_type", line)
-    # "x:1|s": sets come with the HyperLogLog slice
-    if metric_type not in SUPPORTED_TYPES:
-        return Reject("unsupported_type", line)
 
     sample_rate = 1.0
     tags: Tags = ()
@@ -262,6 +261,14 @@ def parse_line(
 
     samples: list[Sample] = []
     for value_text in fields[0].split(":"):
+        if metric_type == "s":
+            # "users:|s", "users:a\x01|s": a set member is any non-empty printable string
+            if not value_text or not _tag_value_ok(value_text, limits):
+                return Reject("invalid_value", line)
+            samples.append(
+                Sample(name, "s", 1.0, sample_rate, tags, False, timestamp_ms, value_text)
+            )
+            continue
         value = _parse_value(value_text)
         if isinstance(value, str):
             return Reject(value, line)

@@ -54,6 +54,12 @@ GOOD = [
     (b"x:1|c|#url:http://a/b?c=1", [Sample("x", "c", 1.0, 1.0, (("url", "http://a/b?c=1"),))]),
     (b"x:1|c|#k:caf\xc3\xa9 au lait", [Sample("x", "c", 1.0, 1.0, (("k", "caf\u00e9 au lait"),))]),
     (b"a/b-c_d.e:1|c", [Sample("a/b-c_d.e", "c", 1.0, 1.0, ())]),
+    # sets: the member is a string, any printable text (numbers stay text: "42" is not 42.0)
+    (b"users:u-42|s|#env:prod",
+     [Sample("users", "s", 1.0, 1.0, (("env", "prod"),), member="u-42")]),
+    (b"users:42:caf\xc3\xa9|s",
+     [Sample("users", "s", 1.0, 1.0, (), member="42"),
+      Sample("users", "s", 1.0, 1.0, (), member="caf\u00e9")]),
 ]
 
 BAD = [
@@ -63,7 +69,8 @@ BAD = [
     (b":1|c", "malformed_line"),  # empty name
     (b"bad name:1|c", "invalid_name"),
     (b"x:1|q", "unknown_type"),
-    (b"x:1|s", "unsupported_type"),  # sets arrive with the HyperLogLog slice
+    (b"x:|s", "invalid_value"),  # a set member must not be empty
+    (b"x:a\x01b|s", "invalid_value"),  # nor hold control characters
     (b"x:abc|c", "invalid_value"),
     (b"x:|c", "invalid_value"),
     (b"x:nan|g", "nan_value"),
@@ -188,12 +195,12 @@ def test_service_checks_are_parsed(line: bytes, expected: ServiceCheck) -> None:
 
 def test_every_line_lands_in_exactly_one_bucket() -> None:
     datagram = b"\n".join(
-        [b"a:1:2|d", b"_e{1,1}:t|x", b"_sc|db|0", b"bad", b"x:1|s", b"", b"b:1|c"]
+        [b"a:1:2|d", b"_e{1,1}:t|x", b"_sc|db|0", b"bad", b"x:1|q", b"", b"b:1|c"]
     )
     result = parse_datagram(datagram)
     assert result.lines == 6
     assert (len(result.metric_lines), len(result.events), len(result.service_checks)) == (2, 1, 1)
-    assert [r.reason for r in result.rejects] == ["malformed_line", "unsupported_type"]
+    assert [r.reason for r in result.rejects] == ["malformed_line", "unknown_type"]
     assert len(result.samples) == 3
     assert result.accounted() == result.lines
 

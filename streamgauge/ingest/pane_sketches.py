@@ -1,0 +1,124 @@
+"""The sketch columns of pane partials: raw values kept per (series, pane) until a drain.
+
+Why keep raw values rather than update a sketch per sample: a t-digest accepts a whole numpy
+array in one call and HDR bucket indices are computed for every value of every partial at once
+(``HdrLayout.bucket_indices``), so building at drain time costs one C call per partial instead
+of one Python call per sample, and the receive loop's fast lane only appends the arrays it
+already has. A pane lives at most a roll interval (250 ms by default) in the combiner, so the
+values held are bounded by what one roll interval brings.
+
+Columns produced (``SEGMENT_SCHEMA``):
+
+- ``sketch``: timers/histograms/distributions: a serialized ``tdigest_double(k)``; sets: a
+  compact HLL_8 of the members (Spark's ``hll_union_agg`` reads it); NULL otherwise;
+- ``hdr_bucket``/``hdr_count``: timers/histograms/distributions: the HDR histogram of the
+  values as sparse rows (sorted bucket indices, counts); NULL otherwise. Values outside the
+  layout's range are clamped into its end buckets (their exact value still shows in min/max).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+
+from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.hdr import HdrLayout
+from streamgauge.sketches.hll import new_hll, serialize_hll
+from streamgauge.sketches.tdigest import new_tdigest, serialize_tdigest
+
+SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
+PartialKey = tuple[SeriesKey, int]  # series, pane start
+
+
+class PaneSketches:
+    """Raw values and set members per partial, turned into sketch columns at drain time."""
+
+    def __init__(self, params: SketchParams) -> None:
+        self._params = params
+        self._layout = HdrLayout.from_params(params)
+        self._values: defaultdict[PartialKey, list[np.ndarray]] = defaultdict(list)
+        self._scalars: defaultdict[PartialKey, list[float]] = defaultdict(list)
+        self._members: defaultdict[PartialKey, list[str]] = defaultdict(list)
+
+    def add_value(self, key: PartialKey, value: float) -> None:
+        self._scalars[key].append(value)
+
+    def add_values(self, key: PartialKey, values: np.ndarray) -> None:
+        self._values[key].append(values)
+
+    def add_member(self, key: PartialKey, member: str) -> None:
+        self._members[key].append(member)
+
+    def __len__(self) -> int:
+        return len(self._values.keys() | self._scalars.keys()) + len(self._members)
+
+    def _take_values(self) -> dict[PartialKey, np.ndarray]:
+        taken: dict[PartialKey, np.ndarray] = {}
+        for key in self._values.keys() | self._scalars.keys():
+            parts = self._values.get(key, [])
+            scalars = self._scalars.get(key)
+            if scalars:
+                parts = [*parts, np.array(scalars, dtype=np.float64)]
+            taken[key] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._values.clear()
+        self._scalars.clear()
+        return taken
+
+    def columns(self, keys: list[PartialKey]) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """``sketch``, ``hdr_bucket``, ``hdr_count`` for the partials ``keys`` (in row order),
+        taking every held value; partials without values get NULLs."""
+        values = self._take_values()
+        members, self._members = self._members, defaultdict(list)
+        n = len(keys)
+        sketches: list[bytes | None] = [None] * n
+        rows: list[int] = []
+        arrays: list[np.ndarray] = []
+        for row, key in enumerate(keys):
+            array = values.get(key)
+            if array is not None:
+                digest = new_tdigest(self._params.tdigest_k)
+                digest.update(array)
+                sketches[row] = serialize_tdigest(digest)
+                rows.append(row)
+                arrays.append(array)
+                continue
+            set_members = members.get(key)
+            if set_members is not None:
+                hll = new_hll(self._params.hll_lg_k)
+                for member in set_members:
+                    hll.update(member)
+                sketches[row] = serialize_hll(hll)
+        bucket, count = self._hdr_lists(n, rows, arrays)
+        return pa.array(sketches, pa.binary()), bucket, count
+
+    def _hdr_lists(
+        self, n: int, rows: list[int], arrays: list[np.ndarray]
+    ) -> tuple[pa.Array, pa.Array]:
+        """Sparse HDR histograms of every partial at once (one ``np.unique`` over all values)."""
+        lengths = np.zeros(n, dtype=np.int64)
+        present = np.zeros(n, dtype=bool)
+        if not rows:
+            offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
+            mask = pa.array(~present)
+            return (
+                pa.ListArray.from_arrays(offsets, pa.array([], pa.int32()), mask=mask),
+                pa.ListArray.from_arrays(offsets, pa.array([], pa.int64()), mask=mask),
+            )
+        sizes = np.array([len(a) for a in arrays], dtype=np.int64)
+        owner = np.repeat(np.arange(len(rows), dtype=np.int64), sizes)
+        indices = self._layout.bucket_indices(np.concatenate(arrays))
+        combined = owner * self._layout.counts_len + indices
+        unique, counts = np.unique(combined, return_counts=True)
+        owners = unique // self._layout.counts_len
+        buckets = (unique % self._layout.counts_len).astype(np.int32)
+        row_array = np.array(rows, dtype=np.int64)
+        lengths[row_array] = np.bincount(owners, minlength=len(rows))
+        present[row_array] = True
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        mask = pa.array(~present)
+        return (
+            pa.ListArray.from_arrays(offsets, pa.array(buckets, pa.int32()), mask=mask),
+            pa.ListArray.from_arrays(offsets, pa.array(counts.astype(np.int64)), mask=mask),
+        )

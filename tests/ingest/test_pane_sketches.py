@@ -1,0 +1,97 @@
+"""Sketch columns of pane partials: built from exactly the values each partial received."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.protocol import Sample
+from streamgauge.sketches.accuracy import compile_accuracy
+from streamgauge.sketches.hdr import HdrLayout
+from streamgauge.sketches.hll import estimate
+from streamgauge.sketches.tdigest import deserialize_tdigest
+
+PANE = 1000
+
+
+def _rows(batch: pa.RecordBatch) -> dict[tuple[str, int], dict[str, object]]:
+    return {(r["metric"], r["pane_start_ms"]): r for r in batch.to_pylist()}
+
+
+def test_timer_partials_carry_a_tdigest_and_hdr_buckets_of_their_values() -> None:
+    rng = np.random.default_rng(7)
+    values = rng.lognormal(3.0, 1.0, 500).round(3)
+    combiner = PaneCombiner(PANE)
+    for i, value in enumerate(values):
+        pane = 0 if i < 300 else PANE  # two panes: each partial sketches only its own values
+        combiner.add(Sample("api.latency", "ms", float(value), 1.0, ()), pane + 5, pane + 5)
+    combiner.add(Sample("api.count", "c", 1.0, 1.0, ()), 5, 5)
+    rows = _rows(combiner.drain())
+    layout = HdrLayout.from_params(compile_accuracy())
+    for pane, part in ((0, values[:300]), (PANE, values[300:])):
+        row = rows[("api.latency", pane)]
+        digest = deserialize_tdigest(row["sketch"])  # type: ignore[arg-type]
+        assert digest.get_total_weight() == len(part)
+        assert (digest.get_min_value(), digest.get_max_value()) == (part.min(), part.max())
+        expected = layout.histogram(part)
+        assert row["hdr_bucket"] == expected.indices.tolist()
+        assert row["hdr_count"] == expected.counts.tolist()
+        assert sum(row["hdr_count"]) == row["count"] == len(part)  # type: ignore[arg-type]
+    counter = rows[("api.count", 0)]
+    assert (counter["sketch"], counter["hdr_bucket"], counter["hdr_count"]) == (None, None, None)
+
+
+def test_fast_lane_values_reach_the_same_sketches_as_the_general_lane() -> None:
+    """Half the samples through ``add``, half through ``add_fast``, interleaved: the partial's
+    sketches hold all of them."""
+    combiner = PaneCombiner(PANE)
+    slot = combiner.add(Sample("t", "h", 1.0, 1.0, (("k", "v"),)), 10, 10)
+    other = combiner.add(Sample("u", "d", 2.0, 1.0, ()), 10, 10)
+    counter = combiner.add(Sample("n", "c", 1.0, 1.0, ()), 10, 10)
+    sent_t, sent_u = [1.0], [2.0]
+    for step in range(20):
+        fast_t = np.arange(step * 10, step * 10 + 10, dtype=np.float64)
+        slots = np.array([slot] * 10 + [other, counter], dtype=np.int64)
+        combiner.add_fast(slots, np.concatenate([fast_t, [step + 0.5, 1.0]]), 20 + step)
+        sent_t += fast_t.tolist()
+        sent_u.append(step + 0.5)
+        combiner.add(Sample("t", "h", 1000.0 + step, 1.0, (("k", "v"),)), 20 + step, 20 + step)
+        sent_t.append(1000.0 + step)
+    rows = _rows(combiner.drain())
+    layout = HdrLayout.from_params(compile_accuracy())
+    for metric, sent in (("t", sent_t), ("u", sent_u)):
+        row = rows[(metric, 0)]
+        assert row["count"] == len(sent)
+        expected = layout.histogram(np.array(sent))
+        assert (row["hdr_bucket"], row["hdr_count"]) == (
+            expected.indices.tolist(), expected.counts.tolist()
+        )
+        digest = deserialize_tdigest(row["sketch"])  # type: ignore[arg-type]
+        assert digest.get_total_weight() == len(sent)
+        assert digest.get_max_value() == max(sent)
+    assert rows[("n", 0)]["sketch"] is None
+
+
+def test_a_slot_freed_before_the_drain_keeps_its_buffered_values() -> None:
+    combiner = PaneCombiner(PANE)
+    slot = combiner.add(Sample("t", "ms", 1.0, 1.0, ()), 10, 10)
+    combiner.add_fast(np.array([slot, slot], dtype=np.int64), np.array([2.0, 3.0]), 20)
+    combiner.forget("t", "ms", ())
+    reused = combiner.add(Sample("other", "ms", 50.0, 1.0, ()), 30, 30)
+    assert reused == slot  # the slot went to another series...
+    rows = _rows(combiner.drain())
+    digest = deserialize_tdigest(rows[("t", 0)]["sketch"])  # type: ignore[arg-type]
+    assert (digest.get_total_weight(), digest.get_max_value()) == (3, 3.0)  # ...not its values
+    assert deserialize_tdigest(rows[("other", 0)]["sketch"]).get_total_weight() == 1  # type: ignore[arg-type]
+
+
+def test_set_partials_carry_an_hll_of_their_members() -> None:
+    combiner = PaneCombiner(PANE)
+    members = [f"user-{i % 300}" for i in range(1000)]  # 300 distinct, repeated
+    for i, member in enumerate(members):
+        combiner.add(Sample("users", "s", 1.0, 1.0, (), member=member), i, i)
+    row = _rows(combiner.drain())[("users", 0)]
+    assert row["count"] == 1000
+    assert round(estimate(row["sketch"]).estimate) == 300  # type: ignore[arg-type]  # exact mode
+    assert (row["hdr_bucket"], row["hdr_count"]) == (None, None)
