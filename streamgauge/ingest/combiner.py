@@ -36,8 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
-from streamgauge.ingest.protocol import Sample
 from streamgauge.ingest.pane_sketches import PaneSketches
+from streamgauge.ingest.protocol import Sample
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
@@ -79,6 +79,7 @@ class PaneCombiner:
 
     # per-slot columns, grown together by _allocate
     slot_type: np.ndarray
+    sketched: np.ndarray
     slot_gen: np.ndarray
     f_count: np.ndarray
     f_total: np.ndarray
@@ -453,7 +454,7 @@ class PaneCombiner:
         partial_keys = [(key, pane) for (key, pane), _ in items] + list(
             zip(fast_keys, panes.tolist(), strict=True)
         )
-        columns += self._sketches.columns(partial_keys)  # type: ignore[arg-type]
+        columns += self._sketches.columns(partial_keys)
         self._reset_fast(fast)
         self._n_fast = 0
         if self._sealed_live:
