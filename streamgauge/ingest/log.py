@@ -14,13 +14,19 @@ idle.
 
 from __future__ import annotations
 
+import collections
+import errno
+import logging
 import os
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 #: One row per (metric, type, tags, pane): what ingest has already combined.
 SEGMENT_SCHEMA = pa.schema(
@@ -99,10 +105,15 @@ class SegmentWriter:
             leftover.unlink()
         existing = list_segments(spool, receiver)
         self._next_sequence = existing[-1].sequence + 1 if existing else 0
+        self.last_bytes = 0  # size of the last segment written
 
     @property
     def receiver(self) -> str:
         return self._dir.name
+
+    @property
+    def spool(self) -> Path:
+        return self._dir.parent
 
     @property
     def next_sequence(self) -> int:
@@ -120,13 +131,20 @@ class SegmentWriter:
             b"closed": b"1" if heartbeat.closed else b"0",
         }
         schema = SEGMENT_SCHEMA.with_metadata(metadata)
-        with open(temporary, "wb") as sink:
-            with pa.ipc.new_file(sink, schema) as writer:
-                writer.write_batch(batch.replace_schema_metadata(metadata))
-            sink.flush()
-            if self._fsync:
-                os.fsync(sink.fileno())
-        os.rename(temporary, final)
+        try:
+            with open(temporary, "wb") as sink:
+                with pa.ipc.new_file(sink, schema) as writer:
+                    writer.write_batch(batch.replace_schema_metadata(metadata))
+                sink.flush()
+                if self._fsync:
+                    os.fsync(sink.fileno())
+                self.last_bytes = sink.tell()
+            os.rename(temporary, final)
+        except BaseException:
+            # A full disk mid-write: the temporary was never part of the log; the sequence
+            # number is not used up, so the stream stays gapless.
+            temporary.unlink(missing_ok=True)
+            raise
         if self._fsync:
             _fsync_directory(self._dir)
         self._next_sequence = sequence + 1
@@ -168,6 +186,10 @@ def list_segments(
     return found
 
 
+def segment_path(spool: Path, receiver: str, sequence: int) -> Path:
+    return spool / receiver / f"{sequence:012d}.arrow"
+
+
 def read_heartbeat(path: Path) -> Heartbeat:
     """Read only the schema metadata of a segment (cheap: the footer, no row data)."""
     with pa.memory_map(str(path)) as source:
@@ -195,3 +217,239 @@ def describe_spool(spool: Path) -> dict[str, dict[str, int | bool | None]]:
             "closed": heartbeat.closed if heartbeat else None,
         }
     return summary
+
+
+# -- writing off the receive thread, within a disk quota -----------------------------------------
+
+_log = logging.getLogger(__name__)
+
+#: Rows of the receiver's own metrics (``streamgauge.ingest.*``) are written even when the
+#: quota refuses a segment's data: a few rows per roll, so the refusal reaches the store.
+SELF_METRIC_PREFIX = "streamgauge."
+#: Reasons a segment's partials were refused, as counted in ``WriterCounts.refused_*``.
+REFUSED_SPOOL_QUOTA = "spool_quota"  # the spool holds --spool-quota bytes or more
+REFUSED_DISK_FULL = "disk_full"  # the file system said ENOSPC / EDQUOT
+DEFAULT_WRITE_QUEUE_DEPTH = 4
+SPOOL_RESCAN_MS = 5_000
+
+
+@dataclass(slots=True)
+class WriterCounts:
+    """What the segment queue did since the last ``take_counts`` (for self-metrics)."""
+
+    #: partials (rows) and samples (their ``count``) not written, by reason
+    refused_partials: collections.Counter[str] = field(default_factory=collections.Counter)
+    refused_samples: collections.Counter[str] = field(default_factory=collections.Counter)
+    backpressure: int = 0  # appends that found the queue full and waited for the writer
+    blocked_ms: int = 0  # how long those appends waited, in total
+    segments_written: int = 0
+    bytes_written: int = 0
+
+
+class SpoolUsage:
+    """Bytes held by the spool (every receiver's stream, temporaries included).
+
+    A scan stats every file, so it runs at most every ``rescan_ms``; in between, the segments
+    written through ``add`` are counted as they happen. Other processes' writes and the
+    janitor's deletions show up at the next scan: the quota is enforced within one rescan
+    interval of the truth, and a receiver resumes at most that long after space frees.
+    """
+
+    def __init__(
+        self,
+        spool: Path,
+        rescan_ms: int = SPOOL_RESCAN_MS,
+        monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
+    ) -> None:
+        self._spool = spool
+        self._rescan_ms = rescan_ms
+        self._monotonic_ms = monotonic_ms
+        self._bytes = 0
+        self._next_scan_ms: int | None = None
+
+    def used(self) -> int:
+        now = self._monotonic_ms()
+        if self._next_scan_ms is None or now >= self._next_scan_ms:
+            self._bytes = spool_bytes(self._spool)
+            self._next_scan_ms = now + self._rescan_ms
+        return self._bytes
+
+    def add(self, written: int) -> None:
+        self._bytes += written
+
+
+def spool_bytes(spool: Path) -> int:
+    """Total size of the files in the spool's stream directories."""
+    total = 0
+    for receiver in list_receivers(spool):
+        try:
+            entries = list(os.scandir(spool / receiver))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            try:
+                total += entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:  # deleted by the janitor meanwhile
+                continue
+    return total
+
+
+class SegmentQueue:
+    """Writes a receiver's segments on a writer thread, in order, within a disk quota.
+
+    The receive loop drains its combiner into a record batch and ``append``s it with its
+    heartbeat; the writer thread writes the segments (temporary name, fsync, rename) in the
+    order they were appended, so the loop goes back to its socket instead of waiting for the
+    disk. A heartbeat stays true: every batch appended later holds only data received later,
+    and is written later under a higher sequence number.
+
+    ``depth`` batches may be queued (the one being written included). An append that finds
+    the queue full waits for the writer — backpressure: the socket buffer takes the input
+    meanwhile — and is counted with the time it waited; nothing is dropped. ``depth=0``
+    writes in the caller's thread (tests and tools that read the log right after a roll).
+
+    ``quota_bytes`` (0 = none): while the spool holds that much or more, a segment's partials
+    are refused and counted (``spool_quota``), except the receiver's own ``streamgauge.*``
+    rows; the segment is still written with them and its heartbeat, so windows keep closing
+    and the refusal itself reaches the store. A file system that is full refuses the whole
+    segment (``disk_full``). Writing resumes when retention frees space.
+    """
+
+    def __init__(
+        self,
+        writer: SegmentWriter,
+        *,
+        depth: int = DEFAULT_WRITE_QUEUE_DEPTH,
+        quota_bytes: int = 0,
+        usage: SpoolUsage | None = None,
+    ) -> None:
+        if depth < 0:
+            raise ValueError(f"segment queue depth must be >= 0, got {depth}")
+        if quota_bytes < 0:
+            raise ValueError(f"spool quota must be >= 0 bytes (0 = none), got {quota_bytes}")
+        self._writer = writer
+        self._depth = depth
+        self._quota = quota_bytes
+        self._usage = usage if usage is not None else SpoolUsage(writer.spool)
+        self._cond = threading.Condition()
+        self._pending: collections.deque[tuple[pa.RecordBatch, Heartbeat]] = collections.deque()
+        self._counts = WriterCounts()
+        self._error: BaseException | None = None
+        self._closing = False
+        self._refusing: str | None = None  # the reason, while refusing (for the log)
+        self._thread: threading.Thread | None = None
+        if depth > 0:
+            self._thread = threading.Thread(
+                target=self._run, name=f"segment-writer-{writer.receiver}", daemon=True
+            )
+            self._thread.start()
+
+    @property
+    def receiver(self) -> str:
+        return self._writer.receiver
+
+    @property
+    def writer(self) -> SegmentWriter:
+        return self._writer
+
+    def append(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> None:
+        """Queue one segment; waits (counted) while ``depth`` are queued already. Raises what
+        made the writer thread fail, if it did."""
+        if self._thread is None:
+            self._write(batch, heartbeat)
+            return
+        with self._cond:
+            self._raise_failure()
+            if self._closing:
+                raise RuntimeError(f"segment queue of {self.receiver} is closed")
+            if len(self._pending) >= self._depth:
+                started = time.monotonic_ns()
+                self._counts.backpressure += 1
+                while len(self._pending) >= self._depth and self._error is None:
+                    self._cond.wait()
+                self._counts.blocked_ms += (time.monotonic_ns() - started) // 1_000_000
+                self._raise_failure()
+            self._pending.append((batch, heartbeat))
+            self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every appended segment is written."""
+        with self._cond:
+            while self._pending and self._error is None:
+                self._cond.wait()
+            self._raise_failure()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the writer thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        with self._cond:
+            self._raise_failure()
+
+    def take_counts(self) -> WriterCounts:
+        with self._cond:
+            counts, self._counts = self._counts, WriterCounts()
+        return counts
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"segment writer of {self.receiver} failed") from self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return  # closing, and everything is written
+                batch, heartbeat = self._pending[0]
+            try:
+                self._write(batch, heartbeat)
+            except BaseException as error:  # reported to the receive loop by its next call
+                with self._cond:
+                    self._error = error
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._pending.popleft()
+                self._cond.notify_all()
+
+    def _write(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> None:
+        refused_now = False
+        if self._quota and self._usage.used() + batch.nbytes > self._quota:
+            refused_now = True
+            own = pc.starts_with(batch.column("metric"), SELF_METRIC_PREFIX)
+            self._refuse(batch.filter(pc.invert(own)), REFUSED_SPOOL_QUOTA)
+            batch = batch.filter(own)
+        try:
+            self._writer.append(batch, heartbeat)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # The disk filled up under us (other files, or no --spool-quota): refuse and
+            # count, the stream stays gapless, the next segment carries a later heartbeat.
+            self._refuse(batch, REFUSED_DISK_FULL)
+            return
+        written = self._writer.last_bytes
+        self._usage.add(written)
+        if self._refusing is not None and batch.num_rows and not refused_now:
+            _log.warning("%s: writing new data again", self.receiver)
+            self._refusing = None
+        with self._cond:
+            self._counts.segments_written += 1
+            self._counts.bytes_written += written
+
+    def _refuse(self, refused: pa.RecordBatch, reason: str) -> None:
+        if not refused.num_rows:
+            return
+        samples = pc.sum(refused.column("count")).as_py() or 0
+        with self._cond:
+            self._counts.refused_partials[reason] += refused.num_rows
+            self._counts.refused_samples[reason] += samples
+        if reason != self._refusing:  # logged when it starts, not every roll
+            _log.warning("%s: refusing new data (%s): counted as streamgauge.ingest.refused",
+                         self.receiver, reason)
+            self._refusing = reason

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import errno
+import threading
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import (
+    REFUSED_DISK_FULL,
+    REFUSED_SPOOL_QUOTA,
     SEGMENT_SCHEMA,
     Heartbeat,
+    SegmentInfo,
+    SegmentQueue,
     SegmentWriter,
+    SpoolUsage,
     list_receivers,
     list_segments,
     read_heartbeat,
     read_segment,
+    spool_bytes,
 )
 from streamgauge.ingest.protocol import parse_line
 
@@ -68,3 +77,154 @@ def test_heartbeat_only_segments_have_no_rows(tmp_path: Path) -> None:
     info = writer.append(PaneCombiner(1000).drain(), Heartbeat(9_000, False))
     assert sum(b.num_rows for b in read_segment(info.path)) == 0
     assert read_heartbeat(info.path).heartbeat_ms == 9_000
+
+
+# -- SegmentQueue: writes off the receive thread, backpressure, quota ----------------------------
+
+
+class _GatedWriter(SegmentWriter):
+    """A writer whose appends wait for ``gate``: a slow disk, on demand."""
+
+    def __init__(self, spool: Path, receiver: str) -> None:
+        super().__init__(spool, receiver, fsync=False)
+        self.gate = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def append(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> SegmentInfo:
+        self.started.release()
+        assert self.gate.wait(10)
+        return super().append(batch, heartbeat)
+
+
+def _beats(spool: Path, receiver: str) -> list[int]:
+    return [read_heartbeat(s.path).heartbeat_ms for s in list_segments(spool, receiver)]
+
+
+def test_the_writer_thread_keeps_append_order_and_close_writes_everything(
+    tmp_path: Path,
+) -> None:
+    queue = SegmentQueue(SegmentWriter(tmp_path, "udp-0", fsync=False), depth=3)
+    for t in range(1, 11):
+        queue.append(_batch([b"a:%d|c" % t], t * 1_000), Heartbeat(t * 1_000, t == 10))
+    queue.close()
+    assert _beats(tmp_path, "udp-0") == [t * 1_000 for t in range(1, 11)]
+    assert read_heartbeat(list_segments(tmp_path, "udp-0")[-1].path).closed
+    counts = queue.take_counts()
+    assert counts.segments_written == 10 and counts.bytes_written > 0
+
+
+def test_a_full_queue_makes_the_caller_wait_and_is_counted(tmp_path: Path) -> None:
+    writer = _GatedWriter(tmp_path, "udp-0")
+    queue = SegmentQueue(writer, depth=1)
+    queue.append(_batch([b"a:1|c"], 1_000), Heartbeat(1_000, False))
+    assert writer.started.acquire(timeout=10)  # the writer holds the first one
+    second = threading.Thread(
+        target=queue.append, args=(_batch([b"a:2|c"], 2_000), Heartbeat(2_000, False))
+    )
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # backpressure: waits for the writer instead of dropping
+    writer.gate.set()
+    second.join(10)
+    queue.close()
+    assert _beats(tmp_path, "udp-0") == [1_000, 2_000]
+    counts = queue.take_counts()
+    assert counts.backpressure == 1 and counts.blocked_ms >= 0
+    assert queue.take_counts().backpressure == 0  # taken once
+
+
+def test_a_failing_writer_surfaces_in_the_caller(tmp_path: Path) -> None:
+    class Broken(SegmentWriter):
+        def append(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> SegmentInfo:
+            raise PermissionError(13, "Permission denied")
+
+    queue = SegmentQueue(Broken(tmp_path, "udp-0", fsync=False), depth=2)
+    queue.append(_batch([b"a:1|c"], 1_000), Heartbeat(1_000, False))
+    with pytest.raises(RuntimeError, match="segment writer of udp-0 failed"):
+        queue.flush()
+    with pytest.raises(RuntimeError):  # the receive loop stops instead of running on
+        queue.append(_batch([b"a:1|c"], 2_000), Heartbeat(2_000, False))
+    with pytest.raises(RuntimeError):
+        queue.close()
+
+
+def _with_self_metrics(event_ms: int) -> pa.RecordBatch:
+    return _batch(
+        [b"app.requests:5|c", b"app.latency:3|ms", b"streamgauge.ingest.lines:2|c"], event_ms
+    )
+
+
+def test_over_the_quota_data_is_refused_and_counted_self_metrics_and_heartbeat_kept(
+    tmp_path: Path,
+) -> None:
+    ticks = [0]
+    usage = SpoolUsage(tmp_path, rescan_ms=1_000, monotonic_ms=lambda: ticks[0])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "000000000000.arrow").write_bytes(b"x" * 50_000)
+    queue = SegmentQueue(
+        SegmentWriter(tmp_path, "udp-0", fsync=False), depth=0, quota_bytes=40_000, usage=usage
+    )
+    queue.append(_with_self_metrics(1_000), Heartbeat(1_500, False))
+    (segment,) = list_segments(tmp_path, "udp-0")
+    rows = [row for batch in read_segment(segment.path) for row in batch.to_pylist()]
+    assert [row["metric"] for row in rows] == ["streamgauge.ingest.lines"]
+    assert read_heartbeat(segment.path) == Heartbeat(1_500, False)  # windows keep closing
+    counts = queue.take_counts()
+    assert counts.refused_partials == {REFUSED_SPOOL_QUOTA: 2}
+    assert counts.refused_samples == {REFUSED_SPOOL_QUOTA: 2}
+
+    # retention frees space: writing resumes at the next rescan of the spool
+    (tmp_path / "other" / "000000000000.arrow").unlink()
+    queue.append(_with_self_metrics(2_000), Heartbeat(2_500, False))
+    assert queue.take_counts().refused_partials == {REFUSED_SPOOL_QUOTA: 2}  # not rescanned yet
+    ticks[0] = 1_000
+    queue.append(_with_self_metrics(3_000), Heartbeat(3_500, False))
+    assert not queue.take_counts().refused_partials
+    last = list_segments(tmp_path, "udp-0")[-1]
+    assert {row["metric"] for b in read_segment(last.path) for row in b.to_pylist()} == {
+        "app.requests", "app.latency", "streamgauge.ingest.lines",
+    }  # fmt: skip
+    assert _beats(tmp_path, "udp-0") == [1_500, 2_500, 3_500]
+
+
+def test_a_full_disk_refuses_the_segment_and_keeps_the_stream_gapless(tmp_path: Path) -> None:
+    class FullDisk(SegmentWriter):
+        full = True
+
+        def append(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> SegmentInfo:
+            if self.full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().append(batch, heartbeat)
+
+    writer = FullDisk(tmp_path, "udp-0", fsync=False)
+    queue = SegmentQueue(writer, depth=0)
+    queue.append(_with_self_metrics(1_000), Heartbeat(1_500, False))
+    assert queue.take_counts().refused_samples == {REFUSED_DISK_FULL: 3}
+    writer.full = False
+    queue.append(_with_self_metrics(2_000), Heartbeat(2_500, False))
+    assert [s.sequence for s in list_segments(tmp_path, "udp-0")] == [0]
+
+
+def test_spool_usage_counts_every_stream_and_its_own_writes_between_scans(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "udp-1").mkdir()
+    (tmp_path / "udp-1" / "000000000000.arrow").write_bytes(b"x" * 100)
+    (tmp_path / "udp-1" / ".000000000001.arrow.tmp").write_bytes(b"x" * 10)
+    ticks = [0]
+    usage = SpoolUsage(tmp_path, rescan_ms=5_000, monotonic_ms=lambda: ticks[0])
+    assert usage.used() == spool_bytes(tmp_path) == 110
+    usage.add(40)
+    (tmp_path / "udp-1" / "000000000000.arrow").unlink()
+    assert usage.used() == 150  # between scans: its own writes only
+    ticks[0] = 5_000
+    assert usage.used() == 10
+
+
+def test_a_write_error_removes_the_temporary_and_reuses_the_sequence(tmp_path: Path) -> None:
+    writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
+    bad = pa.RecordBatch.from_pylist([{"metric": "a"}])  # not a segment's columns
+    with pytest.raises((ValueError, pa.ArrowException)):
+        writer.append(bad, Heartbeat(1_000, False))
+    assert not list((tmp_path / "udp-0").iterdir())
+    assert writer.append(_batch([b"a:1|c"], 1_000), Heartbeat(1_000, False)).sequence == 0
