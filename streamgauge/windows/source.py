@@ -14,6 +14,48 @@ the row's segment) and ``prior_heartbeat_ms`` (the heartbeat of the stream's pre
 0 for the first). The job judges lateness from ``prior_heartbeat_ms``: a property of the log,
 not of how Spark happened to cut micro-batches, so the same row is late or on time in every
 run, replay or restart.
+
+**Receivers far apart: the source holds the fast ones back.** Our watermark ``W`` follows the
+slowest open receiver (``receivers_heartbeat_ms``), but Spark's own event-time watermark, which
+bounds the aggregation state, follows the newest event it has been handed. If a fast
+receiver's segments reached Spark while a slow one lagged, Spark would move its watermark past
+windows the slow receiver still feeds on time: it drops those rows, or evicts the window's
+state and later overwrites the stored row with a fresh, partial one. So ``latestOffset``
+admits a segment only if its heartbeat is at most the newest heartbeat of every *other* open
+receiver (slack 0); the rest waits in the durable spool, still unread::
+
+    heartbeat (s)    0    2    4    6    8   10   12   14   16   18   20
+    fast  (open)     ████████████████████████████████████████████████|20
+    slow  (open)     █████████████|6
+    handed to Spark  fast ≤ 6, slow ≤ 6   (fast 6 → 20 waits in the spool)
+    W = 6 - delay;   Spark's watermark ≤ 6 + size - (delay + lateness + size)
+
+Why no slack: a window ``[s, e)`` of the slow receiver is still on time while ``e +
+lateness > heartbeat - delay``, and Spark evicts it once ``e <= newest event + size - (delay
++ lateness + size)``. With the newest event at most the slowest open heartbeat, the two never
+meet; any slack above 0 lets Spark evict windows ending within that slack. Holding back costs
+nothing we would otherwise show: a window appears only when ``W``, the slow receiver's
+heartbeat, passes its end, and the fast receiver's rows for it were written (heartbeat
+stamped) by then. ``W`` itself may trail the slowest heartbeat by up to one segment of the fast
+stream (the last segment admitted is at or below the bound).
+
+- A receiver **closed** cleanly holds nobody back (its own segments are still admitted only up
+  to the others' heartbeats, so its data cannot race ahead either). When every receiver is
+  closed, everything is admitted.
+- A receiver that is **open but has no segment yet** (an empty stream directory) holds nobody
+  back: it has promised nothing. A receiver writes its first segment, heartbeat-only if idle,
+  within a second of starting, with heartbeat "now", so it joins at the front; an empty
+  directory left by an aborted start would otherwise stall the job for good.
+- A receiver that **crashed** (its last segment is not ``closed``) keeps its last heartbeat:
+  it holds ``W`` (nothing becomes final, as before) and now also holds every other stream's
+  newer segments in the spool, so pending windows stop updating too. Nothing is lost; restart
+  the receiver under the same ``--receiver`` name (its stream resumes, its next heartbeat is
+  "now" and releases the others) or start and stop it once so it writes a ``closed`` segment.
+  Retention never removes segments no query has committed past.
+- A single receiver is never held back by itself.
+
+Offsets keep their format: ``seq``/``heartbeat_ms``/``closed`` of the last segment admitted.
+Batch reads (``replay``) read the whole log.
 """
 
 from __future__ import annotations
@@ -34,6 +76,8 @@ from pyspark.sql.types import StructType
 
 from streamgauge.ingest.log import (
     SEGMENT_SCHEMA,
+    Heartbeat,
+    SegmentInfo,
     list_receivers,
     list_segments,
     read_heartbeat,
@@ -75,19 +119,35 @@ class SpoolStreamReader(DataSourceStreamReader):
         return {"receivers": {}}
 
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:  # noqa: N802
+        """Admit new segments, holding back those ahead of the slowest open receiver."""
+        return self._offset(start, hold_back=True)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Retention of committed segments is owned by the ingest tier, not by the reader."""
+
+    def _offset(self, start: dict[str, Any], *, hold_back: bool) -> dict[str, Any]:
         known: dict[str, Any] = dict(start.get("receivers", {}))
+        pending: dict[str, list[SegmentInfo]] = {}
+        newest: dict[str, Heartbeat] = {
+            name: Heartbeat(int(p["heartbeat_ms"]), bool(p.get("closed")))
+            for name, p in known.items()
+        }
         for receiver in list_receivers(self._spool):
             previous = known.get(receiver, {"seq": -1})
             segments = list_segments(self._spool, receiver, after=previous["seq"])
-            if not segments:
-                continue
-            newest = segments[-1]
-            heartbeat = read_heartbeat(newest.path)
-            known[receiver] = {
-                "seq": newest.sequence,
-                "heartbeat_ms": heartbeat.heartbeat_ms,
-                "closed": heartbeat.closed,
-            }
+            if segments:
+                pending[receiver] = segments
+                newest[receiver] = read_heartbeat(segments[-1].path)
+        bounds = admission_bounds(newest) if hold_back else {}
+        for receiver, segments in pending.items():
+            admitted = _admitted(segments, newest[receiver], bounds.get(receiver))
+            if admitted is not None:
+                segment, heartbeat = admitted
+                known[receiver] = {
+                    "seq": segment.sequence,
+                    "heartbeat_ms": heartbeat.heartbeat_ms,
+                    "closed": heartbeat.closed,
+                }
         return {"receivers": known}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
@@ -125,7 +185,7 @@ class SpoolBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         stream = self._stream
-        return stream.partitions(stream.initialOffset(), stream.latestOffset({}, None))
+        return stream.partitions(stream.initialOffset(), stream._offset({}, hold_back=False))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self._stream.read(partition)
@@ -143,8 +203,41 @@ def _with_stream_columns(
     names = [*batch.schema.names, "receiver", "segment_heartbeat_ms", "prior_heartbeat_ms"]
     return pa.RecordBatch.from_arrays([*batch.columns, *added], names=names)
 
-    def commit(self, end: dict[str, Any]) -> None:
-        """Retention of committed segments is owned by the ingest tier, not by the reader."""
+
+def admission_bounds(newest: dict[str, Heartbeat]) -> dict[str, int | None]:
+    """Per receiver, the highest heartbeat a segment of it may carry to be handed to Spark:
+    the newest heartbeat of the slowest *other* open receiver (None: no bound).
+
+    ``newest`` is each stream's newest segment in the spool (admitted or not). Closed streams
+    bound nobody; a stream never bounds itself (a receiver whose clock stepped back must not
+    wait for itself).
+    """
+    bounds: dict[str, int | None] = {}
+    for receiver in newest:
+        others = [hb.heartbeat_ms for name, hb in newest.items()
+                  if name != receiver and not hb.closed]  # fmt: skip
+        bounds[receiver] = min(others) if others else None
+    return bounds
+
+
+def _admitted(
+    segments: list[SegmentInfo], newest: Heartbeat, bound: int | None
+) -> tuple[SegmentInfo, Heartbeat] | None:
+    """The last segment of the longest prefix of ``segments`` whose heartbeats are all within
+    ``bound``, with its heartbeat (None: not even the first).
+
+    Reads the footers of the segments it admits and of the first one it holds: each segment
+    is admitted once, so a held-back backlog costs one footer per trigger, not one per segment.
+    """
+    if bound is None:
+        return segments[-1], newest
+    admitted: tuple[SegmentInfo, Heartbeat] | None = None
+    for segment in segments:
+        heartbeat = newest if segment is segments[-1] else read_heartbeat(segment.path)
+        if heartbeat.heartbeat_ms > bound:
+            break
+        admitted = segment, heartbeat
+    return admitted
 
 
 class SpoolDataSource(DataSource):
