@@ -28,7 +28,7 @@ window are refused with every problem listed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from streamgauge.ingest.protocol import Reject, parse_line
 from streamgauge.windows.reference import PanePartial, Segment
 
 T0 = 1_700_000_000_000
+_PARTIAL_FIELDS = frozenset(field.name for field in fields(PanePartial))
 WINDOW_FIELDS = {"count", "sum", "min", "max", "last", "final", "late_events", "type", "end"}
 
 
@@ -69,7 +70,10 @@ class Transcript:
 
 
 def _partials_batch(partials: tuple[PanePartial, ...]) -> pa.RecordBatch:
-    columns = {field.name: [getattr(p, field.name) for p in partials] for field in SEGMENT_SCHEMA}
+    # Sketch columns (not part of PanePartial: the windower compares plain aggregates) are NULL.
+    columns = {
+        field.name: [getattr(p, field.name, None) for p in partials] for field in SEGMENT_SCHEMA
+    }
     return pa.RecordBatch.from_pydict(columns, schema=SEGMENT_SCHEMA)
 
 
@@ -133,7 +137,10 @@ def load_transcript(text: str, source: str) -> Transcript:
                 continue
             for value in parsed:
                 combiner.add(value, T0 + at, T0 + min(at, heartbeat))
-        partials = tuple(PanePartial(**row) for row in combiner.drain().to_pylist())
+        partials = tuple(
+            PanePartial(**{k: v for k, v in row.items() if k in _PARTIAL_FIELDS})
+            for row in combiner.drain().to_pylist()
+        )
         segments.append(Segment(receiver, T0 + heartbeat, bool(raw.get("closed")), partials))
 
     expect = document.get("expect") or {}
