@@ -21,6 +21,16 @@ event time); a partial is late when ``t + gap + allowed_lateness <= prior heartb
 watermark_delay`` (recorded with bounds ``[t, t + gap)``) or when it reaches a session
 already final by that same measure (recorded with that session's bounds); otherwise it
 merges every session ``[start, end)`` with ``start - gap < t < end`` into one.
+
+Sliding windows (``streamgauge.windows.sliding_windows`` has the timelines and the Kafka
+Streams reference): per series (metric, ``group_by`` tags), partials in the same order as
+sessions. With pane ``p``, a partial at ``t`` is late when ``t + size + allowed_lateness <=
+prior heartbeat - watermark_delay`` (recorded with its left window's bounds ``[t + p - size,
+t + p)``). Otherwise it is kept, and for every window the kept partials define (the left window
+``[u + p - size, u + p)`` of each kept time ``u``, the right window ``[u + p, u + p + size)``
+of each) that holds ``t``: a final one (same measure) records it as late with its bounds, an
+open one is created (from every kept partial inside it) or has it added. Then ``t``'s own
+right window is created if a kept partial lies in it.
 """
 
 from __future__ import annotations
@@ -151,6 +161,12 @@ class ReferenceWindower:
     _heartbeats: dict[str, tuple[int, bool]] = field(default_factory=dict)
     # Session windows: the sessions of each (window name, metric, tags), never evicted.
     sessions: dict[tuple[str, str, str], list[SessionState]] = field(default_factory=dict)
+    # Sliding windows, per (window name, metric, tags): every kept partial with its event
+    # time, and the windows by start; never evicted.
+    slid_partials: dict[tuple[str, str, str], list[tuple[int, PanePartial]]] = field(
+        default_factory=dict
+    )
+    sliding: dict[tuple[str, str, str], dict[int, WindowState]] = field(default_factory=dict)
 
     def feed_all(self, segments: Iterable[Segment]) -> None:
         for segment in segments:
@@ -160,7 +176,7 @@ class ReferenceWindower:
         prior_ms, _ = self._heartbeats.get(segment.receiver, (0, False))
         for partial in segment.partials:
             for window in self.config.windows:
-                if window.kind != "session" and window.matches(partial.metric):
+                if window.kind in ("tumbling", "hopping") and window.matches(partial.metric):
                     self._assign(window, segment, prior_ms, partial)
         in_event_order = sorted(
             segment.partials, key=lambda p: min(p.pane_start_ms, segment.heartbeat_ms)
@@ -170,6 +186,10 @@ class ReferenceWindower:
                 for partial in in_event_order:
                     if window.matches(partial.metric):
                         self._sessionize(window, segment, prior_ms, partial)
+            if window.kind == "sliding":
+                for partial in in_event_order:
+                    if window.matches(partial.metric):
+                        self._slide(window, segment, prior_ms, partial)
         self._heartbeats[segment.receiver] = (segment.heartbeat_ms, segment.closed)
 
     def _assign(
@@ -240,6 +260,49 @@ class ReferenceWindower:
                 merged.state.last, merged.state.last_event_ms = old.last, old.last_event_ms
         series.append(merged)
 
+    def _slide(
+        self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial
+    ) -> None:
+        assert window.size_ms is not None
+        size, pane = window.size_ms, self.config.pane_ms
+        deadline = prior_ms - window.watermark_delay_ms - window.allowed_lateness_ms
+        t = min(partial.pane_start_ms, segment.heartbeat_ms)
+        tags = project_tags(partial.tags, window.group_by)
+        series = (window.name, partial.metric, tags)
+        kept = self.slid_partials.setdefault(series, [])
+        windows = self.sliding.setdefault(series, {})
+
+        def late(start: int) -> None:
+            self.late.append(
+                LatePartial(window.name, partial.metric, tags, start, start + size,
+                            segment.receiver, partial.pane_start_ms, partial.count)
+            )  # fmt: skip
+
+        def build(start: int) -> WindowState:
+            state = WindowState(partial.metric_type)
+            for u, other in kept:
+                if start <= u < start + size:
+                    state.add(other)
+                    state.metric_type = min(state.metric_type, other.metric_type)
+            return state
+
+        if t + size <= deadline:
+            late(t + pane - size)  # every window that could hold it is final
+            return
+        kept.append((t, partial))
+        starts = {u + pane - size for u, _ in kept} | {u + pane for u, _ in kept}
+        for start in sorted(s for s in starts if s <= t < s + size):
+            if start + size <= deadline:
+                late(start)  # a final window is never changed
+            elif start in windows:
+                windows[start].add(partial)
+                windows[start].metric_type = min(windows[start].metric_type, partial.metric_type)
+            else:
+                windows[start] = build(start)
+        right = t + pane
+        if right not in windows and any(right <= u < right + size for u, _ in kept):
+            windows[right] = build(right)
+
     def watermark_ms(self, window: WindowSpec) -> int | None:
         heartbeat = receivers_heartbeat_ms(
             {r: {"heartbeat_ms": hb, "closed": closed} for r, (hb, closed) in
@@ -265,6 +328,11 @@ class ReferenceWindower:
         for (name, metric, tags), series in self.sessions.items():
             for session in series:
                 states[(name, metric, tags, session.start, session.end)] = session.state
+        for (name, metric, tags), by_start in self.sliding.items():
+            size = self.config.window(name).size_ms
+            assert size is not None
+            for start, state in by_start.items():
+                states[(name, metric, tags, start, start + size)] = state
         if after_replay:
             for key, state in self.replayed.items():
                 window = self.config.window(key[0])
