@@ -196,7 +196,244 @@ COMMENT ON COLUMN window_results.corrections IS
     'the allowed lateness, or `streamgauge replay`. 0 for a window never corrected.';
 """
 
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
+_MIGRATION_4 = """
+-- Sketches beside every window row: p999, the serialised sketch, the HDR histogram in
+-- HdrHistogram's standard encoding. window_pending was created LIKE window_results, so it
+-- gets the same columns.
+ALTER TABLE window_results ADD COLUMN p999 double precision;
+ALTER TABLE window_results ADD COLUMN sketch bytea;
+ALTER TABLE window_results ADD COLUMN hdr_histogram text;
+ALTER TABLE window_pending ADD COLUMN p999 double precision;
+ALTER TABLE window_pending ADD COLUMN sketch bytea;
+ALTER TABLE window_pending ADD COLUMN hdr_histogram text;
+COMMENT ON COLUMN window_results.p999 IS
+    'Estimated 99.9th percentile (t-digest); NULL where not computed.';
+COMMENT ON COLUMN window_results.sketch IS
+    'The window''s serialised sketch, so coarser rollups and replay merge exactly: a '
+    'DataSketches tdigest_double for timers, histograms and distributions (ms, h, d), an '
+    'HLL_8 sketch for sets (s); NULL for counters and gauges.';
+COMMENT ON COLUMN window_results.hdr_histogram IS
+    'The window''s HDR histogram in HdrHistogram''s standard compressed V2 encoding, base64 '
+    '(Java/C/Go/Rust/Python HdrHistogram decode and merge it); its integer-to-double '
+    'conversion ratio is 1/value_scale. NULL for types without a histogram.';
+COMMENT ON COLUMN window_pending.p999 IS
+    'Estimated 99.9th percentile (t-digest); NULL where not computed.';
+COMMENT ON COLUMN window_pending.sketch IS
+    'Serialised sketch: tdigest_double (ms, h, d) or HLL_8 (s); NULL otherwise.';
+COMMENT ON COLUMN window_pending.hdr_histogram IS
+    'HDR histogram, standard compressed V2 encoding, base64; NULL where none.';
+
+CREATE TABLE window_histograms (
+    config_name  text             NOT NULL,
+    window_name  text             NOT NULL,
+    metric       text             NOT NULL,
+    tags         jsonb            NOT NULL DEFAULT '{}',
+    window_start timestamptz      NOT NULL,
+    window_end   timestamptz      NOT NULL,
+    bucket       integer          NOT NULL,
+    lower_bound  double precision NOT NULL,
+    upper_bound  double precision NOT NULL,
+    count        bigint           NOT NULL,
+    revision     bigint           NOT NULL,
+    PRIMARY KEY (config_name, window_name, metric, tags, window_start, window_end, bucket),
+    CONSTRAINT window_histograms_count_check CHECK (count > 0),
+    CONSTRAINT window_histograms_bounds_check CHECK (lower_bound <= upper_bound),
+    CONSTRAINT window_histograms_window_check CHECK (window_start < window_end)
+);
+CREATE INDEX window_histograms_window_end_idx ON window_histograms (window_end);
+CREATE INDEX window_histograms_series_end_idx
+    ON window_histograms (config_name, window_name, metric, window_end);
+
+COMMENT ON TABLE window_histograms IS
+    'HDR histogram of each window of a timer, histogram or distribution, one row per non-empty '
+    'bucket. Buckets have fixed bounds per config, so histograms of any windows and tag groups '
+    'merge by adding count per bucket (GROUP BY bucket, or the streamgauge_histogram '
+    'aggregate): the correct way to get a percentile over a range; averaging percentiles is '
+    'not. A window''s rows are replaced as a set when its window_results row gets a higher '
+    'revision, so they describe its latest revision.';
+COMMENT ON COLUMN window_histograms.config_name IS 'Name of the YAML window config.';
+COMMENT ON COLUMN window_histograms.window_name IS 'Window definition inside that config.';
+COMMENT ON COLUMN window_histograms.metric IS 'Metric name after the config''s mapping rules.';
+COMMENT ON COLUMN window_histograms.tags IS 'Tag set (jsonb object), as in window_results.';
+COMMENT ON COLUMN window_histograms.window_start IS 'Inclusive start of the window.';
+COMMENT ON COLUMN window_histograms.window_end IS 'Exclusive end of the window.';
+COMMENT ON COLUMN window_histograms.bucket IS
+    'Bucket index: the index of HdrHistogram''s counts array (hdrhistogram package layout, '
+    'fixed per config by its lowest, highest, significant digits and value scale).';
+COMMENT ON COLUMN window_histograms.lower_bound IS
+    'Lowest value recorded in the bucket, in the metric''s units (e.g. ms).';
+COMMENT ON COLUMN window_histograms.upper_bound IS
+    'Highest value equivalent to the bucket, in the metric''s units: what HdrHistogram '
+    'reports as a quantile that falls in this bucket.';
+COMMENT ON COLUMN window_histograms.count IS
+    'Samples in the bucket (> 0: empty buckets have no row).';
+COMMENT ON COLUMN window_histograms.revision IS
+    'Revision of the window_results row these buckets were written with.';
+
+-- The latest revision of every window, emitted or not. window_results already keeps only the
+-- highest revision per window (the upsert refuses older ones); window_pending holds windows
+-- the watermark has not passed. A window is in one of them at a time; DISTINCT ON makes the
+-- view total even if a writer ever broke that (the higher revision wins).
+CREATE VIEW window_latest AS
+SELECT DISTINCT ON (config_name, window_name, metric, tags, window_start, window_end)
+    config_name, window_name, metric, tags, window_start, window_end, metric_type, count, sum,
+    min, max, last, p50, p90, p99, p999, distinct_count, revision, is_final, late_events,
+    corrections, emitted_at, status
+FROM (
+    SELECT r.config_name, r.window_name, r.metric, r.tags, r.window_start, r.window_end,
+           r.metric_type, r.count, r.sum, r.min, r.max, r.last, r.p50, r.p90, r.p99, r.p999,
+           r.distinct_count, r.revision, r.is_final, r.late_events, r.corrections,
+           r.emitted_at, CASE WHEN r.is_final THEN 'final' ELSE 'provisional' END AS status
+    FROM window_results r
+    UNION ALL
+    SELECT p.config_name, p.window_name, p.metric, p.tags, p.window_start, p.window_end,
+           p.metric_type, p.count, p.sum, p.min, p.max, p.last, p.p50, p.p90, p.p99, p.p999,
+           p.distinct_count, p.revision, false, p.late_events, 0::bigint, p.emitted_at,
+           'pending'
+    FROM window_pending p
+) w
+ORDER BY config_name, window_name, metric, tags, window_start, window_end, revision DESC;
+COMMENT ON VIEW window_latest IS
+    'The latest revision of every window: window_results (status final or provisional) and '
+    'window_pending (status pending: the watermark has not passed its end yet).';
+COMMENT ON COLUMN window_latest.status IS
+    'final (will not change), provisional (emitted, may still be corrected) or pending (not '
+    'emitted yet).';
+
+-- Histogram arithmetic: histograms add, percentiles never average.
+CREATE TYPE streamgauge_hdr_bin AS (
+    bucket      integer,
+    lower_bound double precision,
+    upper_bound double precision,
+    count       bigint
+);
+COMMENT ON TYPE streamgauge_hdr_bin IS
+    'One bucket of an HDR histogram (window_histograms columns); a histogram is an array.';
+
+CREATE FUNCTION streamgauge_hdr_merge(bins streamgauge_hdr_bin[])
+RETURNS streamgauge_hdr_bin[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(ROW(bucket, lo, hi, n)::streamgauge_hdr_bin ORDER BY bucket), '{}')
+    FROM (
+        SELECT b.bucket, min(b.lower_bound) AS lo, max(b.upper_bound) AS hi, sum(b.count) AS n
+        FROM unnest(bins) AS b
+        WHERE b.bucket IS NOT NULL AND b.count IS NOT NULL
+        GROUP BY b.bucket
+        HAVING sum(b.count) > 0
+    ) merged
+$$;
+COMMENT ON FUNCTION streamgauge_hdr_merge(streamgauge_hdr_bin[]) IS
+    'Adds the counts of bins with the same bucket index: the merged histogram, sorted by '
+    'bucket, without empty buckets.';
+
+CREATE FUNCTION streamgauge_hdr_merge_rows(rows window_histograms[])
+RETURNS streamgauge_hdr_bin[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT streamgauge_hdr_merge(array_agg(
+        ROW(r.bucket, r.lower_bound, r.upper_bound, r.count)::streamgauge_hdr_bin))
+    FROM unnest(rows) AS r
+$$;
+
+-- sfunc array_append (a C function that appends in place to the aggregate's expanded array):
+-- linear in the rows. A PL/pgSQL transition function copies its state on every row: measured
+-- 2.4 s for 10^4 rows and 35 s for 4 * 10^4 here, against 0.27 s for 1.6 * 10^5 this way.
+CREATE AGGREGATE streamgauge_histogram(streamgauge_hdr_bin) (
+    SFUNC = array_append,
+    STYPE = streamgauge_hdr_bin[],
+    FINALFUNC = streamgauge_hdr_merge,
+    COMBINEFUNC = array_cat,
+    INITCOND = '{}',
+    PARALLEL = SAFE
+);
+COMMENT ON AGGREGATE streamgauge_histogram(streamgauge_hdr_bin) IS
+    'The merged HDR histogram of the bins aggregated (counts added per bucket).';
+
+CREATE AGGREGATE streamgauge_histogram(window_histograms) (
+    SFUNC = array_append,
+    STYPE = window_histograms[],
+    FINALFUNC = streamgauge_hdr_merge_rows,
+    COMBINEFUNC = array_cat,
+    INITCOND = '{}',
+    PARALLEL = SAFE
+);
+COMMENT ON AGGREGATE streamgauge_histogram(window_histograms) IS
+    'The merged HDR histogram of the window_histograms rows aggregated: '
+    'streamgauge_histogram(h) ... FROM window_histograms h GROUP BY <time bucket>, <tags>.';
+
+-- HdrHistogram.getValueAtPercentile: nearest rank round(q * n), at least 1, with the Python
+-- package's float expression (int(percentile * n / 100 + 0.5)), reported as the highest value
+-- equivalent to the bucket holding that rank (the lowest for q = 0).
+CREATE FUNCTION streamgauge_checked_quantile(q double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF q IS NULL OR NOT (q >= 0 AND q <= 1) THEN  -- NOT (...): NaN fails both comparisons
+        RAISE EXCEPTION 'quantile % is not between 0 and 1', coalesce(q::text, 'NULL')
+            USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    RETURN q;
+END
+$$;
+COMMENT ON FUNCTION streamgauge_checked_quantile(double precision) IS
+    'q itself if it is in [0, 1]; an error otherwise (as percentile_disc raises).';
+
+CREATE FUNCTION streamgauge_hdr_quantiles(histogram streamgauge_hdr_bin[], qs double precision[])
+RETURNS double precision[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    WITH bins AS (
+        SELECT b.bucket, b.lower_bound, b.upper_bound,
+               (sum(b.count) OVER (ORDER BY b.bucket))::bigint AS cumulative,
+               (sum(b.count) OVER ())::bigint AS total
+        FROM unnest(streamgauge_hdr_merge(histogram)) AS b
+    ), wanted AS (
+        SELECT t.ord, least(t.q * 100.0, 100.0) AS pct
+        FROM unnest(qs) WITH ORDINALITY AS t(q, ord)
+        WHERE streamgauge_checked_quantile(t.q) IS NOT NULL  -- in WHERE: always evaluated
+    )
+    SELECT CASE WHEN qs IS NULL THEN NULL ELSE coalesce(array_agg((
+        SELECT CASE WHEN w.pct = 0 THEN bins.lower_bound ELSE bins.upper_bound END
+        FROM bins
+        WHERE bins.cumulative >= greatest(
+            floor(w.pct * bins.total::double precision / 100.0 + 0.5)::bigint, 1)
+        ORDER BY bins.bucket
+        LIMIT 1
+    ) ORDER BY w.ord), '{}') END
+    FROM wanted AS w
+$$;
+COMMENT ON FUNCTION streamgauge_hdr_quantiles(streamgauge_hdr_bin[], double precision[]) IS
+    'Quantiles qs (each in [0, 1]) of an HDR histogram, as HdrHistogram reports them: the '
+    'highest value equivalent to the bucket holding rank round(q * n). NULLs when empty.';
+
+CREATE FUNCTION streamgauge_hdr_quantile(histogram streamgauge_hdr_bin[], q double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (streamgauge_hdr_quantiles(histogram, ARRAY[q]))[1]
+$$;
+COMMENT ON FUNCTION streamgauge_hdr_quantile(streamgauge_hdr_bin[], double precision) IS
+    'One quantile of an HDR histogram: streamgauge_hdr_quantile(streamgauge_histogram(h), 0.99).';
+
+CREATE TABLE pipeline_metrics (
+    ts     timestamptz      NOT NULL,
+    name   text             NOT NULL,
+    labels jsonb            NOT NULL DEFAULT '{}',
+    value  double precision NOT NULL,
+    PRIMARY KEY (name, labels, ts),
+    CONSTRAINT pipeline_metrics_labels_check CHECK (jsonb_typeof(labels) = 'object')
+);
+CREATE INDEX pipeline_metrics_ts_idx ON pipeline_metrics (ts);
+COMMENT ON TABLE pipeline_metrics IS
+    'Self-metrics of the daemon that cannot travel as StatsD samples through the pipeline '
+    'itself (e.g. result-store errors, measured while the store is unreachable): one row per '
+    'metric, label set and sample time. Ingest counters are in window_results under '
+    'streamgauge.ingest.*.';
+COMMENT ON COLUMN pipeline_metrics.ts IS 'Processing time of the sample.';
+COMMENT ON COLUMN pipeline_metrics.name IS 'Metric name, e.g. streamgauge.store.errors.';
+COMMENT ON COLUMN pipeline_metrics.labels IS 'Labels (jsonb object of strings); {} if none.';
+COMMENT ON COLUMN pipeline_metrics.value IS
+    'The value: counters are per-interval increments (sum them over a range), gauges as read.';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4)
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
