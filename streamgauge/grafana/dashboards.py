@@ -2,11 +2,12 @@
 
 Two per config: the results dashboard (template variables ``window`` and ``metric``; a time
 series per aggregate with provisional values drawn as dashed points over the full series;
-stat panels; an annotation on every corrected window) and the pipeline-health dashboard (ingest
-rates, rejects by reason, watermark lag, late events, corrections).
+stat panels; an annotation on every corrected window; percentiles per tag group and over the
+whole range from the merged HDR histograms of ``window_histograms``, and a heatmap of them) and
+the pipeline-health dashboard (ingest rates, rejects by reason, watermark lag, late events,
+corrections).
 
-Not here yet, for want of data: percentile-from-histogram and heatmap panels (they need the
-``window_histograms`` table), kernel receive-buffer drops and store errors (no self-metric
+Not here yet, for want of data: kernel receive-buffer drops and store errors (no self-metric
 carries them yet).
 """
 
@@ -16,8 +17,8 @@ import json
 from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.builders import stat, timeseries
-from grafana_foundation_sdk.builders.common import LineStyle
+from grafana_foundation_sdk.builders import heatmap, stat, timeseries
+from grafana_foundation_sdk.builders.common import LineStyle, ScaleDistributionConfig
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
@@ -124,6 +125,53 @@ def _aggregate_panel(config: PipelineConfig, aggregate: Aggregate, ds: str) -> t
     )
 
 
+def _histogram_percentiles_panel(config: PipelineConfig, ds: str) -> timeseries.Panel:
+    sql = queries.histogram_percentiles_sql
+    return (
+        timeseries.Panel()
+        .title("p50 / p90 / p99 / p999 per tag group (histograms merged per bucket)")
+        .description(
+            "Quantiles of all samples of $metric in the bucket's windows, per tag group, read "
+            "off the sum of the windows' HDR histograms (never an average of percentiles); "
+            "within the histogram's relative error of the exact value. Dashed orange points: "
+            "buckets holding a window that is not final yet."
+        )
+        .datasource(_ref(ds))
+        .interval(_min_interval(config))
+        .with_target(_target("A", sql(config, provisional=False), "time_series", ds))
+        .with_target(_target("B", sql(config, provisional=True), "time_series", ds))
+        .override_by_query("B", _provisional_style())
+        .show_points(common.VisibilityMode.AUTO)
+        .span(24)
+        .height(9)
+    )
+
+
+def _heatmap_panel(config: PipelineConfig, ds: str) -> heatmap.Panel:
+    return (
+        heatmap.Panel()
+        .title("Histogram heatmap (all tag groups)")
+        .description(
+            "Samples of $metric per time bucket and value row, from the HDR bucket rows; each "
+            f"row is named by its upper edge (rows are 2^(1/{queries.HEATMAP_ROWS_PER_OCTAVE}) "
+            "apart, about 9 %)."
+        )
+        .datasource(_ref(ds))
+        .interval(_min_interval(config))
+        .with_target(_target("A", queries.heatmap_sql(config), "time_series", ds))
+        .calculate(False)
+        .rows_frame(heatmap.RowsHeatmapOptions().layout(common.HeatmapCellLayout.LE))
+        .y_axis(
+            heatmap.YAxisConfig().scale_distribution(
+                ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(2)
+            )
+        )
+        .cell_values(heatmap.CellValues().unit("short"))
+        .span(24)
+        .height(9)
+    )
+
+
 def _stat(title: str, sql: str, ds: str, *, unit: str = "short") -> stat.Panel:
     return (
         stat.Panel()
@@ -177,6 +225,21 @@ def results_dashboard(config: PipelineConfig, datasource_uid: str) -> dict[str, 
     )
     for aggregate in AGGREGATES:
         builder = builder.with_panel(_aggregate_panel(config, aggregate, ds))
+    builder = (
+        builder.with_row(
+            dash.Row("Percentiles from histograms (timers, histograms, distributions)")
+        )
+        .with_panel(
+            _stat(
+                "p50 / p90 / p99 / p999 over the range, all tag groups",
+                queries.histogram_range_percentiles_sql(config),
+                ds,
+                unit="none",
+            ).span(24)
+        )
+        .with_panel(_histogram_percentiles_panel(config, ds))
+        .with_panel(_heatmap_panel(config, ds))
+    )
     return _to_dict(builder.build())
 
 

@@ -14,7 +14,15 @@ windows that *ended* within its look-back). Within one ``$__interval`` bucket se
 combine the way each aggregate allows: counts and sums add, min and max take the extreme,
 ``last`` takes the latest window's, ``rate`` is total sum over total window seconds, and
 percentiles and distinct counts show the largest window's value (percentiles do not average
-and HLL estimates do not add; exact ones need the ``window_histograms`` table, not built yet).
+and HLL estimates do not add).
+
+Percentiles over a bucket or the whole range come from ``window_histograms`` instead: the HDR
+bucket rows of all windows in the bucket (per tag group) are added, then
+``streamgauge_hdr_quantiles`` reads the quantiles off the merged histogram, as HdrHistogram
+does (schema migration 4). Rows are added per (time bucket, series, bucket) first and merged with
+the ``streamgauge_histogram`` aggregate second: the aggregate then sees a few hundred rows per
+series instead of every window's. Histogram rows are joined to ``window_results``, so a panel
+shows exactly the windows the other panels show (emitted ones) and knows which are final.
 """
 
 from __future__ import annotations
@@ -137,6 +145,19 @@ WINDOW_EXPRESSIONS: Mapping[Aggregate, str] = {
     "rate": "sum / extract(epoch FROM window_end - window_start)",
 }
 
+#: Quantiles the histogram panels draw: (series label, q).
+HISTOGRAM_QUANTILES: tuple[tuple[str, float], ...] = (
+    ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999),
+)  # fmt: skip
+#: The aggregates an alert reads from the window's HDR histogram when it has one.
+ALERT_HISTOGRAM_QUANTILES: Mapping[Aggregate, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+#: Heatmap rows per power of two (2^(1/8): rows about 9 % apart; an HDR bucket is ≤ 1 % wide).
+HEATMAP_ROWS_PER_OCTAVE = 8
+
+_WINDOW_KEY = "config_name, window_name, metric, tags, window_start, window_end"
+_EMITTED = f"JOIN window_results r USING ({_WINDOW_KEY})"
+_BIN = "(bucket, lower_bound, upper_bound, n)::streamgauge_hdr_bin"
+
 # A series is the metric, plus its tags when the window keeps any.
 _SERIES = "CASE WHEN tags = '{}'::jsonb THEN metric ELSE metric || ' ' || tags::text END"
 
@@ -224,6 +245,104 @@ def corrections_annotation_sql(config: PipelineConfig) -> str:
         "  AND corrections > 0\n"
         "  AND $__timeFilter(window_start)\n"
         "ORDER BY 1, 3"
+    )
+
+
+def _histogram_filter(config: PipelineConfig) -> str:
+    return (
+        f"h.config_name = {literal(config.name)}\n"
+        "    AND h.window_name = '$window'\n"
+        "    AND h.metric = '$metric'\n"
+        "    AND $__timeFilter(h.window_start)"
+    )
+
+
+def _quantile_array() -> str:
+    return "'{" + ",".join(repr(q) for _, q in HISTOGRAM_QUANTILES) + "}'"
+
+
+def histogram_percentiles_sql(config: PipelineConfig, *, provisional: bool) -> str:
+    """p50/p90/p99/p999 per tag group and ``$__interval`` bucket, from the merged histograms.
+
+    Each point is the quantile of all samples of the bucket's windows of that tag group (not
+    the largest or the mean of per-window percentiles). ``provisional=True`` keeps the buckets
+    holding a window that is not final yet, named "... (provisional)", like ``aggregate_sql``.
+    """
+    labels = "'{" + ",".join(label for label, _ in HISTOGRAM_QUANTILES) + "}'::text[]"
+    suffix = " || ' (provisional)'" if provisional else ""
+    where = "\nWHERE NOT s.final" if provisional else ""
+    return (
+        "WITH per_bucket AS (\n"
+        "  SELECT\n"
+        "    $__timeGroup(h.window_start, $__interval) AS t,\n"
+        f"    {_SERIES} AS series,\n"
+        "    h.bucket, min(h.lower_bound) AS lower_bound, max(h.upper_bound) AS upper_bound,\n"
+        "    sum(h.count)::bigint AS n, bool_and(r.is_final) AS final\n"
+        f"  FROM window_histograms h {_EMITTED}\n"
+        f"  WHERE {_histogram_filter(config)}\n"
+        "  GROUP BY 1, 2, 3\n"
+        "), per_series AS (\n"
+        "  SELECT t, series, bool_and(final) AS final,\n"
+        f"    streamgauge_hdr_quantiles(streamgauge_histogram({_BIN}), {_quantile_array()}) AS v\n"
+        "  FROM per_bucket\n"
+        "  GROUP BY 1, 2\n"
+        ")\n"
+        'SELECT s.t AS "time",\n'
+        f"  q.label || ' ' || s.series{suffix} AS metric,\n"
+        "  s.v[q.i] AS value\n"
+        f"FROM per_series s, unnest({labels}) WITH ORDINALITY AS q(label, i){where}\n"
+        "ORDER BY 1, 2"
+    )
+
+
+def histogram_range_percentiles_sql(config: PipelineConfig) -> str:
+    """One value per quantile over the whole time range and all tag groups of the metric."""
+    columns = ", ".join(f"v[{i}] AS {label}" for i, (label, _) in enumerate(HISTOGRAM_QUANTILES, 1))
+    return (
+        "WITH per_bucket AS (\n"
+        "  SELECT h.bucket, min(h.lower_bound) AS lower_bound,\n"
+        "    max(h.upper_bound) AS upper_bound, sum(h.count)::bigint AS n\n"
+        f"  FROM window_histograms h {_EMITTED}\n"
+        f"  WHERE {_histogram_filter(config)}\n"
+        "  GROUP BY 1\n"
+        ")\n"
+        f"SELECT {columns}\n"
+        "FROM (\n"
+        f"  SELECT streamgauge_hdr_quantiles(streamgauge_histogram({_BIN}), {_quantile_array()})"
+        " AS v\n"
+        "  FROM per_bucket\n"
+        ") merged"
+    )
+
+
+def heatmap_edge_sql(upper_bound: str) -> str:
+    """The heatmap row of a bucket: the power of 2^(1/8) at or above its upper bound.
+
+    ``- 1e-9`` keeps a bound that is an exact power (1024 ms) in its own row despite the
+    rounding of ``ln(x) / ln(2)``; a bound of 0 (the value 0) gets the row 0.
+    """
+    n = HEATMAP_ROWS_PER_OCTAVE
+    return (
+        f"CASE WHEN {upper_bound} <= 0 THEN 0::double precision\n"
+        f"    ELSE power(2, ceil(ln({upper_bound}) / ln(2) * {n} - 1e-9) / {n}) END"
+    )
+
+
+def heatmap_sql(config: PipelineConfig) -> str:
+    """Samples per (``$__interval`` bucket, value row) over all tag groups: Grafana's heatmap of
+    pre-bucketed data, one series per row named by its upper edge (``le``)."""
+    return (
+        'SELECT t AS "time", edge::text AS metric, n AS value\n'
+        "FROM (\n"
+        "  SELECT\n"
+        "    $__timeGroup(h.window_start, $__interval) AS t,\n"
+        f"    {heatmap_edge_sql('h.upper_bound')} AS edge,\n"
+        "    sum(h.count)::double precision AS n\n"
+        f"  FROM window_histograms h {_EMITTED}\n"
+        f"  WHERE {_histogram_filter(config)}\n"
+        "  GROUP BY 1, 2\n"
+        ") cells\n"
+        "ORDER BY t, edge"
     )
 
 
@@ -324,6 +443,29 @@ def corrections_sql(config: PipelineConfig) -> str:
 # --- alerts ------------------------------------------------------------------------------------
 
 
+def _alert_value(aggregate: Aggregate) -> str:
+    """The window's value; a percentile from its HDR histogram, else its t-digest column.
+
+    The histogram's quantile has a bounded *value* error (the layout's, 1 % by default) and is
+    the number the dashboard's histogram panels show; windows stored without histogram rows
+    (types without one, or written before schema version 4) keep the column's estimate.
+    """
+    q = ALERT_HISTOGRAM_QUANTILES.get(aggregate)
+    if q is None:
+        return WINDOW_EXPRESSIONS[aggregate]
+    key = ", ".join(f"{{t}}.{c}" for c in _WINDOW_KEY.split(", "))
+    return (
+        "coalesce((\n"
+        "    SELECT streamgauge_hdr_quantile(streamgauge_histogram(\n"
+        "      (h.bucket, h.lower_bound, h.upper_bound, h.count)::streamgauge_hdr_bin),"
+        f" {q!r})\n"
+        "    FROM window_histograms h\n"
+        f"    WHERE ({key.format(t='h')})\n"
+        f"        = ({key.format(t='window_results')})\n"
+        f"  ), {WINDOW_EXPRESSIONS[aggregate]})"
+    )
+
+
 def alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
     """Every window of the alert's series that ended inside the rule's look-back, one value each.
 
@@ -340,7 +482,7 @@ def alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
         "SELECT\n"
         '  window_end AS "time",\n'
         f"{labels}"
-        f"  {WINDOW_EXPRESSIONS[alert.aggregate]} AS value\n"
+        f"  {_alert_value(alert.aggregate)} AS value\n"
         "FROM window_results\n"
         f"WHERE config_name = {literal(config.name)}\n"
         f"  AND window_name = {literal(alert.window)}\n"

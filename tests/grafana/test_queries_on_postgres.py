@@ -12,6 +12,10 @@ The data (config ``shop``, window ``per_10s`` = 10 s, lateness 5 s, ``T`` = 2024
 
 Batch 2 carries watermark T+15 s: [T, T+10) is final (finalizing sets its rows' revision to
 2), [T+10, T+20) and [T+20, T+30) are still provisional.
+
+HDR bucket rows (``window_histograms``, built with ``HdrLayout`` as the store writes them) hold
+the samples of the latest revisions: host a ``[T, T+10)`` 10, 20; ``[T+10, T+20)`` 10, 20, 30,
+100; host b 5 and 8. Host a's ``[T+20, T+30)`` has none, so an alert falls back to its p99 column.
 """
 
 # ruff: noqa: E501  (tables of cases and rows read best one per line)
@@ -23,6 +27,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import psycopg
 import pyarrow as pa
 import pytest
 
@@ -30,6 +36,7 @@ from streamgauge.clock import ManualClock
 from streamgauge.configs import AGGREGATES, Aggregate, PipelineConfig
 from streamgauge.grafana import alerts, dashboards, queries
 from streamgauge.sinks.store import RESULT_SCHEMA, Finalization, ResultStore, RetryPolicy, run_sql
+from streamgauge.sketches.hdr import HdrLayout
 from tests.grafana.grafana_macros import expand
 
 T_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
@@ -63,13 +70,46 @@ def _table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
+LAYOUT = HdrLayout(lowest=1, highest=3_600_000_000, significant_digits=2, value_scale=1000.0)
+#: Raw samples of the latest revision of each api.latency window: (host, start second) -> values.
+SAMPLES: dict[tuple[str, int], list[float]] = {
+    ("a", 0): [10.0, 20.0],
+    ("b", 0): [5.0],
+    ("a", 10): [10.0, 20.0, 30.0, 100.0],
+    ("b", 10): [8.0],
+}
+
+
+def _histogram_rows() -> list[tuple[Any, ...]]:
+    rows = []
+    for (host, start_s), values in SAMPLES.items():
+        hist = LAYOUT.histogram(values)
+        start = T + dt.timedelta(seconds=start_s)
+        for index, count in zip(hist.indices.tolist(), hist.counts.tolist(), strict=True):
+            end_scaled = round(LAYOUT.bucket_upper(index) * LAYOUT.value_scale)
+            highest_equivalent = (end_scaled - 1) / LAYOUT.value_scale  # what HdrHistogram reports
+            rows.append(
+                ("shop", "per_10s", "api.latency", json.dumps({"host": host}), start,
+                 start + dt.timedelta(seconds=10), index, LAYOUT.bucket_lower(index),
+                 highest_equivalent, count, 2 if start_s == 10 and host == "a" else 1)
+            )  # fmt: skip
+    return rows
+
+
+def hdr(values: list[float], q: float) -> float:
+    """What the histogram of ``values`` reports for quantile ``q``."""
+    return LAYOUT.quantile(LAYOUT.bucket_indices(values), np.ones(len(values), np.int64), q)
+
+
 @pytest.fixture(scope="module")
 def store_url(postgres_url: str) -> Iterator[str]:
     # Module-scoped data on the session server: the same TRUNCATE as ``clean_store``, then the
     # two micro-batches, written once for all the queries below.
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.ensure_schema()
-    run_sql(postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state")
+    run_sql(
+        postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state, window_histograms"
+    )
     batch1 = [
         _row("api.latency", {"host": "a"}, 0, 1, count=2, sum=30.0, min=10.0, max=20.0, last=20.0, p99=19.0),
         _row("api.latency", {"host": "b"}, 0, 1, count=1, sum=5.0, min=5.0, max=5.0, last=5.0),
@@ -96,8 +136,21 @@ def store_url(postgres_url: str) -> Iterator[str]:
             revision=2,
             state={("shop", "watermark_ms:per_10s"): T_MS + 15_000},
         )
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE window_histograms")
+        with (
+            conn.cursor() as cur,
+            cur.copy(
+                "COPY window_histograms (config_name, window_name, metric, tags, window_start,"
+                " window_end, bucket, lower_bound, upper_bound, count, revision) FROM STDIN"
+            ) as copy,
+        ):
+            for row in _histogram_rows():
+                copy.write_row(row)
     yield postgres_url
-    run_sql(postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state")
+    run_sql(
+        postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state, window_histograms"
+    )
 
 
 def run(
@@ -284,14 +337,18 @@ def test_alert_queries_see_the_corrected_window_until_it_is_final(
     assert lookback == 10 + 1 + 5 + 10
     rows = run(store_url, query_a["model"]["rawSql"], seconds=(now - lookback, now))
     # $__timeFilter is BETWEEN: both ends inclusive, so [T, T+10) ending at T+10 is in too.
+    # p99 comes from the window's histogram where it has one (not the t-digest column's 19
+    # and 99), else from the column (7.0: [T+20, T+30) has no bucket rows).
+    corrected = hdr([10.0, 20.0, 30.0, 100.0], 0.99)
     assert rows == [
-        (T + dt.timedelta(seconds=10), "a", 19.0),
-        (T + dt.timedelta(seconds=20), "a", 99.0),  # the corrected value
+        (T + dt.timedelta(seconds=10), "a", hdr([10.0, 20.0], 0.99)),
+        (T + dt.timedelta(seconds=20), "a", corrected),  # the corrected revision's
         (T + dt.timedelta(seconds=30), "a", 7.0),
     ]
+    assert 100.0 <= corrected <= 100.0 * (1 + LAYOUT.relative_error)
     assert p99["data"][1]["model"]["reducer"] == "max"
     assert p99["data"][2]["model"]["expression"] == "$B > 50"
-    assert _evaluate(rows, "max", ">", 50) == {("a",): (99.0, True)}
+    assert _evaluate(rows, "max", ">", 50) == {("a",): (corrected, True)}
 
     rate = rules["api_rate_low"]
     rows = run(store_url, rate["data"][0]["model"]["rawSql"], seconds=(now - lookback, now))
@@ -323,6 +380,105 @@ def test_every_generated_query_runs(store_url: str, config: PipelineConfig) -> N
             for q in r["data"]
             if "rawSql" in q["model"]
         ]
-    assert len(sqls) == 2 * 10 + 3 + 1 + 1 + 5 + 3
+    assert len(sqls) == 2 * 10 + 3 + 1 + 2 + 1 + 1 + 1 + 5 + 3
     for sql in sqls:
         run(store_url, sql)
+
+
+# --- percentiles from histograms ------------------------------------------------------------
+
+QS = (0.5, 0.9, 0.99, 0.999)
+LABELS = ("p50", "p90", "p99", "p999")
+
+
+def _expected_percentiles(
+    buckets: dict[float, dict[str, list[float]]], suffix: str = ""
+) -> list[tuple[Any, ...]]:
+    out = []
+    for t, by_host in buckets.items():
+        for label, q in zip(LABELS, QS, strict=True):
+            for host, values in by_host.items():
+                series = f'{label} api.latency {{"host": "{host}"}}{suffix}'
+                out.append((t, series, hdr(values, q)))
+    return sorted(out)
+
+
+def test_histogram_percentiles_per_tag_group_merge_the_windows_of_a_bucket(
+    store_url: str, config: PipelineConfig
+) -> None:
+    sql = queries.histogram_percentiles_sql(config, provisional=False)
+    assert run(store_url, sql) == _expected_percentiles(
+        {
+            E: {"a": SAMPLES[("a", 0)], "b": SAMPLES[("b", 0)]},
+            E + 10: {"a": SAMPLES[("a", 10)], "b": SAMPLES[("b", 10)]},
+        }
+    )
+    # 20 s buckets: one histogram of both windows per host, not the largest window's p99.
+    merged_a = SAMPLES[("a", 0)] + SAMPLES[("a", 10)]
+    rows = run(store_url, sql, interval_ms=20_000)
+    assert rows == _expected_percentiles(
+        {E: {"a": merged_a, "b": SAMPLES[("b", 0)] + SAMPLES[("b", 10)]}}
+    )
+    values = {series: v for _, series, v in rows}
+    # nearest rank round(0.5 * 6) = 3 of [10, 10, 20, 20, 30, 100]: 20, within 1 %
+    assert 20.0 <= values['p50 api.latency {"host": "a"}'] <= 20.0 * 1.01
+    assert values['p50 api.latency {"host": "a"}'] == hdr(merged_a, 0.5)
+
+
+def test_histogram_percentiles_provisional_buckets(store_url: str, config: PipelineConfig) -> None:
+    sql = queries.histogram_percentiles_sql(config, provisional=True)
+    # [T, T+10) is final; [T+10, T+20) is not; a 20 s bucket holding both is provisional.
+    assert run(store_url, sql) == _expected_percentiles(
+        {E + 10: {"a": SAMPLES[("a", 10)], "b": SAMPLES[("b", 10)]}}, " (provisional)"
+    )
+    assert [s for _, s, _ in run(store_url, sql, interval_ms=20_000)] == [
+        f'{label} api.latency {{"host": "{h}"}} (provisional)' for label in LABELS for h in "ab"
+    ]
+
+
+def test_histogram_percentiles_over_the_range_and_all_hosts(
+    store_url: str, config: PipelineConfig
+) -> None:
+    everything = [v for values in SAMPLES.values() for v in values]
+    assert run(store_url, queries.histogram_range_percentiles_sql(config)) == [
+        tuple(hdr(everything, q) for q in QS)
+    ]
+    # exact nearest-rank of the 8 raw samples, within the histogram's relative error
+    ordered = sorted(everything)
+    for q, got in zip(
+        QS, run(store_url, queries.histogram_range_percentiles_sql(config))[0], strict=True
+    ):
+        exact = ordered[max(int(q * 100.0 * len(ordered) / 100 + 0.5), 1) - 1]
+        assert abs(got - exact) <= exact * LAYOUT.relative_error
+    # only [T+10, T+20): host a's corrected window and host b's
+    second = SAMPLES[("a", 10)] + SAMPLES[("b", 10)]
+    assert run(store_url, queries.histogram_range_percentiles_sql(config), seconds=(10, 19)) == [
+        tuple(hdr(second, q) for q in QS)
+    ]
+    assert run(store_url, queries.histogram_range_percentiles_sql(config), window="per_1m") == [
+        (None, None, None, None)
+    ]
+
+
+def _edge(value: float) -> float:
+    """The heatmap row of a sample: the edge of its bucket's highest equivalent value."""
+    index = int(LAYOUT.bucket_indices([value])[0])
+    upper = (round(LAYOUT.bucket_upper(index) * LAYOUT.value_scale) - 1) / LAYOUT.value_scale
+    n = queries.HEATMAP_ROWS_PER_OCTAVE
+    return float(2 ** (np.ceil(np.log(upper) / np.log(2) * n - 1e-9) / n))
+
+
+def test_heatmap_counts_samples_per_time_bucket_and_row(
+    store_url: str, config: PipelineConfig
+) -> None:
+    rows = run(store_url, queries.heatmap_sql(config))
+    expected: dict[tuple[float, float], float] = {}
+    for (_, start_s), values in SAMPLES.items():
+        for v in values:
+            key = (E + start_s, _edge(v))
+            expected[key] = expected.get(key, 0.0) + 1.0
+    assert {(t, float(label)): n for t, label, n in rows} == pytest.approx(expected)
+    assert len(rows) == len(expected)
+    for values in SAMPLES.values():
+        for v in values:
+            assert v <= _edge(v) < v * 2 ** (1 / queries.HEATMAP_ROWS_PER_OCTAVE) * 1.01
