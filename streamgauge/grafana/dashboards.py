@@ -4,11 +4,8 @@ Two per config: the results dashboard (template variables ``window`` and ``metri
 series per aggregate with provisional values drawn as dashed points over the full series;
 stat panels; an annotation on every corrected window; percentiles per tag group and over the
 whole range from the merged HDR histograms of ``window_histograms``, and a heatmap of them) and
-the pipeline-health dashboard (ingest rates, rejects by reason, watermark lag, late events,
-corrections).
-
-Not here yet, for want of data: kernel receive-buffer drops and store errors (no self-metric
-carries them yet).
+the pipeline-health dashboard (ingest rates, rejects by reason, kernel drops, watermark lag,
+late events, corrections, store errors from ``pipeline_metrics``).
 """
 
 from __future__ import annotations
@@ -276,6 +273,24 @@ def health_dashboard(config: PipelineConfig, datasource_uid: str) -> dict[str, A
         .with_panel(
             _health_series(
                 "Rejected lines by reason", queries.rejects_sql(config), ds, config, unit="short"
+            )
+        )
+        .with_panel(
+            _health_series(
+                "Datagrams dropped by the kernel (receive buffer full)",
+                queries.kernel_drops_sql(config),
+                ds,
+                config,
+                unit="short",
+            )
+        )
+        .with_panel(
+            _health_series(
+                "Result-store errors (failed attempts, retried)",
+                queries.store_errors_sql(config),
+                ds,
+                config,
+                unit="short",
             )
         )
         .with_panel(

@@ -47,6 +47,10 @@ INGEST_METRICS = (
     "streamgauge.ingest.samples",
 )
 REJECTED_METRIC = "streamgauge.ingest.rejected"
+KERNEL_DROPS_METRIC = "streamgauge.ingest.kernel_drops"
+#: ``pipeline_metrics`` name of failed store attempts (labels ``config``, ``reason``): written by
+#: the daemon, since a store that is down cannot receive them through the pipeline.
+STORE_ERRORS_METRIC = "streamgauge.store.errors"
 WATERMARK_KEY_PREFIX = "watermark_ms:"
 
 QueryFormat = Literal["time_series", "table"]
@@ -388,6 +392,39 @@ def rejects_sql(config: PipelineConfig) -> str:
         "  AND window_name = '$window'\n"
         f"  AND metric = {literal(REJECTED_METRIC)}\n"
         "  AND $__timeFilter(window_start)\n"
+        "GROUP BY 1, 2\n"
+        "ORDER BY 1, 2"
+    )
+
+
+def kernel_drops_sql(config: PipelineConfig) -> str:
+    """Datagrams the kernel dropped per bucket, by listening socket (``listen`` tag)."""
+    return (
+        "SELECT\n"
+        "  $__timeGroupAlias(window_start, $__interval),\n"
+        "  coalesce(tags->>'listen', 'all sockets') AS metric,\n"
+        "  sum(sum) AS value\n"
+        "FROM window_results\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        "  AND window_name = '$window'\n"
+        f"  AND metric = {literal(KERNEL_DROPS_METRIC)}\n"
+        "  AND $__timeFilter(window_start)\n"
+        "GROUP BY 1, 2\n"
+        "ORDER BY 1, 2"
+    )
+
+
+def store_errors_sql(config: PipelineConfig) -> str:
+    """Failed result-store attempts per bucket by reason, from ``pipeline_metrics``."""
+    return (
+        "SELECT\n"
+        "  $__timeGroupAlias(ts, $__interval),\n"
+        "  coalesce(labels->>'reason', 'all reasons') AS metric,\n"
+        "  sum(value) AS value\n"
+        "FROM pipeline_metrics\n"
+        f"WHERE name = {literal(STORE_ERRORS_METRIC)}\n"
+        f"  AND coalesce(labels->>'config', {literal(config.name)}) = {literal(config.name)}\n"
+        "  AND $__timeFilter(ts)\n"
         "GROUP BY 1, 2\n"
         "ORDER BY 1, 2"
     )

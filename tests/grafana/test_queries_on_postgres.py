@@ -119,6 +119,7 @@ def store_url(postgres_url: str) -> Iterator[str]:
         _row("streamgauge.ingest.lines", {}, 0, 1, metric_type="c", count=10, sum=150.0),
         _row("streamgauge.ingest.samples", {}, 0, 1, metric_type="c", count=10, sum=140.0),
         _row("streamgauge.ingest.rejected", {"reason": "invalid_value"}, 0, 1, metric_type="c", count=4, sum=4.0),
+        _row("streamgauge.ingest.kernel_drops", {"listen": "udp://:8125"}, 0, 1, metric_type="c", count=1, sum=17.0),
     ]  # fmt: skip
     batch2 = [
         _row("api.latency", {"host": "a"}, 10, 2, count=4, sum=160.0, min=10.0, max=100.0, last=100.0, p99=99.0),
@@ -147,9 +148,23 @@ def store_url(postgres_url: str) -> Iterator[str]:
         ):
             for row in _histogram_rows():
                 copy.write_row(row)
+    run_sql(postgres_url, "TRUNCATE pipeline_metrics")
+    errors = [  # seconds after T, labels, failed attempts
+        (3, '{"config": "shop", "reason": "OperationalError"}', 2.0),
+        (5, '{"config": "shop", "reason": "OperationalError"}', 1.0),
+        (12, '{"config": "other", "reason": "OperationalError"}', 9.0),  # another config's
+        (14, '{"reason": "AdminShutdown"}', 1.0),  # no config label: the daemon's, shown
+    ]
+    for second, labels, value in errors:
+        run_sql(
+            postgres_url,
+            "INSERT INTO pipeline_metrics (ts, name, labels, value) VALUES (%s, %s, %s, %s)",
+            (T + dt.timedelta(seconds=second), queries.STORE_ERRORS_METRIC, labels, value),
+        )
     yield postgres_url
     run_sql(
-        postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state, window_histograms"
+        postgres_url,
+        "TRUNCATE window_results, sink_batches, pipeline_state, window_histograms, pipeline_metrics",
     )
 
 
@@ -259,6 +274,7 @@ def test_metric_variable_lists_the_windows_metrics(store_url: str, config: Pipel
     assert run(store_url, queries.metric_variable_sql(config)) == [
         ("api.latency",),
         ("streamgauge.ingest.datagrams",),
+        ("streamgauge.ingest.kernel_drops",),
         ("streamgauge.ingest.lines",),
         ("streamgauge.ingest.rejected",),
         ("streamgauge.ingest.samples",),
@@ -287,6 +303,11 @@ def test_health_queries(store_url: str, config: PipelineConfig) -> None:
         (E, "samples", 14.0),
     ]
     assert run(store_url, queries.rejects_sql(config)) == [(E, "invalid_value", 4.0)]
+    assert run(store_url, queries.kernel_drops_sql(config)) == [(E, "udp://:8125", 17.0)]
+    assert run(store_url, queries.store_errors_sql(config)) == [
+        (E, "OperationalError", 3.0),
+        (E + 10, "AdminShutdown", 1.0),
+    ]
     # late_events is the sink's to fill (from its late_events table, not from the batch):
     # the panel must show, per bucket, exactly what the rows hold.
     stored = run(
@@ -380,7 +401,7 @@ def test_every_generated_query_runs(store_url: str, config: PipelineConfig) -> N
             for q in r["data"]
             if "rawSql" in q["model"]
         ]
-    assert len(sqls) == 2 * 10 + 3 + 1 + 2 + 1 + 1 + 1 + 5 + 3
+    assert len(sqls) == 2 * 10 + 3 + 1 + 2 + 1 + 1 + 1 + 7 + 3
     for sql in sqls:
         run(store_url, sql)
 
