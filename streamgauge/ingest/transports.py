@@ -7,11 +7,15 @@ a plain ``HOST:PORT`` (UDP). IPv6 hosts go in brackets: ``udp://[::1]:8125``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import socket
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_RCVBUF_BYTES = 8 << 20
 UNIX_SOCKET_MODES = (0o600, 0o660)
@@ -195,3 +199,122 @@ class LineAssembler:
         """What is left at end of stream: a last line without its newline still counts."""
         rest, self._pending = self._pending, b""
         return rest
+
+
+# -- many datagrams per system call -------------------------------------------------------------
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = [
+        ("msg_name", ctypes.c_void_p),
+        ("msg_namelen", ctypes.c_uint32),
+        ("msg_iov", ctypes.POINTER(_IoVec)),
+        ("msg_iovlen", ctypes.c_size_t),
+        ("msg_control", ctypes.c_void_p),
+        ("msg_controllen", ctypes.c_size_t),
+        ("msg_flags", ctypes.c_int),
+    ]
+
+
+class _MMsgHdr(ctypes.Structure):
+    _fields_ = [("msg_hdr", _MsgHdr), ("msg_len", ctypes.c_uint)]
+
+
+def _load_recvmmsg() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).recvmmsg
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [
+        ctypes.c_int, ctypes.POINTER(_MMsgHdr), ctypes.c_uint, ctypes.c_int, ctypes.c_void_p,
+    ]  # fmt: skip
+    function.restype = ctypes.c_int
+    return function
+
+
+_RECVMMSG = _load_recvmmsg()
+_MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
+DATAGRAM_SLOT_BYTES = 65536  # a whole UDP datagram (at most 65507 bytes of payload)
+DATAGRAM_SLOTS = 256
+
+
+class DatagramReader:
+    """Reads every datagram queued on a socket, many per system call.
+
+    On Linux one ``recvmmsg(2)`` (through ctypes) fills up to ``slots`` preallocated buffers;
+    elsewhere, or when ``batched=False``, one ``recv_into`` per datagram. ``read`` returns the
+    datagrams as views into those buffers, valid until the next ``read``: the caller joins or
+    copies them before reading again. Buffers are allocated once; a page is only resident
+    once a datagram touched it, so small datagrams keep the footprint small.
+    """
+
+    def __init__(
+        self,
+        slots: int = DATAGRAM_SLOTS,
+        slot_bytes: int = DATAGRAM_SLOT_BYTES,
+        *,
+        batched: bool = True,
+    ) -> None:
+        if slots < 1 or slot_bytes < 1:
+            raise ValueError(f"slots and slot_bytes must be positive, got {slots}, {slot_bytes}")
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.batched = batched and _RECVMMSG is not None
+        self._buffer = bytearray(slots * slot_bytes)
+        self._view = memoryview(self._buffer)
+        self.syscalls = 0  # for tests and benchmarks: datagrams / syscalls is the batching
+        if not self.batched:
+            return
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
+        self._iovecs = (_IoVec * slots)()
+        self._headers = (_MMsgHdr * slots)()
+        for index in range(slots):
+            self._iovecs[index].iov_base = base + index * slot_bytes
+            self._iovecs[index].iov_len = slot_bytes
+            self._headers[index].msg_hdr.msg_iov = ctypes.pointer(self._iovecs[index])
+            self._headers[index].msg_hdr.msg_iovlen = 1
+        # msg_len of every header, as one strided integer view (read without ctypes calls)
+        stride = ctypes.sizeof(_MMsgHdr) // 4
+        lengths = memoryview(self._headers).cast("B").cast("I")
+        self._lengths = lengths[_MMsgHdr.msg_len.offset // 4 :: stride]
+
+    def read(self, sock: socket.socket, limit: int) -> list[memoryview]:
+        """Up to about ``limit`` datagrams queued on ``sock`` right now; [] if none."""
+        if not self.batched:
+            return self._read_one_by_one(sock, limit)
+        fd = sock.fileno()
+        headers, slots, size, view = self._headers, self.slots, self.slot_bytes, self._view
+        lengths = self._lengths
+        datagrams: list[memoryview] = []
+        # Each call reuses the buffers, so one call per read: it returns when the queue is
+        # empty or all slots are full. Callers wanting more read again after consuming these.
+        received = _RECVMMSG(fd, headers, min(slots, max(1, limit)), _MSG_DONTWAIT, None)
+        self.syscalls += 1
+        if received < 0:
+            error = ctypes.get_errno()
+            if error in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+                return datagrams
+            raise OSError(error, os.strerror(error))
+        for index in range(received):
+            start = index * size
+            datagrams.append(view[start : start + lengths[index]])
+        return datagrams
+
+    def _read_one_by_one(self, sock: socket.socket, limit: int) -> list[memoryview]:
+        datagrams: list[memoryview] = []
+        recv_into, view, size = sock.recv_into, self._view, self.slot_bytes
+        for index in range(min(limit, self.slots)):
+            start = index * size
+            try:
+                length = recv_into(view[start : start + size])
+            except (BlockingIOError, InterruptedError):
+                break
+            self.syscalls += 1
+            datagrams.append(view[start : start + length])
+        return datagrams

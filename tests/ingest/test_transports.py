@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import select
 import socket
 import stat
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from streamgauge.ingest import kernel
 from streamgauge.ingest.transports import (
+    DatagramReader,
     LineAssembler,
     ListenSpec,
     bind_udp,
@@ -131,3 +135,55 @@ def test_reuse_port_lets_two_sockets_share_a_port() -> None:
     first.close()
     second.close()
     assert socket.AF_INET6  # IPv6 binding is exercised in test_receiver
+
+
+def _queue(sock: socket.socket, datagrams: list[bytes]) -> None:
+    target = sock.getsockname()
+    family = socket.AF_UNIX if sock.family == socket.AF_UNIX else sock.family
+    with socket.socket(family, socket.SOCK_DGRAM) as sender:
+        for datagram in datagrams:
+            sender.sendto(datagram, target)
+    deadline = time.monotonic() + 5
+    # loopback delivers synchronously; the wait only guards against a slow scheduler
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        if readable:
+            break
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_datagram_reader_returns_every_queued_datagram_whole_and_in_order(
+    batched: bool, tmp_path: Path
+) -> None:
+    sockets = [bind_udp("127.0.0.1", 0), bind_unixgram(tmp_path / "s.sock")]
+    try:
+        for sock in sockets:
+            sock.setblocking(False)
+            # a Unix datagram socket queues at most net.unix.max_dgram_qlen (10) datagrams
+            many = 40 if sock.family != socket.AF_UNIX else 7
+            sent = [b"a%d:1|c" % i for i in range(many)] + [b"", b"big:1|c\n" * 7000]
+            _queue(sock, sent)
+            reader = DatagramReader(slots=4, batched=batched)
+            got: list[bytes] = []
+            while chunk := reader.read(sock, 1000):
+                got += [bytes(view) for view in chunk]  # views die at the next read
+            assert got == sent
+            if batched and sys.platform.startswith("linux"):
+                # four per call, and the call that found the queue empty
+                assert reader.batched and reader.syscalls == -(-len(sent) // 4) + 1
+            assert reader.read(sock, 1000) == []
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_datagram_reader_reads_at_most_its_limit() -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    sock.setblocking(False)
+    try:
+        _queue(sock, [b"x:%d|c" % i for i in range(10)])
+        reader = DatagramReader(slots=8)
+        assert [bytes(v) for v in reader.read(sock, 3)] == [b"x:0|c", b"x:1|c", b"x:2|c"]
+        assert len(reader.read(sock, 100)) == 7
+    finally:
+        sock.close()
