@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
     run.add_argument("--trigger", default="0.5 seconds", help="micro-batch interval")
     retention_flags(run)
+    spool_quota_flag(run)
     run.set_defaults(handler=cmd_run)
 
     ingest = commands.add_parser("ingest", help="receiver only (UDP, TCP, Unix datagram), "
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="socket receive buffer (default 8 MiB)")
     ingest.add_argument("--unix-mode", default="0600", choices=["0600", "0660"],
                         help="permissions of unixgram sockets (default %(default)s)")
+    spool_quota_flag(ingest)
     ingest.add_argument("--inherit-fd", type=int, action="append", help=argparse.SUPPRESS)
     ingest.set_defaults(handler=cmd_ingest)
 
@@ -148,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
     status.set_defaults(handler=cmd_status)
     return parser
+
+
+def spool_quota_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spool-quota", default="0", metavar="SIZE",
+        help="disk quota of the segment log, all receivers together (e.g. 20GiB, 500MB); "
+        "over it receivers refuse new data and count it as streamgauge.ingest.refused "
+        "{reason=spool_quota} until retention frees space; 0 = none (default)",
+    )  # fmt: skip
 
 
 def retention_flags(parser: argparse.ArgumentParser) -> None:
@@ -207,7 +218,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     import dataclasses
 
     from streamgauge.ingest.guard import CardinalityLimits
-    from streamgauge.ingest.process import IngestSettings, run_ingest, sockets_from_fds
+    from streamgauge.ingest.process import (
+        IngestSettings,
+        parse_byte_size,
+        run_ingest,
+        sockets_from_fds,
+    )
     from streamgauge.ingest.protocol import DEFAULT_LIMITS
     from streamgauge.ingest.transports import DEFAULT_RCVBUF_BYTES, parse_listen_spec
 
@@ -231,6 +247,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             args.data_dir.resolve(), args.receiver, config.pane_ms,
             max_skew_ms=round(args.max_skew * 1000), limits=limits, cardinality=cardinality,
             rcvbuf_bytes=args.rcvbuf or DEFAULT_RCVBUF_BYTES, unix_mode=int(args.unix_mode, 8),
+            spool_quota_bytes=parse_byte_size(args.spool_quota, "--spool-quota"),
         )
     except ValueError as error:
         print(f"streamgauge ingest: {error}", file=sys.stderr)
@@ -290,7 +307,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         terminate_with_parent,
         write_private_json,
     )
-    from streamgauge.ingest.process import IngestChildren, bind_receivers, udp_address
+    from streamgauge.ingest.process import (
+        IngestChildren,
+        bind_receivers,
+        parse_byte_size,
+        udp_address,
+    )
     from streamgauge.ingest.transports import parse_listen_spec
     from streamgauge.redaction import redact_url
 
@@ -303,6 +325,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop = StopRequested()
     # bound here so a busy port fails before anything starts; one socket list per child
     try:
+        parse_byte_size(args.spool_quota, "--spool-quota")  # the children get the flag as given
         groups = bind_receivers(
             [parse_listen_spec(text) for text in args.listen or [DEFAULT_LISTEN]], args.receivers)
     except ValueError as error:
@@ -318,6 +341,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             subprocess.Popen(
                 [sys.executable, "-m", "streamgauge", "ingest", "--config", str(args.config),
                  "--data-dir", str(data_dir), "--receiver", f"udp-{index}",
+                 "--spool-quota", args.spool_quota,
                  *[arg for sock in sockets for arg in ("--inherit-fd", str(sock.fileno()))]],
                 pass_fds=[sock.fileno() for sock in sockets],
                 preexec_fn=terminate_with_parent,

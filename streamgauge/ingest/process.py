@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,7 +26,12 @@ from types import FrameType
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.guard import CardinalityLimits
-from streamgauge.ingest.log import SegmentWriter, validate_receiver_name
+from streamgauge.ingest.log import (
+    DEFAULT_WRITE_QUEUE_DEPTH,
+    SegmentQueue,
+    SegmentWriter,
+    validate_receiver_name,
+)
 from streamgauge.ingest.protocol import DEFAULT_LIMITS, ProtocolLimits
 from streamgauge.ingest.receiver import DEFAULT_MAX_SKEW_MS, Receiver
 from streamgauge.ingest.transports import (
@@ -54,6 +60,11 @@ class IngestSettings:
     cardinality: CardinalityLimits = field(default_factory=CardinalityLimits)
     rcvbuf_bytes: int = DEFAULT_RCVBUF_BYTES
     unix_mode: int = 0o600
+    #: Over this many bytes in the spool (all streams), new data is refused and counted
+    #: (``streamgauge.ingest.refused{reason=spool_quota}``); 0 = no quota.
+    spool_quota_bytes: int = 0
+    #: Segments waiting for the writer thread before a roll waits for it (counted).
+    write_queue_depth: int = DEFAULT_WRITE_QUEUE_DEPTH
 
     def __post_init__(self) -> None:
         problems = []
@@ -65,6 +76,11 @@ class IngestSettings:
             problems.append(f"max_skew_ms must be >= 0, got {self.max_skew_ms}")
         if self.rcvbuf_bytes <= 0:
             problems.append(f"rcvbuf_bytes must be positive, got {self.rcvbuf_bytes}")
+        if self.spool_quota_bytes < 0:
+            problems.append(f"spool_quota_bytes must be >= 0 (0 = none), got "
+                            f"{self.spool_quota_bytes}")
+        if self.write_queue_depth < 1:
+            problems.append(f"write_queue_depth must be at least 1, got {self.write_queue_depth}")
         if self.unix_mode not in UNIX_SOCKET_MODES:
             problems.append(f"unix_mode must be 0600 or 0660, got {self.unix_mode:04o}")
         try:
@@ -81,6 +97,30 @@ class IngestSettings:
     @property
     def stats_path(self) -> Path:
         return self.data_dir / "ingest" / f"{self.receiver}.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where the window job commits what it read (for the segment lag)."""
+        return self.data_dir / "checkpoints"
+
+
+_SIZE = re.compile(r"^(\d+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$")
+_SIZE_UNITS = {
+    None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+}  # fmt: skip
+
+
+def parse_byte_size(text: str, name: str = "size") -> int:
+    """``"0"`` (none), ``"1073741824"``, ``"500MB"``, ``"20GiB"``, … → bytes; ``name`` (the
+    flag) goes into the error."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(
+            f"{name} {text!r} is not a size: use a whole number of bytes with an optional unit "
+            "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
+        )
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -118,7 +158,11 @@ def run_ingest(
     settings.stats_path.parent.mkdir(parents=True, exist_ok=True)
     receiver = Receiver(
         sockets,
-        SegmentWriter(settings.spool, settings.receiver, fsync=settings.fsync),
+        SegmentQueue(
+            SegmentWriter(settings.spool, settings.receiver, fsync=settings.fsync),
+            depth=settings.write_queue_depth,
+            quota_bytes=settings.spool_quota_bytes,
+        ),
         PaneCombiner(settings.pane_ms),
         clock or SystemClock(),
         roll_ms=settings.roll_ms,
@@ -127,6 +171,7 @@ def run_ingest(
         max_skew_ms=settings.max_skew_ms,
         cardinality=settings.cardinality,
         stats_path=settings.stats_path,
+        checkpoints=settings.checkpoints,
     )
     log.info("ingest %s: receiving on %s", settings.receiver, " ".join(receiver.listening))
     try:

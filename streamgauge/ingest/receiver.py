@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from streamgauge.clock import Clock
 from streamgauge.ingest import kernel
@@ -50,7 +51,15 @@ from streamgauge.ingest.guard import (
     CardinalityLimits,
     SeriesId,
 )
-from streamgauge.ingest.log import Heartbeat, SegmentWriter
+from streamgauge.ingest.log import (
+    Heartbeat,
+    SegmentQueue,
+    SegmentWriter,
+    WriterCounts,
+    list_segments,
+    read_heartbeat,
+    segment_path,
+)
 from streamgauge.ingest.protocol import (
     DEFAULT_LIMITS,
     ParseResult,
@@ -59,7 +68,8 @@ from streamgauge.ingest.protocol import (
     Sample,
     parse_datagram,
 )
-from streamgauge.ingest.transports import LineAssembler, bind_udp, describe
+from streamgauge.ingest.transports import DatagramReader, LineAssembler, bind_udp, describe
+from streamgauge.retention import committed_sequences
 
 __all__ = ["IngestStats", "Receiver", "UdpReceiver", "bind_udp"]
 
@@ -73,6 +83,7 @@ MAX_TCP_CONNECTIONS = 1024
 REJECT_SAMPLE_SIZE = 32
 DEFAULT_MAX_SKEW_MS = 10 * 60_000
 KERNEL_POLL_MS = 1000
+LAG_POLL_MS = 5000
 #: A wake-up that found fewer datagrams than this waits COALESCE_S before the next one, so
 #: that the next read finds a bigger batch: per-batch costs are amortised over more lines and
 #: the CPU goes to the senders meanwhile (the 8 MiB receive buffer holds ~40 ms at 200 MB/s).
@@ -93,6 +104,14 @@ class IngestStats:
     service_checks: int = 0
     segments: int = 0
     series_active: int = 0
+    segment_lag_ms: int = 0  # age of the oldest segment the window job has not committed
+    #: partials (rows) and their samples that did not reach the log, by reason
+    #: (``spool_quota``, ``disk_full``): received and combined, then refused by the writer
+    refused_partials: collections.Counter[str] = field(default_factory=collections.Counter)
+    refused_samples: collections.Counter[str] = field(default_factory=collections.Counter)
+    write_backpressure: int = 0  # rolls that waited for the segment writer (queue full)
+    write_blocked_ms: int = 0  # how long they waited
+    syscalls: int = 0  # datagram reads (recvmmsg or recv calls)
     rejected: collections.Counter[str] = field(default_factory=collections.Counter)
     adjusted: collections.Counter[str] = field(default_factory=collections.Counter)
     kernel_drops: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -117,6 +136,12 @@ class IngestStats:
             "service_checks": self.service_checks,
             "segments": self.segments,
             "series_active": self.series_active,
+            "segment_lag_ms": self.segment_lag_ms,
+            "refused_partials": dict(self.refused_partials),
+            "refused_samples": dict(self.refused_samples),
+            "write_backpressure": self.write_backpressure,
+            "write_blocked_ms": self.write_blocked_ms,
+            "syscalls": self.syscalls,
             "rejected": dict(self.rejected),
             "adjusted": dict(self.adjusted),
             "kernel_drops": dict(self.kernel_drops),
@@ -137,7 +162,7 @@ class Receiver:
     def __init__(
         self,
         sockets: socket.socket | Sequence[socket.socket],
-        writer: SegmentWriter,
+        writer: SegmentWriter | SegmentQueue,
         combiner: PaneCombiner,
         clock: Clock,
         *,
@@ -149,7 +174,12 @@ class Receiver:
         stats_path: Path | None = None,
         proc_net: Path = kernel.PROC_NET,
         fast_path: bool = True,
+        recvmmsg: bool = True,
+        checkpoints: Path | None = None,
     ) -> None:
+        """``writer``: a ``SegmentQueue`` writes on its own thread; a bare ``SegmentWriter``
+        writes in ``roll`` itself. ``recvmmsg``: many datagrams per system call on Linux.
+        ``checkpoints``: the window job's checkpoint root, for the segment lag."""
         if max_skew_ms < 0:
             raise ValueError(f"max_skew_ms must be >= 0, got {max_skew_ms}")
         self._sockets = [sockets] if isinstance(sockets, socket.socket) else list(sockets)
@@ -162,7 +192,12 @@ class Receiver:
             if sock.family in (socket.AF_INET, socket.AF_INET6) and not listening:
                 self._udp_inodes[kernel.socket_inode(sock)] = describe(sock)
         self._connections: dict[int, _Connection] = {}
-        self._writer = writer
+        self._writer = writer if isinstance(writer, SegmentQueue) else SegmentQueue(writer, depth=0)
+        self._reader = DatagramReader(batched=recvmmsg)
+        self._checkpoints = checkpoints
+        self._next_lag_poll_ms = 0
+        self._lag_ms: int | None = None
+        self._first_segment: int | None = None
         self._combiner = combiner
         self._clock = clock
         self._roll_ms = roll_ms
@@ -227,6 +262,9 @@ class Receiver:
         for fd in list(self._connections):
             self._end_connection(fd)
         self.roll(self.now_ms(), closed=True)
+        self._writer.close()  # waits until every segment is written
+        self._take_writer_counts()  # what the last ones refused: in the stats file at least
+        self._write_stats()
         self._selector.close()
 
     def receive_available(self) -> int:
@@ -248,30 +286,38 @@ class Receiver:
         return self._read_datagrams(sock)
 
     def _read_datagrams(self, sock: socket.socket) -> int:
-        datagrams: list[bytes] = []
-        recv = sock.recv
-        while len(datagrams) < MAX_DATAGRAMS_PER_WAKEUP:
-            try:
-                datagrams.append(recv(MAX_DATAGRAM_BYTES))
-            except (BlockingIOError, InterruptedError):
+        """Everything queued on ``sock`` (up to MAX_DATAGRAMS_PER_WAKEUP), as one buffer."""
+        reader = self._reader
+        chunks: list[bytes] = []
+        received = 0
+        syscalls = reader.syscalls
+        while received < MAX_DATAGRAMS_PER_WAKEUP:
+            datagrams = reader.read(sock, MAX_DATAGRAMS_PER_WAKEUP - received)
+            if not datagrams:
                 break
-        received = len(datagrams)
+            received += len(datagrams)
+            # the reader's buffers are reused by the next read: join (copy) them now
+            chunks.append(b"\n".join(datagrams))
+            if len(datagrams) < reader.slots and reader.batched:
+                break  # the queue was empty
+        self.stats.syscalls += reader.syscalls - syscalls
         if received:
             self.stats.datagrams += received
             self._pending_self_metrics.datagrams += received
-            self._ingest_datagrams(datagrams, self.now_ms())
+            self._ingest_buffer(b"\n".join(chunks) + b"\n", self.now_ms())
         return received
 
     def _ingest_datagrams(self, datagrams: list[bytes], recv_ms: int) -> None:
-        """Parse and combine one wake-up's datagrams; the same outcome as ``parse_datagram``
-        and ``_account`` line by line, with the common lines combined in bulk."""
+        """Parse and combine datagrams received together (see ``_ingest_buffer``)."""
+        self._ingest_buffer(b"\n".join(datagrams) + b"\n", recv_ms)
+
+    def _ingest_buffer(self, buffer: bytes, recv_ms: int) -> None:
+        """Parse and combine one wake-up's datagrams, joined by newlines; the same outcome as
+        ``parse_datagram`` and ``_account`` line by line, with the common lines combined in
+        bulk. (A line never spans datagrams: each ends where its datagram does.)"""
         if self._fast is None:
-            result = ParseResult()
-            for datagram in datagrams:
-                parse_datagram(datagram, self._limits, into=result)
-            self._account(result, recv_ms)
+            self._account(parse_datagram(buffer, self._limits), recv_ms)
             return
-        buffer = b"\n".join(datagrams) + b"\n"
         split = self._fast.split(buffer, recv_ms)
         fast, slots, values = split.fast, split.fast_slots, split.fast_values
         if len(split.slow):
@@ -433,6 +479,8 @@ class Receiver:
     def roll(self, now_ms: int, *, closed: bool = False) -> None:
         """Write a segment if there is data, a heartbeat is due, or the receiver is closing."""
         self._poll_kernel(now_ms, force=closed)
+        self._take_writer_counts()
+        self._poll_lag(now_ms)
         self._sync_guard()
         self._guard.expire(now_ms)
         self.stats.series_active = self._guard.active
@@ -444,10 +492,67 @@ class Receiver:
         # one will be stamped at or after it (now_ms never goes backwards): the heartbeat.
         # Client timestamps (|T) in the past do not hold it back: those partials are late.
         batch = self._combiner.drain()
-        self._writer.append(batch, Heartbeat(now_ms, closed))
+        self._writer.append(batch, Heartbeat(now_ms, closed))  # written by the writer thread
         self.stats.segments += 1
         self._last_segment_ms = now_ms
+        self._take_writer_counts()  # in the stats now, in the log with the next segment
         self._write_stats()
+
+    def _take_writer_counts(self) -> None:
+        """What the segment writer refused or waited for since the last roll."""
+        counts: WriterCounts = self._writer.take_counts()
+        stats, pending = self.stats, self._pending_self_metrics
+        for reason, n in counts.refused_partials.items():
+            stats.refused_partials[reason] += n
+            pending.refused_partials[reason] += n
+        for reason, n in counts.refused_samples.items():
+            stats.refused_samples[reason] += n
+            pending.refused_samples[reason] += n
+        stats.write_backpressure += counts.backpressure
+        pending.write_backpressure += counts.backpressure
+        stats.write_blocked_ms += counts.blocked_ms
+        pending.write_blocked_ms += counts.blocked_ms
+
+    def _poll_lag(self, now_ms: int) -> None:
+        """Segment lag: how old the oldest segment of this stream is that the window job has
+        not committed yet (0 when it has read everything), every LAG_POLL_MS.
+
+        The job's position is the furthest any of its queries under ``checkpoints`` committed
+        for this stream: a checkpoint left by an older config stops moving and must not look
+        like lag. Before any query read the stream, its oldest segment counts.
+        """
+        if self._checkpoints is None or now_ms < self._next_lag_poll_ms:
+            return
+        self._next_lag_poll_ms = now_ms + LAG_POLL_MS
+        writer = self._writer.writer
+        receiver = writer.receiver
+        positions = []
+        if self._checkpoints.is_dir():
+            for checkpoint in self._checkpoints.glob("*/*"):
+                try:
+                    committed = committed_sequences(checkpoint)
+                except (OSError, ValueError, KeyError):  # a commit being written right now
+                    continue
+                if committed and receiver in committed:
+                    positions.append(committed[receiver])
+        if positions:
+            oldest = max(positions) + 1
+        else:
+            # nothing read yet: the stream's first segment (listed once, while it exists)
+            first = self._first_segment
+            if first is None or not segment_path(writer.spool, receiver, first).exists():
+                existing = list_segments(writer.spool, receiver, upto=writer.next_sequence)
+                first = self._first_segment = existing[0].sequence if existing else None
+            oldest = first if first is not None else writer.next_sequence
+        lag = 0
+        if oldest < writer.next_sequence:
+            try:
+                lag = max(0, now_ms - read_heartbeat(segment_path(
+                    writer.spool, receiver, oldest)).heartbeat_ms)
+            except (OSError, pa.ArrowException):  # not written yet, or deleted meanwhile
+                lag = self.stats.segment_lag_ms
+        self.stats.segment_lag_ms = lag
+        self._lag_ms = lag
 
     def _poll_kernel(self, now_ms: int, *, force: bool = False) -> None:
         """Per-socket drops and the namespace's RcvbufErrors, at most once per second."""
@@ -482,6 +587,14 @@ class Receiver:
         counters += [("rejected", n, (("reason", r),)) for r, n in pending.rejected.items()]
         counters += [("adjusted", n, (("reason", r),)) for r, n in pending.adjusted.items()]
         counters += [("kernel_drops", n, (("listen", w),)) for w, n in pending.kernel_drops.items()]
+        counters += [("refused", n, (("reason", r),)) for r, n in pending.refused_samples.items()]
+        counters += [
+            ("refused_partials", n, (("reason", r),)) for r, n in pending.refused_partials.items()
+        ]
+        counters += [
+            ("write_backpressure", pending.write_backpressure, ()),
+            ("write_blocked_ms", pending.write_blocked_ms, ()),
+        ]
         wrote = False
         for name, value, tags in counters:
             if value:
@@ -490,14 +603,18 @@ class Receiver:
                 )
                 wrote = True
         if wrote:  # with traffic only: an idle receiver writes heartbeats, not gauges
-            self._combiner.add(
-                Sample(
-                    SELF_METRIC_PREFIX + "series_active", "g", float(self._guard.active), 1.0,
-                    (("receiver", self._writer.receiver),),
-                ),
-                now_ms,
-                now_ms,
-            )
+            gauges = [("series_active", self._guard.active)]
+            if self._lag_ms is not None:
+                gauges.append(("segment_lag_ms", self._lag_ms))
+            for name, gauge in gauges:
+                self._combiner.add(
+                    Sample(
+                        SELF_METRIC_PREFIX + name, "g", float(gauge), 1.0,
+                        (("receiver", self._writer.receiver),),
+                    ),
+                    now_ms,
+                    now_ms,
+                )
         self._pending_self_metrics = IngestStats()
 
     def _write_stats(self) -> None:

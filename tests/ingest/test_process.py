@@ -17,7 +17,12 @@ from typing import Any
 import pytest
 
 from streamgauge.ingest.log import list_segments, read_heartbeat, read_segment
-from streamgauge.ingest.process import IngestChildren, bind_receivers
+from streamgauge.ingest.process import (
+    IngestChildren,
+    IngestSettings,
+    bind_receivers,
+    parse_byte_size,
+)
 from streamgauge.ingest.transports import parse_listen_spec
 
 CONFIG = """
@@ -208,3 +213,35 @@ def test_receivers_share_one_udp_port_each_writing_its_own_stream(
     assert sum(per_stream) == sent
     assert all(per_stream), per_stream
     assert os.path.exists(data_dir / "ingest" / "udp-1.json")
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("0", 0), ("1048576", 1 << 20), ("500MB", 500_000_000), ("20GiB", 20 << 30),
+     ("3 TB", 3 * 10**12), ("64KiB", 65_536), ("12B", 12)],
+)  # fmt: skip
+def test_spool_quota_sizes(text: str, size: int) -> None:
+    assert parse_byte_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "-1", "1.5GB", "20gb", "GiB", "10 PB", "ten"])
+def test_bad_spool_quota_sizes_name_the_flag_and_the_forms(text: str) -> None:
+    with pytest.raises(ValueError, match=r"--spool-quota .* is not a size: .*KiB"):
+        parse_byte_size(text, "--spool-quota")
+
+
+def test_ingest_settings_refuse_a_negative_quota_and_an_empty_write_queue(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="spool_quota_bytes must be >= 0.*write_queue_depth"):
+        IngestSettings(tmp_path, "udp-0", 1000, spool_quota_bytes=-1, write_queue_depth=0)
+
+
+def test_a_bad_spool_quota_fails_ingest_and_run_with_one_line(tmp_path: Path, config: Path) -> None:
+    for command in ("ingest", "run"):
+        done = subprocess.run(
+            [sys.executable, "-m", "streamgauge", command, "--config", str(config),
+             "--data-dir", str(tmp_path), "--spool-quota", "lots"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, command
+        assert "--spool-quota 'lots' is not a size" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -13,12 +13,18 @@ from typing import Any
 
 import pytest
 import statsd
-from datadog.dogstatsd import DogStatsd
+from datadog.dogstatsd.base import DogStatsd
 
 from streamgauge.clock import ManualClock, SystemClock
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.guard import CardinalityLimits
-from streamgauge.ingest.log import SegmentWriter, list_segments, read_heartbeat, read_segment
+from streamgauge.ingest.log import (
+    SegmentQueue,
+    SegmentWriter,
+    list_segments,
+    read_heartbeat,
+    read_segment,
+)
 from streamgauge.ingest.receiver import Receiver, UdpReceiver, bind_udp
 from streamgauge.ingest.transports import bind_tcp, bind_unixgram
 
@@ -131,8 +137,9 @@ def _send_and_roll(receiver: Receiver, clock: ManualClock, port: int, lines: lis
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
         for line in lines:
             sender.sendto(line, ("127.0.0.1", port))
+    target = receiver.stats.datagrams + len(lines)
     deadline = time.monotonic() + 5
-    while receiver.stats.datagrams < len(lines) and time.monotonic() < deadline:
+    while receiver.stats.datagrams < target and time.monotonic() < deadline:
         receiver.receive_available()
         time.sleep(0.005)
     clock.advance(300)
@@ -379,4 +386,96 @@ def test_statsd_client_every_type_in_pipelines_matches_what_it_sent(tmp_path: Pa
     assert totals[("sd.set", "{}")]["count"] == 1
     assert receiver.stats.datagrams < receiver.stats.lines
     assert receiver.stats.lines == receiver.stats.accounted() == sent["lines"]
+    sock.close()
+
+
+def test_segments_written_on_the_writer_thread_keep_order_and_a_stop_flushes_them(
+    tmp_path: Path,
+) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    queue = SegmentQueue(SegmentWriter(tmp_path, "udp-0", fsync=False), depth=2)
+    receiver = Receiver(sock, queue, PaneCombiner(1000), SystemClock(), roll_ms=20)
+    thread, stop = _run_in_thread(receiver)
+    port = sock.getsockname()[1]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        for i in range(300):
+            sender.sendto(b"w.count:1|c\nw.timer:%d|ms" % i, ("127.0.0.1", port))
+            if i % 50 == 0:
+                time.sleep(0.03)  # spread over several rolls
+    _wait_for(lambda: receiver.stats.datagrams == 300)
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    segments = list_segments(tmp_path, "udp-0")
+    beats = [read_heartbeat(s.path) for s in segments]
+    assert len(segments) == receiver.stats.segments > 1
+    assert [b.heartbeat_ms for b in beats] == sorted(b.heartbeat_ms for b in beats)
+    assert [b.closed for b in beats] == [False] * (len(beats) - 1) + [True]
+    totals = _totals(_rows(tmp_path))
+    assert totals[("w.count", "{}")]["count"] == totals[("w.timer", "{}")]["count"] == 300
+    # many datagrams per system call (recvmmsg) where the platform has it
+    assert receiver.stats.syscalls <= receiver.stats.datagrams + receiver.stats.segments * 2
+    sock.close()
+
+
+def test_over_the_spool_quota_data_is_refused_counted_and_its_count_reaches_the_log(
+    tmp_path: Path,
+) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    spool = tmp_path / "spool"
+    queue = SegmentQueue(SegmentWriter(spool, "udp-0", fsync=False), depth=0, quota_bytes=1)
+    clock = ManualClock(T0)
+    receiver = Receiver(sock, queue, PaneCombiner(1000), clock, stats_path=tmp_path / "s.json")
+    port = sock.getsockname()[1]
+    _send_and_roll(receiver, clock, port, [b"q.count:1|c\nq.count:2|c", b"q.gauge:5|g"])
+    rows = _rows(spool)
+    assert rows and all(r["metric"].startswith("streamgauge.ingest.") for r in rows)
+    assert receiver.stats.refused_samples == {"spool_quota": 3}
+    assert receiver.stats.refused_partials == {"spool_quota": 2}
+    _send_and_roll(receiver, clock, port, [b"q.count:1|c"])  # reports the first refusal
+    totals = _totals(_rows(spool))
+    quota = json.dumps({"reason": "spool_quota"}, separators=(",", ":"))
+    assert totals[("streamgauge.ingest.refused", quota)]["sum"] == 3
+    assert totals[("streamgauge.ingest.refused_partials", quota)]["sum"] == 2
+    assert ("q.count", "{}") not in totals
+    assert receiver.stats.lines == receiver.stats.accounted()  # received and accounted
+    assert json.loads((tmp_path / "s.json").read_text())["refused_samples"]["spool_quota"] >= 3
+    sock.close()
+
+
+def _commit(checkpoint: Path, batch: int, receivers: dict[str, int]) -> None:
+    """What a Spark checkpoint holds for the retention and lag readers: commits/<n>, and
+    offsets/<n> whose last line names each receiver's last sequence."""
+    (checkpoint / "commits").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "commits" / str(batch)).write_text("v1\n{}\n")
+    offsets = {"receivers": {name: {"seq": seq} for name, seq in receivers.items()}}
+    (checkpoint / "offsets" / str(batch)).write_text("v1\n{}\n" + json.dumps(offsets) + "\n")
+
+
+def test_segment_lag_is_the_age_of_the_oldest_segment_the_job_has_not_committed(
+    tmp_path: Path,
+) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    checkpoints = tmp_path / "checkpoints"
+    receiver, clock = _manual_receiver(tmp_path / "spool", sock, checkpoints=checkpoints)
+    for _ in range(3):  # heartbeat segments 0, 1, 2 at T0, T0+1 s, T0+2 s
+        receiver.roll(clock.now_ms())
+        clock.advance(1_000)
+    assert receiver.stats.segment_lag_ms == 0  # polled at T0, before segment 0 existed
+    clock.set(T0 + 10_000)  # nothing read yet: segment 0 is the oldest unread
+    receiver.roll(clock.now_ms())  # and writes segment 3
+    assert receiver.stats.segment_lag_ms == 10_000
+    # a stale checkpoint of an older config stays at sequence 0; the live query read up to 2
+    _commit(checkpoints / "cfg" / "old-window", 0, {"udp-0": 0})
+    _commit(checkpoints / "cfg" / "w-1234", 7, {"udp-0": 2, "udp-9": 5})
+    clock.set(T0 + 15_000)
+    _send_and_roll(receiver, clock, sock.getsockname()[1], [b"a:1|c"])  # at T0 + 15.3 s
+    assert receiver.stats.segment_lag_ms == 5_300  # segment 3's age
+    rows = [r for r in _rows(tmp_path / "spool") if r["metric"].endswith("segment_lag_ms")]
+    assert [(r["last"], r["tags"]) for r in rows] == [(5_300, '{"receiver":"udp-0"}')]
+    _commit(checkpoints / "cfg" / "w-1234", 8, {"udp-0": 4})  # read everything written
+    clock.set(T0 + 20_300)
+    receiver.roll(clock.now_ms())
+    assert receiver.stats.segment_lag_ms == 0
     sock.close()
