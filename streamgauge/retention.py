@@ -7,6 +7,12 @@ receiver). The newest committed segment of each stream is always kept: the sourc
 heartbeat as the "prior heartbeat" of the next segment, which decides lateness. Retained
 segments are what `streamgauge replay` can recompute from.
 
+**Spool quota.** With ``quota_bytes``, a spool still over it after the age pass loses its
+oldest *committed* segments first, whatever their age, down to ``QUOTA_LOW_WATER`` of the
+quota (so receivers refusing data under the quota resume with room, not at the edge). What
+the job has not read is never deleted for the quota: the receivers refuse new data instead
+(``streamgauge.ingest.refused{reason=spool_quota}``).
+
 **Results.** Windows that ended before the retention age are deleted from
 ``window_results``, ``window_pending`` and ``late_events``, and old ``sink_batches`` records
 with them (a batch that old can no longer be replayed by Spark: its segments are gone too).
@@ -22,9 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamgauge.clock import Clock
-from streamgauge.ingest.log import list_receivers, list_segments, read_heartbeat
+from streamgauge.ingest.log import (
+    SegmentInfo,
+    list_receivers,
+    list_segments,
+    read_heartbeat,
+    spool_bytes,
+)
 
 log = logging.getLogger(__name__)
+
+QUOTA_LOW_WATER = 0.9
 
 
 @dataclass(frozen=True)
@@ -65,12 +79,19 @@ def safe_sequences(checkpoints: Iterable[Path]) -> dict[str, int]:
 
 
 def prune_spool(
-    spool: Path, checkpoints: Iterable[Path], older_than_ms: int, clock: Clock
+    spool: Path,
+    checkpoints: Iterable[Path],
+    older_than_ms: int,
+    clock: Clock,
+    *,
+    quota_bytes: int = 0,
 ) -> SpoolPruneReport:
-    """Delete segments older than ``older_than_ms`` that every query has committed past."""
+    """Delete segments older than ``older_than_ms`` that every query has committed past; then,
+    with ``quota_bytes``, more committed segments, oldest first, while over the quota."""
     cutoff = clock.now_ms() - older_than_ms
     safe = safe_sequences(checkpoints)
     deleted = kept = freed = 0
+    deletable: list[tuple[int, SegmentInfo]] = []  # (heartbeat, segment) kept only for age
     for receiver in list_receivers(spool):
         limit = safe.get(receiver)
         for segment in list_segments(spool, receiver):
@@ -79,12 +100,39 @@ def prune_spool(
             if limit is None or segment.sequence >= limit:
                 kept += 1
                 continue
-            if read_heartbeat(segment.path).heartbeat_ms >= cutoff:
-                break  # sequences are in time order: the rest are younger still
-            size = segment.path.stat().st_size
-            os.unlink(segment.path)
+            heartbeat_ms = read_heartbeat(segment.path).heartbeat_ms
+            if heartbeat_ms >= cutoff:
+                if not quota_bytes:
+                    break  # sequences are in time order: the rest are younger still
+                deletable.append((heartbeat_ms, segment))
+                continue
+            freed += _delete(segment)
             deleted += 1
-            freed += size
+    if quota_bytes and deletable:
+        used = spool_bytes(spool)
+        if used > quota_bytes:
+            target = int(quota_bytes * QUOTA_LOW_WATER)
+            deletable.sort(key=lambda entry: (entry[0], entry[1].receiver, entry[1].sequence))
+            # Oldest first, and per stream in sequence order (the sort keeps it), so a stream
+            # never has a hole: what is left is always its newest segments.
+            for _, segment in deletable:
+                if used <= target:
+                    break
+                size = _delete(segment)
+                used -= size
+                freed += size
+                deleted += 1
+            log.info("retention: spool over its quota of %d bytes, now %d", quota_bytes, used)
     if deleted:
         log.info("retention: deleted %d segment(s), %d bytes", deleted, freed)
     return SpoolPruneReport(deleted, kept, freed)
+
+
+def _delete(segment: SegmentInfo) -> int:
+    """Delete a segment; its size in bytes (0 if someone else deleted it first)."""
+    try:
+        size = segment.path.stat().st_size
+        os.unlink(segment.path)
+    except FileNotFoundError:
+        return 0
+    return size
