@@ -17,7 +17,8 @@ percentiles and distinct counts show the largest window's value (percentiles do 
 and HLL estimates do not add).
 
 Percentiles over a bucket or the whole range come from ``window_histograms`` instead: the HDR
-bucket rows of all windows in the bucket (per tag group) are added, then
+bucket rows of all windows in the bucket (per tag group) are added per bucket (index and
+bounds, so a layout change never adds unlike buckets), then
 ``streamgauge_hdr_quantiles`` reads the quantiles off the merged histogram, as HdrHistogram
 does (schema migration 4). Rows are added per (time bucket, series, bucket) first and merged with
 the ``streamgauge_histogram`` aggregate second: the aggregate then sees a few hundred rows per
@@ -280,11 +281,11 @@ def histogram_percentiles_sql(config: PipelineConfig, *, provisional: bool) -> s
         "  SELECT\n"
         "    $__timeGroup(h.window_start, $__interval) AS t,\n"
         f"    {_SERIES} AS series,\n"
-        "    h.bucket, min(h.lower_bound) AS lower_bound, max(h.upper_bound) AS upper_bound,\n"
+        "    h.bucket, h.lower_bound, h.upper_bound,\n"
         "    sum(h.count)::bigint AS n, bool_and(r.is_final) AS final\n"
         f"  FROM window_histograms h {_EMITTED}\n"
         f"  WHERE {_histogram_filter(config)}\n"
-        "  GROUP BY 1, 2, 3\n"
+        "  GROUP BY 1, 2, 3, 4, 5\n"
         "), per_series AS (\n"
         "  SELECT t, series, bool_and(final) AS final,\n"
         f"    streamgauge_hdr_quantiles(streamgauge_histogram({_BIN}), {_quantile_array()}) AS v\n"
@@ -304,11 +305,10 @@ def histogram_range_percentiles_sql(config: PipelineConfig) -> str:
     columns = ", ".join(f"v[{i}] AS {label}" for i, (label, _) in enumerate(HISTOGRAM_QUANTILES, 1))
     return (
         "WITH per_bucket AS (\n"
-        "  SELECT h.bucket, min(h.lower_bound) AS lower_bound,\n"
-        "    max(h.upper_bound) AS upper_bound, sum(h.count)::bigint AS n\n"
+        "  SELECT h.bucket, h.lower_bound, h.upper_bound, sum(h.count)::bigint AS n\n"
         f"  FROM window_histograms h {_EMITTED}\n"
         f"  WHERE {_histogram_filter(config)}\n"
-        "  GROUP BY 1\n"
+        "  GROUP BY 1, 2, 3\n"
         ")\n"
         f"SELECT {columns}\n"
         "FROM (\n"

@@ -310,21 +310,28 @@ CREATE TYPE streamgauge_hdr_bin AS (
 COMMENT ON TYPE streamgauge_hdr_bin IS
     'One bucket of an HDR histogram (window_histograms columns); a histogram is an array.';
 
+-- Bins merge on (bucket, lower_bound, upper_bound), not on the index alone, and sort by value:
+-- if a config's accuracy changes, its layout changes and the same index then means other
+-- values. Within one layout this is exactly "add counts per bucket index" (the bounds are a
+-- function of the index, and increase with it); across a change, bins of both layouts are
+-- kept apart and ordered by value, so a quantile is off by at most the coarser bucket's width
+-- instead of being read from the wrong values.
 CREATE FUNCTION streamgauge_hdr_merge(bins streamgauge_hdr_bin[])
 RETURNS streamgauge_hdr_bin[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(array_agg(ROW(bucket, lo, hi, n)::streamgauge_hdr_bin ORDER BY bucket), '{}')
+    SELECT coalesce(array_agg(ROW(bucket, lower_bound, upper_bound, n)::streamgauge_hdr_bin
+                              ORDER BY upper_bound, lower_bound, bucket), '{}')
     FROM (
-        SELECT b.bucket, min(b.lower_bound) AS lo, max(b.upper_bound) AS hi, sum(b.count) AS n
+        SELECT b.bucket, b.lower_bound, b.upper_bound, sum(b.count) AS n
         FROM unnest(bins) AS b
         WHERE b.bucket IS NOT NULL AND b.count IS NOT NULL
-        GROUP BY b.bucket
+        GROUP BY b.bucket, b.lower_bound, b.upper_bound
         HAVING sum(b.count) > 0
     ) merged
 $$;
 COMMENT ON FUNCTION streamgauge_hdr_merge(streamgauge_hdr_bin[]) IS
-    'Adds the counts of bins with the same bucket index: the merged histogram, sorted by '
-    'bucket, without empty buckets.';
+    'Adds the counts of bins of the same bucket (index and bounds): the merged histogram, '
+    'ordered by value, without empty buckets.';
 
 CREATE FUNCTION streamgauge_hdr_merge_rows(rows window_histograms[])
 RETURNS streamgauge_hdr_bin[]
@@ -381,10 +388,12 @@ CREATE FUNCTION streamgauge_hdr_quantiles(histogram streamgauge_hdr_bin[], qs do
 RETURNS double precision[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     WITH bins AS (
-        SELECT b.bucket, b.lower_bound, b.upper_bound,
-               (sum(b.count) OVER (ORDER BY b.bucket))::bigint AS cumulative,
+        SELECT b.ord, b.lower_bound, b.upper_bound,
+               (sum(b.count) OVER (ORDER BY b.ord ROWS UNBOUNDED PRECEDING))::bigint
+                   AS cumulative,
                (sum(b.count) OVER ())::bigint AS total
-        FROM unnest(streamgauge_hdr_merge(histogram)) AS b
+        FROM unnest(streamgauge_hdr_merge(histogram)) WITH ORDINALITY
+            AS b(bucket, lower_bound, upper_bound, count, ord)
     ), wanted AS (
         SELECT t.ord, least(t.q * 100.0, 100.0) AS pct
         FROM unnest(qs) WITH ORDINALITY AS t(q, ord)
@@ -395,7 +404,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         FROM bins
         WHERE bins.cumulative >= greatest(
             floor(w.pct * bins.total::double precision / 100.0 + 0.5)::bigint, 1)
-        ORDER BY bins.bucket
+        ORDER BY bins.ord
         LIMIT 1
     ) ORDER BY w.ord), '{}') END
     FROM wanted AS w

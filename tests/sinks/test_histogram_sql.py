@@ -150,10 +150,10 @@ def test_a_p99_time_series_per_host_like_a_grafana_panel(histograms: str) -> Non
         "SELECT t, host, streamgauge_hdr_quantile(streamgauge_histogram("
         "  (bucket, lower_bound, upper_bound, n)::streamgauge_hdr_bin), 0.99)"
         " FROM (SELECT floor(extract(epoch from window_start)/20)*20 AS t,"
-        "              tags->>'host' AS host, bucket, min(lower_bound) AS lower_bound,"
-        "              max(upper_bound) AS upper_bound, sum(count)::bigint AS n"
+        "              tags->>'host' AS host, bucket, lower_bound, upper_bound,"
+        "              sum(count)::bigint AS n"
         "       FROM window_histograms WHERE config_name = 'cfg'"
-        "       GROUP BY 1, 2, 3) per_bucket"
+        "       GROUP BY 1, 2, 3, 4, 5) per_bucket"
         " GROUP BY 1, 2 ORDER BY 1, 2",
     )
     expected = []
@@ -215,3 +215,55 @@ def test_hand_computed_nearest_rank() -> None:
         LAYOUT, int(indices[1])
     )  # round(0.5 * 4) = 2: the second sample's bucket
     assert LAYOUT.quantile(indices, [1, 1, 1, 1], 0.0) == LAYOUT.bucket_lower(int(indices[0]))
+
+
+def test_a_layout_change_inside_the_range_keeps_quantiles_within_the_coarser_error(
+    histograms: str,
+) -> None:
+    """Windows 0-2 written with 2 significant digits, 3-5 with 3 (``quantile_error`` lowered):
+    the same bucket index means other values in the two layouts, so merging on the index alone
+    would read quantiles off the wrong values; merging on index and bounds keeps them apart."""
+    fine = HdrLayout(lowest=1, highest=3_600_000_000, significant_digits=3, value_scale=1000.0)
+    rows, values = [], []
+    for window in range(WINDOWS):
+        layout = LAYOUT if window < 3 else fine
+        # 0.05 ms .. 10 s: both layouts' index ranges overlap widely
+        raw = np.random.default_rng([window, 7]).lognormal(1.0, 2.0, 2000)
+        values.append(raw)
+        hist = layout.histogram(raw)
+        start = T + dt.timedelta(seconds=window * WINDOW_S)
+        for i, n in zip(hist.indices.tolist(), hist.counts.tolist(), strict=True):
+            rows.append(
+                ("cfg_changed", "per_10s", "api.latency", "{}", start,
+                 start + dt.timedelta(seconds=WINDOW_S), i, layout.bucket_lower(i),
+                 highest_equivalent(layout, i), n, 1)
+            )  # fmt: skip
+    shared = {r[6] for r in rows if r[4] < T + dt.timedelta(seconds=30)} & {
+        r[6] for r in rows if r[4] >= T + dt.timedelta(seconds=30)
+    }
+    assert shared  # the same indices occur in both layouts, with different bounds
+    with psycopg.connect(histograms, autocommit=True) as conn:
+        with (
+            conn.cursor() as cur,
+            cur.copy(
+                "COPY window_histograms (config_name, window_name, metric, tags, window_start,"
+                " window_end, bucket, lower_bound, upper_bound, count, revision) FROM STDIN"
+            ) as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
+        try:
+            got = conn.execute(
+                "SELECT streamgauge_hdr_quantiles(streamgauge_histogram(h), %s)"
+                " FROM window_histograms h WHERE config_name = 'cfg_changed'",
+                (list(QUANTILES),),
+            ).fetchone()
+        finally:
+            conn.execute("DELETE FROM window_histograms WHERE config_name = 'cfg_changed'")
+    assert got is not None
+    ordered = np.sort(np.concatenate(values))
+    n = len(ordered)
+    for q, value in zip(QUANTILES, got[0], strict=True):
+        exact = float(ordered[max(int(q * 100.0 * n / 100 + 0.5), 1) - 1])
+        bound = max(exact * LAYOUT.relative_error, 1 / LAYOUT.value_scale)
+        assert abs(value - exact) <= bound, (q, value, exact)
