@@ -267,3 +267,18 @@ def test_a_layout_change_inside_the_range_keeps_quantiles_within_the_coarser_err
         exact = float(ordered[max(int(q * 100.0 * n / 100 + 0.5), 1) - 1])
         bound = max(exact * LAYOUT.relative_error, 1 / LAYOUT.value_scale)
         assert abs(value - exact) <= bound, (q, value, exact)
+
+
+def test_quantiles_of_unmerged_bins_equal_those_of_the_merged_histogram(histograms: str) -> None:
+    """The dashboards pass ``array_agg`` of raw rows (no merge step): same answers, any order."""
+    _, rows = run_sql(
+        histograms,
+        "SELECT streamgauge_hdr_quantiles(array_agg("
+        "  (bucket, lower_bound, upper_bound, count)::streamgauge_hdr_bin"
+        "  ORDER BY random()), %s),"
+        " streamgauge_hdr_quantiles(streamgauge_histogram(h), %s)"
+        " FROM window_histograms h WHERE config_name = 'cfg'",
+        (list(QUANTILES), list(QUANTILES)),
+    )
+    ((unmerged, merged),) = rows
+    assert unmerged == merged == python_quantiles(HOSTS, range(WINDOWS))
