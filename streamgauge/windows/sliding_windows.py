@@ -77,6 +77,12 @@ event-time timeout at the newest of those bounds frees idle series.
 Within a micro-batch the partials of a series are applied in log order as far as the rows
 tell it (prior heartbeat, segment heartbeat, event time), as for sessions; the order only
 matters for the "late for a final window" decisions.
+
+Cost: a pane lies in up to ``size / p`` windows, so a series with data in every pane updates
+that many windows (and output rows) per pane, as in Kafka; finding them scans the panes held
+(about ``(size + L + delay) / p`` per series). Known limit, shared with every kind: Spark's
+watermark follows the newest receiver, so a receiver lagging more than the horizon behind
+another has its partials dropped by Spark before they reach the operator.
 """
 
 from __future__ import annotations
