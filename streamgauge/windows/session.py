@@ -7,16 +7,36 @@ makes each micro-batch of a small job run 200 tasks, so it defaults to a few per
 
 Spark starts its Python workers (which run the spool source) with ``python3`` from ``PATH``
 unless told otherwise; outside an activated venv that interpreter lacks pyarrow and
-streamgauge. The workers therefore default to this process's own interpreter.
+streamgauge. The workers therefore default to this process's own interpreter
+(``PYSPARK_PYTHON``, which the driver hands to every executor: on a cluster that path must
+exist on each worker host, with pyspark's dependencies and pyarrow installed).
+
+On a cluster (any master but ``local``), executors also need the code the spool source and
+the window job ship to them as pickles by reference (``streamgauge.windows.source`` and
+what it imports). The session zips this process's ``streamgauge`` package and adds it with
+``addPyFile`` before registering the source, so the executors' Python workers import the
+driver's code; the driver's own Python workers (which run the source's ``latestOffset`` and
+planning) get no includes from Spark, so the zip also leads the ``PYTHONPATH`` the driver's
+JVM starts them with. Nothing needs to be installed on the workers but Python and the
+third-party packages (pyarrow, pandas, numpy: pyspark's own Python dependencies).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import os
+import shutil
 import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+import streamgauge
 from streamgauge.windows.source import SpoolDataSource
 
 
@@ -41,7 +61,8 @@ def build_spark_session(
         # Adaptive execution does not apply to streaming; Spark warns once per query otherwise.
         .config("spark.sql.adaptive.enabled", "false")
     )
-    if master.startswith("local"):
+    local = master == "local" or master.startswith("local[")
+    if local:
         # One machine: keep the driver and its UI on loopback, not on the first interface.
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
@@ -50,11 +71,54 @@ def build_spark_session(
         builder = builder.config("spark.ui.port", str(ui_port))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    if local:
+        spark = builder.getOrCreate()
+    else:
+        with _shipped_on_driver_pythonpath():
+            spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     _quiet(spark, "org.apache.spark.sql.execution.streaming.ProcessingTimeExecutor")
+    if not local:
+        # Before registering: the source's pickled class carries the includes known then.
+        spark.sparkContext.addPyFile(str(package_zip()))
     spark.dataSource.register(SpoolDataSource)
     return spark
+
+
+@contextlib.contextmanager
+def _shipped_on_driver_pythonpath() -> Iterator[None]:
+    """The driver's own Python workers (the streaming source's offsets, planning) get no
+    ``addPyFile`` includes from Spark, only the PYTHONPATH of the driver's JVM, which inherits
+    this process's environment when it starts: the zip leads it for that moment only (the
+    receivers ``run`` starts later must not import from a file that goes away with us)."""
+    inherited = os.environ.get("PYTHONPATH")
+    shipped = str(package_zip())
+    os.environ["PYTHONPATH"] = f"{shipped}{os.pathsep}{inherited}" if inherited else shipped
+    try:
+        yield
+    finally:
+        if inherited is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = inherited
+
+
+@functools.cache
+def package_zip() -> Path:
+    """This process's ``streamgauge`` package as a zip for ``addPyFile``, built once.
+
+    Spark serves an added file from its path for the application's lifetime, so the zip
+    lives in a private temporary directory removed when this process exits.
+    """
+    package = Path(streamgauge.__file__).resolve().parent
+    directory = Path(tempfile.mkdtemp(prefix="streamgauge-pyfiles-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    target = directory / "streamgauge.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                archive.write(path, Path("streamgauge") / path.relative_to(package))
+    return target
 
 
 def _quiet(spark: SparkSession, logger: str) -> None:

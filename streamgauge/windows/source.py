@@ -25,8 +25,8 @@ admits a segment only if its heartbeat is at most the newest heartbeat of every 
 receiver (slack 0); the rest waits in the durable spool, still unread::
 
     heartbeat (s)    0    2    4    6    8   10   12   14   16   18   20
-    fast  (open)     ████████████████████████████████████████████████|20
-    slow  (open)     █████████████|6
+    fast  (open)     ██████████████████████████████████████████████████|20
+    slow  (open)     ███████████████|6
     handed to Spark  fast ≤ 6, slow ≤ 6   (fast 6 → 20 waits in the spool)
     W = 6 - delay;   Spark's watermark ≤ 6 + size - (delay + lateness + size)
 
