@@ -179,7 +179,7 @@ def retention_flags(parser: argparse.ArgumentParser) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     import yaml
 
-    from streamgauge.configs import ConfigError, load_config
+    from streamgauge.configs import ConfigError, describe_sketches, load_config
 
     try:
         config = load_config(args.file)
@@ -188,6 +188,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"{args.file}: {len(error.issues)} error(s)", file=sys.stderr)
         return 1
     print(yaml.safe_dump(config.to_canonical_dict(), sort_keys=False), end="")
+    # As YAML comments, so the output still loads as the config it describes.
+    print("".join(f"# {line}\n" for line in describe_sketches(config.sketches)), end="")
+    for warning in config.warnings:
+        print(f"{args.file}: warning: {warning}", file=sys.stderr)
     return 0
 
 

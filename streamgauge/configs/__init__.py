@@ -1,7 +1,8 @@
 """Window configs: the YAML schema, its loader, and the frozen specs the pipeline runs on.
 
 ``load_config(path)`` is the way in; ``PipelineConfig``, ``WindowSpec`` and
-``AlertSpec`` are what comes out.
+``AlertSpec`` are what comes out (``PipelineConfig.sketches``: the compiled ``sketches:``
+accuracy targets).
 """
 
 from streamgauge.configs.durations import format_duration_ms, parse_duration_ms
@@ -16,13 +17,16 @@ from streamgauge.configs.model import (
     AGGREGATES,
     COMPARISONS,
     EVALUATION_STEP_MS,
+    SKETCH_KEYS,
     WINDOW_KINDS,
     Aggregate,
     AlertSpec,
     Comparison,
     PipelineConfig,
+    SketchTargets,
     WindowKind,
     WindowSpec,
+    describe_sketches,
     evaluation_interval_ms,
     format_threshold,
     parse_condition,
@@ -32,6 +36,7 @@ __all__ = [
     "AGGREGATES",
     "COMPARISONS",
     "EVALUATION_STEP_MS",
+    "SKETCH_KEYS",
     "WINDOW_KINDS",
     "Aggregate",
     "AlertSpec",
@@ -39,9 +44,11 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "PipelineConfig",
+    "SketchTargets",
     "WindowKind",
     "WindowSpec",
     "default_config_name",
+    "describe_sketches",
     "evaluation_interval_ms",
     "format_threshold",
     "format_duration_ms",

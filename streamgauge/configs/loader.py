@@ -8,7 +8,8 @@ Three passes, each collecting rather than stopping:
    mapping that fails is validated again without its failing keys, so the rest of it still
    reaches pass 3.
 3. Rules (``model.config_problems``): cross-field and cross-window checks, the same ones
-   ``WindowSpec`` and ``PipelineConfig`` run at construction.
+   ``WindowSpec`` and ``PipelineConfig`` run at construction, and the ``sketches:`` targets
+   compiled one by one (an impossible target is reported at its key).
 
 Nothing is built until all three passes are clean, so a caller swapping configs either gets a
 complete new config or a ``ConfigError`` and keeps the old one.
@@ -33,12 +34,14 @@ from streamgauge.configs.durations import parse_duration_ms
 from streamgauge.configs.model import (
     DEFAULT_PANE_MS,
     NAME_MAX_LENGTH,
+    SKETCH_KEYS,
     WINDOW_KINDS,
     AlertDraft,
     AlertSpec,
     Loc,
     PipelineConfig,
     Problem,
+    SketchTargets,
     WindowDraft,
     WindowKind,
     WindowSpec,
@@ -114,7 +117,26 @@ def _duration(value: object) -> int:
     raise ValueError(f"must be a duration like 10s or 250ms, not {_describe(value)}")
 
 
+def _number(value: object) -> float:
+    # "distinct_error: 2%" reaches here as a string; the number it means is 0.02.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.strip().endswith("%"):
+        raise ValueError(f"must be a fraction, not a string ({value!r}); write 0.02 for 2%")
+    raise ValueError(f"must be a number like 0.02, not {_describe(value)}")
+
+
+def _value_range(value: object) -> tuple[float, float]:
+    if isinstance(value, list) and len(value) == 2:
+        low, high = value
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high)):
+            return float(low), float(high)
+    shown = f"a list of {len(value)}" if isinstance(value, list) else _describe(value)
+    raise ValueError(f"must be [low, high], two numbers like [0.1, 60000], not {shown}")
+
+
 _Str = Annotated[str | None, BeforeValidator(_present)]
+_Number = Annotated[float | None, BeforeValidator(_number), BeforeValidator(_present)]
 _Duration = Annotated[int | None, BeforeValidator(_duration), BeforeValidator(_present)]
 _Kind = Annotated[WindowKind | None, BeforeValidator(_present)]
 _StrList = Annotated[list[str] | None, BeforeValidator(_present)]
@@ -153,15 +175,25 @@ class _RawAlert(_Shape):
     annotations: _StrMap = None
 
 
+class _RawSketches(_Shape):
+    distinct_error: _Number = None
+    quantile_error: _Number = None
+    value_range: Annotated[
+        tuple[float, float] | None, BeforeValidator(_value_range), BeforeValidator(_present)
+    ] = None
+
+
 class _RawConfig(_Shape):
     name: _Str = None
     pane: _Duration = None
+    sketches: Annotated[dict[Any, Any] | None, BeforeValidator(_present)] = None
     windows: Annotated[list[Any] | None, BeforeValidator(_present)] = None
     alerts: Annotated[list[Any] | None, BeforeValidator(_present)] = None
 
 
 _WINDOW_KEYS = tuple(_RawWindow.model_fields)
 _CONFIG_KEYS = tuple(_RawConfig.model_fields)
+assert tuple(_RawSketches.model_fields) == SKETCH_KEYS
 _ALERT_KEYS = tuple(field.alias or key for key, field in _RawAlert.model_fields.items())
 
 #: Names users bring from other systems, mapped to ours.
@@ -199,7 +231,42 @@ _ALERT_SYNONYMS = {
 }
 
 
+#: Sketch parameters users reach for, mapped to the target that sets them: the config takes
+#: the error wanted, and picks the parameter (``validate`` prints the one it picked).
+_SKETCH_SYNONYMS = {
+    "lg_k": "distinct_error",
+    "lgk": "distinct_error",
+    "hll_lg_k": "distinct_error",
+    "precision": "distinct_error",
+    "set_eps": "distinct_error",
+    "compression": "quantile_error",
+    "tdigest_k": "quantile_error",
+    "k": "quantile_error",
+    "significant_digits": "quantile_error",
+    "digits": "quantile_error",
+    "range": "value_range",
+    "min": "value_range",
+    "max": "value_range",
+    "lowest": "value_range",
+    "highest": "value_range",
+}
+
+
 def _unknown_key_message(key: str, model: type[_Shape]) -> str:
+    if model is _RawSketches:
+        if key in _SKETCH_SYNONYMS:
+            return (
+                f"unknown key; sketches: takes error targets and picks {key} from them: "
+                f"did you mean {_SKETCH_SYNONYMS[key]}?"
+            )
+        guess = next(iter(difflib.get_close_matches(key, SKETCH_KEYS, n=1)), None)
+        if guess is not None:
+            return f"unknown key; did you mean {guess}?"
+        return f"unknown key; valid keys here: {', '.join(SKETCH_KEYS)}"
+    if key in SKETCH_KEYS and model is _RawConfig:
+        return f"unknown key; {key} belongs under sketches:"
+    if key in SKETCH_KEYS and model is _RawWindow:
+        return f"unknown key; {key} is set once for the whole config, under sketches:"
     if model is _RawAlert:
         guess = _ALERT_SYNONYMS.get(key) or next(
             iter(difflib.get_close_matches(key, _ALERT_KEYS, n=1)), None
@@ -239,6 +306,8 @@ def _shape_message(error: ErrorDetails, model: type[_Shape]) -> str:
             return f'must be a quoted string like "> 250", not {_describe(value)}'
         return f"must be a string, not {_describe(value)}"
     if kind == "dict_type":
+        if error["loc"] == ("sketches",):
+            return f"must be a mapping like {{distinct_error: 0.02}}, not {_describe(value)}"
         return f"must be a mapping like {{key: value}}, not {_describe(value)}"
     if kind == "list_type":
         if error["loc"] == ("alerts",):
@@ -519,12 +588,22 @@ def parse_config(text: str, source: str, default_name: str = "streamgauge") -> P
                 _alert_draft(raw_alert, frozenset(k for k in item if isinstance(k, str)))
             )
 
+    targets = SketchTargets()
+    if top.sketches is not None:
+        raw_sketches, _ = _read_shape(_RawSketches, top.sketches, ("sketches",), problems)
+        targets = SketchTargets(
+            distinct_error=raw_sketches.distinct_error,
+            quantile_error=raw_sketches.quantile_error,
+            value_range=raw_sketches.value_range,
+        )
+
     problems += config_problems(
         given=frozenset(k for k in document if isinstance(k, str)),
         name=name,
         pane_ms=pane_ms,
         windows=drafts,
         alerts=alert_drafts,
+        sketches=targets,
     )
 
     if problems:
@@ -538,6 +617,7 @@ def parse_config(text: str, source: str, default_name: str = "streamgauge") -> P
         pane_ms=pane_ms,
         windows=tuple(_spec(raw) for raw in raw_windows if raw is not None),
         alerts=tuple(_alert_spec(raw) for raw in raw_alerts or () if raw is not None),
+        sketch_targets=targets,
     )
 
 

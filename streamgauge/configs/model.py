@@ -18,10 +18,11 @@ import fnmatch
 import functools
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from streamgauge.configs.durations import format_duration_ms
+from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 WindowKind = Literal["tumbling", "hopping", "sliding", "session"]
 Aggregate = Literal[
@@ -425,6 +426,175 @@ def alert_problems(draft: AlertDraft, windows: Mapping[str, WindowDraft] | None)
     return problems
 
 
+#: The keys of the ``sketches:`` section, in the order they are documented and printed.
+SKETCH_KEYS: tuple[str, ...] = ("distinct_error", "quantile_error", "value_range")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SketchTargets:
+    """The ``sketches:`` section as written: error targets, ``None`` where the default applies.
+
+    Like the drafts, it does not check itself: ``PipelineConfig`` checks it with
+    ``sketch_problems`` and compiles it (``compile``) into the ``SketchParams`` the ingest
+    tier and the window job build sketches with. Numbers are stored as floats, so
+    ``quantile_error: 1`` and ``1.0`` are the same target.
+    """
+
+    distinct_error: float | None = None
+    quantile_error: float | None = None
+    value_range: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("distinct_error", "quantile_error"):
+            value = getattr(self, key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, key, float(value))
+        if isinstance(self.value_range, Sequence) and not isinstance(self.value_range, str):
+            object.__setattr__(
+                self,
+                "value_range",
+                tuple(
+                    float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                    for v in self.value_range
+                ),
+            )
+
+    @property
+    def is_set(self) -> bool:
+        """Whether any target was given (an empty ``sketches: {}`` sets none)."""
+        return any(getattr(self, key) is not None for key in SKETCH_KEYS)
+
+    def compile(self) -> SketchParams:
+        """The sketch parameters meeting these targets; ``ValueError`` if they are impossible."""
+        return _compile_targets(self)
+
+    def to_canonical_dict(self) -> dict[str, object]:
+        """The targets that were set, in the YAML's keys (unset ones stay unset: a default is
+        not a target, and spelling one out would change what the config says)."""
+        out: dict[str, object] = {}
+        if self.distinct_error is not None:
+            out["distinct_error"] = _yaml_number(self.distinct_error)
+        if self.quantile_error is not None:
+            out["quantile_error"] = _yaml_number(self.quantile_error)
+        if self.value_range is not None:
+            out["value_range"] = [_yaml_number(v) for v in self.value_range]
+        return out
+
+
+def _yaml_number(value: float) -> float | int:
+    """``60000.0`` -> ``60000``: the number as a user would write it (it loads back equal)."""
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_targets(targets: SketchTargets) -> SketchParams:
+    return compile_accuracy(targets.distinct_error, targets.quantile_error, targets.value_range)
+
+
+def _show_target(value: object) -> str:
+    """A target as the YAML spells it: ``2``, ``0.0001``, ``[5, 1]``."""
+    if isinstance(value, float):
+        return format_threshold(value)
+    if isinstance(value, tuple):
+        return f"[{', '.join(_show_target(v) for v in value)}]"
+    return repr(value)
+
+
+def _sketch_message(key: str, value: object, message: str) -> str:
+    """``compile_accuracy``'s sentence with its ``key=value`` opening in the YAML's spelling:
+    the location already names the key."""
+    prefix = f"{key}={value!r}"
+    if message.startswith(prefix):
+        return _show_target(value) + message[len(prefix) :]
+    return message
+
+
+def sketch_problems(targets: SketchTargets) -> list[Problem]:
+    """Every target that cannot be met (or is not a target at all), located under ``sketches``.
+
+    Each key is compiled on its own, so ``distinct_error: 0.0001`` and ``quantile_error: 2``
+    are both reported; ``value_range`` is checked with the ``quantile_error`` it goes with
+    (the HDR digits decide how far it may span), or with the default if that one is bad.
+    """
+    problems: list[Problem] = []
+    usable_quantile: float | None = None
+    for key in ("distinct_error", "quantile_error"):
+        value = getattr(targets, key)
+        if value is None:
+            continue
+        try:
+            if key == "distinct_error":
+                compile_accuracy(distinct_error=value)
+            else:
+                compile_accuracy(quantile_error=value)
+        except ValueError as exc:
+            problems.append((("sketches", key), _sketch_message(key, value, str(exc))))
+        else:
+            if key == "quantile_error":
+                usable_quantile = value
+    value_range = targets.value_range
+    if value_range is not None:
+        if not (
+            isinstance(value_range, tuple)
+            and len(value_range) == 2
+            and all(isinstance(v, float) for v in value_range)
+        ):
+            problems.append(
+                (
+                    ("sketches", "value_range"),
+                    f"must be [low, high], two numbers like [0.1, 60000], not {value_range!r}",
+                )
+            )
+        else:
+            try:
+                compile_accuracy(quantile_error=usable_quantile, value_range=value_range)
+            except ValueError as exc:
+                message = _sketch_message("value_range", value_range, str(exc))
+                problems.append((("sketches", "value_range"), message))
+    return problems
+
+
+def sketch_warnings(params: SketchParams) -> tuple[str, ...]:
+    """``params.warnings`` located like errors: ``sketches.distinct_error: 0.005 needs ...``."""
+    located = []
+    for warning in params.warnings:
+        key, _, rest = warning.partition("=")
+        if key in SKETCH_KEYS:
+            located.append(f"sketches.{key}: {rest}")
+        else:
+            located.append(f"sketches: {warning}")
+    return tuple(located)
+
+
+def describe_sketches(params: SketchParams) -> list[str]:
+    """What the compiled sketches are and the error they buy, one line each (for ``validate``)."""
+    low, high = (format_threshold(v) for v in params.value_range)
+    return [
+        "sketches, compiled (what the targets cost per series and window):",
+        f"  sets: HLL lgK {params.hll_lg_k}, up to {2**params.hll_lg_k // 1024} KiB; distinct "
+        f"counts within ±{params.distinct_error * 100:.3g} % (2 sigma, any union)",
+        f"  timers: t-digest k {params.tdigest_k}, ~{19 * params.tdigest_k // 1024} KiB; rank "
+        f"error ≤ {params.quantile_rank_error:g} for p50..p90 (p99 and above far smaller)",
+        f"  timers: HDR histogram, {params.hdr_significant_digits} significant digits; quantile "
+        f"values within ±{params.hdr_relative_error * 100:g} % for values in [{low}, {high}] "
+        f"(outside: clamped and counted; scale {params.value_scale:g}, "
+        f"highest {params.hdr_highest})",
+    ]
+
+
+def _targets_for(params: SketchParams) -> SketchTargets:
+    """Targets that compile to ``params``' choices, for params built in Python without any."""
+    default = compile_accuracy()
+    quantile_choice = (params.tdigest_k, params.hdr_significant_digits)
+    return SketchTargets(
+        distinct_error=None if params.hll_lg_k == default.hll_lg_k else params.distinct_error,
+        quantile_error=None
+        if quantile_choice == (default.tdigest_k, default.hdr_significant_digits)
+        else max(params.quantile_rank_error, params.hdr_relative_error),
+        value_range=None if params.value_range == default.value_range else params.value_range,
+    )
+
+
 def config_problems(
     *,
     given: Collection[str],
@@ -432,6 +602,7 @@ def config_problems(
     pane_ms: int | None,
     windows: Sequence[WindowDraft | None] | None,
     alerts: Sequence[AlertDraft | None] | None = None,
+    sketches: SketchTargets | None = None,
 ) -> list[Problem]:
     """Every rule a whole config breaks, windows and alerts included, with locations from the root.
 
@@ -439,6 +610,8 @@ def config_problems(
     reported); it still holds its index so that later paths stay right.
     """
     problems = _config_and_window_problems(given=given, name=name, pane_ms=pane_ms, windows=windows)
+    if sketches is not None:
+        problems += sketch_problems(sketches)
     if alerts is None:
         return problems
     by_name: dict[str, WindowDraft] | None = None
@@ -681,12 +854,22 @@ class AlertSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
-    """A whole config file: its name (stored with every result row), pane, windows, alerts."""
+    """A whole config file: its name (stored with every result row), pane, windows, alerts,
+    and the accuracy of its sketches.
+
+    ``sketch_targets`` is the ``sketches:`` section as written; ``sketches`` is what it
+    compiles to, the parameters every receiver and the window job build sketches with. Give
+    either: targets are compiled here; parameters given alone (``compile_accuracy(...)`` from
+    Python) are stored with targets that compile back to the same choices, so that
+    ``to_canonical_dict`` can always print them.
+    """
 
     name: str
     pane_ms: int = DEFAULT_PANE_MS
     windows: tuple[WindowSpec, ...]
     alerts: tuple[AlertSpec, ...] = ()
+    sketches: SketchParams = field(default_factory=compile_accuracy)
+    sketch_targets: SketchTargets = field(default_factory=SketchTargets)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "windows", tuple(self.windows))
@@ -699,8 +882,38 @@ class PipelineConfig:
                 pane_ms=self.pane_ms,
                 windows=[window.draft() for window in self.windows],
                 alerts=[alert.draft() for alert in self.alerts],
+                sketches=self.sketch_targets,
             ),
         )
+        compiled = self.sketch_targets.compile()
+        if self.sketches == compiled:
+            return
+        default = compile_accuracy()
+        if self.sketch_targets.is_set:
+            if self.sketches != default:  # both given, and they disagree
+                message = (
+                    f"invalid config {self.name!r}: sketches: {self.sketches} is not what "
+                    f"sketch_targets compiles to ({compiled}); give one of them (to change a "
+                    "config's targets with dataclasses.replace, pass sketches=compile_accuracy() "
+                    "along)"
+                )
+                raise ValueError(message)
+        else:
+            targets = _targets_for(self.sketches)
+            compiled = targets.compile()
+            if replace(compiled, warnings=()) != replace(self.sketches, warnings=()):
+                message = (
+                    f"invalid config {self.name!r}: sketches: {self.sketches} is not what any "
+                    "sketches: section compiles to; build it with compile_accuracy()"
+                )
+                raise ValueError(message)
+            object.__setattr__(self, "sketch_targets", targets)
+        object.__setattr__(self, "sketches", compiled)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Expensive choices the config makes, located like errors (``validate`` shows them)."""
+        return sketch_warnings(self.sketches)
 
     def evaluation_interval_ms(self, window_name: str) -> int:
         """The rule-group interval for alerts on ``window_name`` (a multiple of 10 s)."""
@@ -717,11 +930,10 @@ class PipelineConfig:
 
     def to_canonical_dict(self) -> dict[str, object]:
         """The effective config, defaults included; loading its YAML gives an equal config."""
-        out: dict[str, object] = {
-            "name": self.name,
-            "pane": format_duration_ms(self.pane_ms),
-            "windows": [window.to_canonical_dict() for window in self.windows],
-        }
+        out: dict[str, object] = {"name": self.name, "pane": format_duration_ms(self.pane_ms)}
+        if self.sketch_targets.is_set:  # only what the config set: defaults are not targets
+            out["sketches"] = self.sketch_targets.to_canonical_dict()
+        out["windows"] = [window.to_canonical_dict() for window in self.windows]
         if self.alerts:  # no alerts: print nothing rather than an empty list to wonder about
             out["alerts"] = [alert.to_canonical_dict() for alert in self.alerts]
         return out

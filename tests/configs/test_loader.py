@@ -280,7 +280,9 @@ def test_many_mistakes_are_reported_together_in_document_order() -> None:
     error = caught.value
     assert error.source == "many.yaml"
     assert error.issues == (
-        ConfigIssue("retention", "unknown key; valid keys here: name, pane, windows, alerts"),
+        ConfigIssue(
+            "retention", "unknown key; valid keys here: name, pane, sketches, windows, alerts"
+        ),
         ConfigIssue(
             "windows[0].hop", "not allowed on a tumbling window (hop belongs to hopping windows)"
         ),
@@ -297,7 +299,7 @@ def test_many_mistakes_are_reported_together_in_document_order() -> None:
         ConfigIssue("windows[4].size", "required for a sliding window"),
     )
     assert str(error).splitlines() == [
-        "many.yaml: retention: unknown key; valid keys here: name, pane, windows, alerts",
+        "many.yaml: retention: unknown key; valid keys here: name, pane, sketches, windows, alerts",
         "many.yaml: windows[0].hop: not allowed on a tumbling window "
         "(hop belongs to hopping windows)",
         "many.yaml: windows[1].name: duplicate window name 'per_10s' (already used by windows[0])",
@@ -589,11 +591,12 @@ def test_yaml_syntax_errors_have_line_and_column(text: str, expected: str) -> No
     [
         (
             "- name: w\n  kind: sliding\n",
-            "the document must be a mapping with the keys name, pane, windows, alerts, not a list",
+            "the document must be a mapping with the keys name, pane, sketches, windows, "
+            "alerts, not a list",
         ),
         (
             "just a string\n",
-            "the document must be a mapping with the keys name, pane, windows, alerts, "
+            "the document must be a mapping with the keys name, pane, sketches, windows, alerts, "
             "not a string ('just a string')",
         ),
         ("", "the document is empty; a config needs at least a windows: list"),
