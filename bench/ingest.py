@@ -1,7 +1,9 @@
-"""Ingest load benchmark: the highest rate with < 0.1 % loss, streamgauge beside Etsy statsd.
+"""Ingest load benchmark: the highest rate with < 0.1 % loss, streamgauge beside its peers.
 
     python bench/ingest.py [--seconds 3] [--repeat 3] [--series 10000] [--rcvbuf BYTES]
-                           [--rates20 ...] [--rates1 ...] [--no-etsy] [--receivers N]
+                           [--rates20 ...] [--rates1 ...] [--receivers N[,M...]]
+                           [--daemons streamgauge,etsy-statsd,python-recvfrom]
+                           [--no-recvmmsg] [--sender-sockets K]
 
 For 1 and 20 lines per datagram and increasing rates (lines/s), each run starts a fresh
 daemon on a loopback UDP port, warms it up (every series once, at 20k lines/s, then checks
@@ -11,16 +13,24 @@ out near the rates being measured and takes the CPU the receiver needs), and sto
 
 - streamgauge (`streamgauge ingest`, fsync on, 8 MiB effective SO_RCVBUF): loss = 1 -
   aggregated / sent, aggregated = the ``count`` of the bench series in the segment log, less
-  the lines counted after the warm-up; the receiver's stats file gives its kernel drops.
+  the lines counted after the warm-up. ``--receivers N`` (a list runs each): N ingest
+  processes on one port, sockets bound here with SO_REUSEPORT and passed down (as `streamgauge
+  run --receivers N` does), streams udp-0..N-1 summed; the sender then spreads its datagrams
+  over ``--sender-sockets`` source sockets (default 4 per receiver) so the kernel spreads
+  them over the receivers. ``--no-recvmmsg`` adds a streamgauge row reading one datagram per
+  system call, to measure what recvmmsg gains.
 - Etsy statsd (npm ``statsd``, installed into a temporary directory with npm unless
   ``--etsy-dir`` has one): same port setup, a counting backend (bench/ingest/
   etsy_count_backend.js) adds up its ``statsd.metrics_received`` per flush; its UDP server
   is statsd's own with an 8 MiB receive buffer (bench/ingest/etsy_udp_rcvbuf.js).
+- python-recvfrom: the floor the issue quotes, a plain Python ``recvfrom`` loop that only
+  counts lines (no parsing, no aggregation, no log), same receive buffer.
 
 CPU is the daemon's user+system time over the measured send divided by its duration (100 % =
-one core); RSS its peak (VmHWM). Each (daemon, shape, rate) runs ``--repeat`` times; the table
-shows medians, and the summary the highest rate whose median loss is < 0.1 %. The machine has
-2 cores shared by sender, kernel and daemon. A script, never a timed test.
+one core; summed over receiver processes); RSS its peak (VmHWM, summed). Each (daemon, shape,
+rate) runs ``--repeat`` times; the table shows medians, and the summary the highest rate whose
+median loss is < 0.1 %. The machine has 2 cores shared by sender, kernel and daemon. A
+script, never a timed test.
 """
 
 from __future__ import annotations
@@ -38,7 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from streamgauge.ingest.log import list_segments, read_segment
+from streamgauge.ingest.log import list_receivers, list_segments, read_segment
+from streamgauge.ingest.transports import bind_udp
 
 HERE = Path(__file__).resolve().parent / "ingest"
 CONFIG = "name: bench\npane: 1s\nwindows:\n  - name: w\n    kind: tumbling\n    size: 10s\n"
@@ -83,11 +94,11 @@ def build_sender(workdir: Path) -> Path:
     return binary
 
 
-def send(sender: Path, port: int, rate: float, per: int, seconds: float, series: int
-         ) -> tuple[int, float]:
+def send(sender: Path, port: int, rate: float, per: int, seconds: float, series: int,
+         sockets: int = 1) -> tuple[int, float]:
     out = subprocess.run(
         [str(sender), "127.0.0.1", str(port), str(int(rate)), str(per), str(seconds),
-         str(series)], check=True, capture_output=True, text=True,
+         str(series), str(sockets)], check=True, capture_output=True, text=True,
     ).stdout.split()
     return int(out[0]), float(out[2])
 
@@ -114,36 +125,110 @@ def _settled(read, pause_s: float = 0.7, timeout_s: float = 15) -> int:  # type:
     return int(last)
 
 
+Processes = list[subprocess.Popen[bytes]]
+
+#: `streamgauge ingest` with recvmmsg off: the reader falls back to one recv_into per datagram
+NO_RECVMMSG = ("import sys, streamgauge.ingest.transports as t; t._RECVMMSG = None; "
+               "from streamgauge.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 class Streamgauge:
-    name = "streamgauge"
-
-    def __init__(self, rcvbuf: int | None) -> None:
+    def __init__(self, rcvbuf: int | None, receivers: int = 1, recvmmsg: bool = True,
+                 sender_sockets: int | None = None) -> None:
         self.rcvbuf = rcvbuf
+        self.receivers = receivers
+        self.recvmmsg = recvmmsg
+        self.sender_sockets = sender_sockets or (1 if receivers == 1 else 4 * receivers)
+        self.name = "streamgauge" + (f" x{receivers}" if receivers > 1 else "") + (
+            "" if recvmmsg else " (recv)")
 
-    def start(self, root: Path, port: int) -> subprocess.Popen[bytes]:
+    def start(self, root: Path, port: int) -> Processes:
         (root / "c.yaml").write_text(CONFIG)
-        command = [sys.executable, "-m", "streamgauge", "ingest", "--config", str(root / "c.yaml"),
-                   "--data-dir", str(root), "--listen", f"udp://127.0.0.1:{port}",
-                   "--max-series", "0", "--max-series-per-metric", "0"]
-        command += ["--rcvbuf", str(self.rcvbuf or SG_RCVBUF)]
-        process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
-        self.stats = root / "ingest" / "udp-0.json"
-        _wait(self.stats.exists, 30)
-        return process
+        processes = []
+        for index in range(self.receivers):
+            # bound here as `streamgauge run` does: every socket on the port before any sends
+            sock = bind_udp("127.0.0.1", port, self.rcvbuf or SG_RCVBUF,
+                            reuse_port=self.receivers > 1)
+            head = ["-c", NO_RECVMMSG] if not self.recvmmsg else ["-m", "streamgauge"]
+            command = [sys.executable, *head, "ingest", "--config", str(root / "c.yaml"),
+                       "--data-dir", str(root), "--receiver", f"udp-{index}",
+                       "--inherit-fd", str(sock.fileno()),
+                       "--max-series", "0", "--max-series-per-metric", "0"]
+            processes.append(subprocess.Popen(command, stderr=subprocess.DEVNULL,
+                                              pass_fds=[sock.fileno()]))
+            sock.close()
+        self.stats = [root / "ingest" / f"udp-{i}.json" for i in range(self.receivers)]
+        _wait(lambda: all(path.exists() for path in self.stats), 30)
+        return processes
 
     def received(self, root: Path) -> int:
-        return int(json.loads(self.stats.read_text())["lines"])
+        return sum(int(json.loads(path.read_text())["lines"]) for path in self.stats)
 
-    def stop_and_count(self, process: subprocess.Popen[bytes], root: Path) -> int:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
+    def stop_and_count(self, processes: Processes, root: Path) -> int:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            process.wait(60)
         return sum(
             row["count"]
-            for segment in list_segments(root / "spool", "udp-0")
+            for receiver in list_receivers(root / "spool")
+            for segment in list_segments(root / "spool", receiver)
             for batch in read_segment(segment.path)
             for row in batch.select(["metric", "count"]).to_pylist()
             if row["metric"].startswith("bench.")
         )
+
+
+PY_RECVFROM = r"""
+import socket, sys
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, int(sys.argv[3]))
+except PermissionError:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(sys.argv[3]))
+sock.bind(("127.0.0.1", int(sys.argv[1])))
+sock.settimeout(0.1)
+lines = datagrams = 0
+def report():
+    with open(sys.argv[2] + ".tmp", "w") as out:
+        out.write(str(lines))
+    __import__("os").replace(sys.argv[2] + ".tmp", sys.argv[2])
+report()
+while True:
+    try:
+        data = sock.recvfrom(65535)[0]
+    except TimeoutError:
+        report()
+        continue
+    lines += data.count(b"\n") + 1
+    datagrams += 1
+    if datagrams % 4096 == 0:
+        report()
+"""
+
+
+class PythonRecvfrom:
+    """The issue's floor: a plain Python recvfrom loop counting lines, nothing else."""
+
+    name = "python-recvfrom"
+
+    def start(self, root: Path, port: int) -> Processes:
+        self.count = root / "py-count"
+        process = subprocess.Popen(
+            [sys.executable, "-c", PY_RECVFROM, str(port), str(self.count), str(SG_RCVBUF)],
+            stderr=subprocess.DEVNULL)
+        _wait(self.count.exists, 30)
+        return [process]
+
+    def received(self, root: Path) -> int:
+        return int(self.count.read_text() or 0) if self.count.exists() else 0
+
+    def stop_and_count(self, processes: Processes, root: Path) -> int:
+        now = _settled(lambda: self.received(root), pause_s=0.5)
+        for process in processes:
+            process.kill()
+            process.wait(30)
+        return now
 
 
 class EtsyStatsd:
@@ -152,7 +237,7 @@ class EtsyStatsd:
     def __init__(self, directory: Path) -> None:
         self.main = directory / "node_modules" / "statsd" / "stats.js"
 
-    def start(self, root: Path, port: int) -> subprocess.Popen[bytes]:
+    def start(self, root: Path, port: int) -> Processes:
         self.count = root / "etsy-count"
         config = root / "etsy.js"
         config.write_text(json.dumps({
@@ -168,39 +253,45 @@ class EtsyStatsd:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         _wait(self.count.exists, 30)
-        return process
+        return [process]
 
     def received(self, root: Path) -> int:
         return int(self.count.read_text() or 0) if self.count.exists() else 0
 
-    def stop_and_count(self, process: subprocess.Popen[bytes], root: Path) -> int:
+    def stop_and_count(self, processes: Processes, root: Path) -> int:
         # statsd counts a flush later: wait until the total stops moving, then stop it
         now = _settled(lambda: self.received(root), pause_s=1.2)
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+            process.wait(30)
         return now
 
 
-def run_once(daemon: Streamgauge | EtsyStatsd, sender: Path, rate: int, per: int,
+Daemon = Streamgauge | EtsyStatsd | PythonRecvfrom
+
+
+def run_once(daemon: Daemon, sender: Path, rate: int, per: int,
              seconds: float, series: int) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix="sg-bench-"))
     port = _free_port()
-    process = daemon.start(root, port)
+    processes = daemon.start(root, port)
+    sockets = daemon.sender_sockets if isinstance(daemon, Streamgauge) else 1
     try:
-        warm, _ = send(sender, port, WARMUP_RATE, 1, series / WARMUP_RATE, series)
+        warm, _ = send(sender, port, WARMUP_RATE, 1, series / WARMUP_RATE, series, sockets)
         _wait(lambda: daemon.received(root) >= warm, 3)
         baseline = _settled(lambda: daemon.received(root))
         drops_before = _udp_drops(port)
-        cpu_before = _proc_cpu_s(process.pid)
-        sent, duration = send(sender, port, rate, per, seconds, series)
-        cpu = _proc_cpu_s(process.pid) - cpu_before
+        cpu_before = sum(_proc_cpu_s(p.pid) for p in processes)
+        sent, duration = send(sender, port, rate, per, seconds, series, sockets)
+        cpu = sum(_proc_cpu_s(p.pid) for p in processes) - cpu_before
         time.sleep(0.3)
         drops = _udp_drops(port) - drops_before
-        rss = _peak_rss_mb(process.pid)
-        counted = daemon.stop_and_count(process, root) - baseline
+        rss = sum(_peak_rss_mb(p.pid) for p in processes)
+        counted = daemon.stop_and_count(processes, root) - baseline
     finally:
-        if process.poll() is None:
-            process.kill()
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
         shutil.rmtree(root, ignore_errors=True)
     return {"achieved": sent / duration, "loss": 1 - counted / sent,
             "kernel_drops": drops, "cpu": cpu / duration, "rss_mb": rss}
@@ -228,21 +319,39 @@ def main() -> int:
                         help="streamgauge's --rcvbuf (default 4 MiB, doubled by the kernel)")
     parser.add_argument("--rates20", default="200000,400000,800000,1600000,3200000")
     parser.add_argument("--rates1", default="50000,100000,200000,400000")
+    parser.add_argument("--receivers", default="1",
+                        help="streamgauge receiver processes on the port (SO_REUSEPORT); a "
+                        "comma-separated list runs each, e.g. 1,2")
+    parser.add_argument("--sender-sockets", type=int,
+                        help="source sockets of the load generator (default 1, or 4 per "
+                        "receiver with several)")
+    parser.add_argument("--no-recvmmsg", action="store_true",
+                        help="also run streamgauge reading one datagram per system call")
+    parser.add_argument("--daemons", default="streamgauge,etsy-statsd,python-recvfrom")
     parser.add_argument("--no-etsy", action="store_true")
     parser.add_argument("--etsy-dir", help="a directory where `npm install statsd` was run")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sg-bench-bin-"))
     sender = build_sender(work)
-    daemons: list[Streamgauge | EtsyStatsd] = [Streamgauge(args.rcvbuf)]
-    if not args.no_etsy:
+    wanted = args.daemons.split(",")
+    daemons: list[Daemon] = []
+    if "streamgauge" in wanted:
+        for receivers in (int(n) for n in args.receivers.split(",")):
+            daemons.append(Streamgauge(args.rcvbuf, receivers, True, args.sender_sockets))
+            if args.no_recvmmsg:
+                daemons.append(Streamgauge(args.rcvbuf, receivers, False, args.sender_sockets))
+    if "etsy-statsd" in wanted and not args.no_etsy:
         etsy, why = _etsy_dir(args.etsy_dir)
         if etsy is None:
             print(f"Etsy statsd not run: {why}")
         else:
             daemons.append(EtsyStatsd(etsy))
+    if "python-recvfrom" in wanted:
+        daemons.append(PythonRecvfrom())
     print(f"medians of {args.repeat} runs of {args.seconds:g} s, {args.series} series, "
           "mixed c/ms/g/d, loopback UDP")
-    print("daemon        lines/dgram  target/s  achieved/s  loss     kernel_drops  cpu    rss_mb")
+    print("daemon                  lines/dgram  target/s  achieved/s  loss     kernel_drops  cpu"
+          "    rss_mb")
     summary = []
     for per, rates in ((20, args.rates20), (1, args.rates1)):
         for daemon in daemons:
@@ -251,7 +360,7 @@ def main() -> int:
                 runs = [run_once(daemon, sender, rate, per, args.seconds, args.series)
                         for _ in range(args.repeat)]
                 m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-                print(f"{daemon.name:<13} {per:>11}  {rate:>8}  {m['achieved']:>10.0f}  "
+                print(f"{daemon.name:<23} {per:>11}  {rate:>8}  {m['achieved']:>10.0f}  "
                       f"{m['loss']:>6.3%}  {m['kernel_drops']:>12.0f}  {m['cpu']:>5.0%}  "
                       f"{m['rss_mb']:>6.0f}", flush=True)
                 if m["loss"] >= 0.001:

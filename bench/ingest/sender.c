@@ -1,11 +1,13 @@
 /* StatsD UDP load generator for bench/ingest.py (compiled at bench time with gcc -O2).
  *
- *   sender HOST PORT RATE LINES_PER_DATAGRAM SECONDS SERIES
+ *   sender HOST PORT RATE LINES_PER_DATAGRAM SECONDS SERIES [SOCKETS]
  *
  * Sends RATE lines/s (0 = as fast as possible) for SECONDS over loopback, SERIES distinct
  * series, the same lines as bench/ingest.py's Python generator:
  *   bench.m<i%100>:<i%97>|<c|ms|g|d>|#host:h<i/100>
- * Datagrams are sent in batches with sendmmsg(2), paced against CLOCK_MONOTONIC.
+ * Datagrams are sent in batches with sendmmsg(2), paced against CLOCK_MONOTONIC. SOCKETS
+ * (default 1) source sockets take the batches in turn: SO_REUSEPORT spreads senders over the
+ * receivers by source address, so one socket would reach one receiver only.
  * Prints "<lines sent> <datagrams sent> <seconds>" on stdout.
  */
 #define _GNU_SOURCE
@@ -27,8 +29,9 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: sender HOST PORT RATE LINES_PER_DATAGRAM SECONDS SERIES\n");
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr,
+                "usage: sender HOST PORT RATE LINES_PER_DATAGRAM SECONDS SERIES [SOCKETS]\n");
         return 2;
     }
     const char *host = argv[1];
@@ -37,6 +40,11 @@ int main(int argc, char **argv) {
     int per = atoi(argv[4]);
     double seconds = atof(argv[5]);
     int series = atoi(argv[6]);
+    int nsock = argc == 8 ? atoi(argv[7]) : 1;
+    if (nsock < 1 || nsock > 64) {
+        fprintf(stderr, "SOCKETS must be 1..64\n");
+        return 2;
+    }
     static const char *types[] = {"c", "ms", "g", "d"};
 
     /* One datagram per starting series index (per lines each, wrapping round). */
@@ -56,17 +64,21 @@ int main(int argc, char **argv) {
         lens[d] = n;
     }
 
-    int fd = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in addr = {0};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
     inet_pton(AF_INET, host, &addr.sin_addr);
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        perror("connect");
-        return 1;
+    int fds[64];
+    for (int s = 0; s < nsock; s++) {
+        fds[s] = socket(AF_INET, SOCK_DGRAM, 0);
+        if (connect(fds[s], (struct sockaddr *)&addr, sizeof addr) != 0) {
+            perror("connect");
+            return 1;
+        }
+        int sndbuf = 4 << 20;
+        setsockopt(fds[s], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     }
-    int sndbuf = 4 << 20;
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    long long batches = 0;
 
     struct mmsghdr msgs[BATCH];
     struct iovec iovs[BATCH];
@@ -92,7 +104,7 @@ int main(int argc, char **argv) {
             msgs[k].msg_hdr.msg_iovlen = 1;
             index = (index + 1) % ndgrams;
         }
-        int done = sendmmsg(fd, msgs, n, 0);
+        int done = sendmmsg(fds[batches++ % nsock], msgs, n, 0);
         if (done < 0) {
             /* ECONNREFUSED from an earlier ICMP, ENOBUFS: the datagrams were not sent */
             index = (index - n % ndgrams + ndgrams) % ndgrams;
