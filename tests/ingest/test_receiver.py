@@ -25,7 +25,7 @@ from streamgauge.ingest.log import (
     read_heartbeat,
     read_segment,
 )
-from streamgauge.ingest.receiver import Receiver, UdpReceiver, bind_udp
+from streamgauge.ingest.receiver import ReadAhead, Receiver, UdpReceiver, bind_udp
 from streamgauge.ingest.transports import bind_tcp, bind_unixgram
 
 T0 = 1_700_000_000_000
@@ -478,4 +478,51 @@ def test_segment_lag_is_the_age_of_the_oldest_segment_the_job_has_not_committed(
     clock.set(T0 + 20_300)
     receiver.roll(clock.now_ms())
     assert receiver.stats.segment_lag_ms == 0
+    sock.close()
+
+
+def test_read_ahead_threads_hand_datagrams_over_in_order_and_wait_when_full(
+    tmp_path: Path,
+) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    sock.setblocking(False)
+    read_ahead = ReadAhead([sock], limit_bytes=1)  # one buffer, then wait for take()
+    read_ahead.start()
+    port = sock.getsockname()[1]
+    taken: list[bytes] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        for i in range(50):
+            sender.sendto(b"r:%d|c" % i, ("127.0.0.1", port))
+            time.sleep(0.001)
+
+    def all_taken() -> bool:
+        taken.extend(buffer for buffer, _, _ in read_ahead.take())
+        return b"\n".join(taken).count(b"\n") == 49
+
+    _wait_for(all_taken)
+    read_ahead.stop()
+    read_ahead.close()
+    assert b"\n".join(taken) == b"\n".join(b"r:%d|c" % i for i in range(50))
+    assert read_ahead.full_waits >= 1
+    sock.close()
+
+
+def test_a_receiver_with_a_full_read_ahead_loses_nothing_and_counts_the_waits(
+    tmp_path: Path,
+) -> None:
+    sock = bind_udp("127.0.0.1", 0)
+    receiver = Receiver(sock, SegmentWriter(tmp_path, "udp-0", fsync=False), PaneCombiner(1000),
+                        SystemClock(), read_ahead_bytes=1, stats_path=tmp_path / "s.json")
+    thread, stop = _run_in_thread(receiver)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        for i in range(2000):
+            sender.sendto(b"f.count:1|c\nf.gauge:%d|g" % i, sock.getsockname())
+    _wait_for(lambda: receiver.stats.datagrams == 2000)
+    stop.set()
+    thread.join(10)
+    totals = _totals(_rows(tmp_path))
+    assert totals[("f.count", "{}")]["count"] == 2000
+    assert totals[("f.gauge", "{}")]["last"] == 1999  # in order
+    assert receiver.stats.read_ahead_full > 0
+    assert json.loads((tmp_path / "s.json").read_text())["read_ahead_full"] > 0
     sock.close()
