@@ -2,9 +2,21 @@
 
 One receiver owns its sockets (any mix of UDP, TCP and Unix datagram), one combiner and one
 segment stream. It wakes on readable data or on the roll timer, drains every queued datagram
-without blocking, and every ``roll_ms`` writes what it combined as one segment, with a
+without blocking, and every ``roll_ms`` drains what it combined into one segment, with a
 heartbeat. When input is idle it still writes a heartbeat-only segment every
 ``heartbeat_interval_ms`` so downstream windows can close.
+
+Three threads keep the socket buffers from overflowing while the loop is busy:
+
+    reader thread(s)  ──recvmmsg──▶ ReadAhead (≤ 16 MiB) ──wake fd──▶ receive loop
+    receive loop: parse, combine; every roll_ms drain ──▶ SegmentQueue (≤ 4 segments)
+    writer thread: Arrow IPC to a temporary, fsync, rename, in order
+
+Datagram sockets are read by a ``ReadAhead`` thread each (many datagrams per ``recvmmsg``),
+so a long ``drain`` does not stop the reading; segments are written by the ``SegmentQueue``'s
+thread, so the disk does not stop it either. Both are bounded and count when they are full:
+``read_ahead_full`` (the kernel buffer then takes the input; its drops are ``kernel_drops``)
+and ``write_backpressure`` / ``write_blocked_ms`` (the loop waited for the disk).
 
 Accounting: every non-empty line received ends up in exactly one bucket, so
 
@@ -15,7 +27,11 @@ holds at all times (``IngestStats.accounted``). Adjustments — ``timestamp_out_
 and ``cardinality_limited`` (folded into the overflow series) — are counted on top, per line:
 those lines are still aggregated. Rejects and adjustments share a bounded sample of raw lines
 for debugging, and every count is fed back into the pipeline as ordinary metrics named
-``streamgauge.ingest.*``.
+``streamgauge.ingest.*``. Besides the line counts: ``refused{reason}`` and
+``refused_partials{reason}`` (samples and partials the segment writer did not write:
+``spool_quota``, ``disk_full``; received and accounted, not in the log), ``write_backpressure``
+and ``write_blocked_ms``, ``read_ahead_full``, and the gauges ``series_active{receiver}`` and
+``segment_lag_ms{receiver}`` (age of the oldest segment the window job has not committed).
 
 Event time and heartbeats: a sample's event time is its ``|T`` when within the skew, else the
 receive time. A client timestamp in the past puts the partial in its own, older pane; the
