@@ -182,14 +182,15 @@ class ReadAhead:
 
     def _read(self, sock: socket.socket) -> None:
         reader = DatagramReader()
+        poller = select.poll()  # not select.select: no limit on the descriptor's number
+        poller.register(sock, select.POLLIN)
         while not self._stop.is_set():
             with self._cond:
                 if self._bytes >= self._limit:
                     self.full_waits += 1
                     while self._bytes >= self._limit and not self._stop.is_set():
                         self._cond.wait(0.1)
-            readable, _, _ = select.select([sock], [], [], 0.1)
-            if not readable:
+            if not poller.poll(100):
                 continue
             syscalls = reader.syscalls
             chunks, received = [], 0
