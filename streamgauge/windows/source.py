@@ -33,11 +33,13 @@ receiver (slack 0); the rest waits in the durable spool, still unread::
 Why no slack: a window ``[s, e)`` of the slow receiver is still on time while ``e +
 lateness > heartbeat - delay``, and Spark evicts it once ``e <= newest event + size - (delay
 + lateness + size)``. With the newest event at most the slowest open heartbeat, the two never
-meet; any slack above 0 lets Spark evict windows ending within that slack. Holding back costs
-nothing we would otherwise show: a window appears only when ``W``, the slow receiver's
-heartbeat, passes its end, and the fast receiver's rows for it were written (heartbeat
-stamped) by then. ``W`` itself may trail the slowest heartbeat by up to one segment of the fast
-stream (the last segment admitted is at or below the bound).
+meet; any slack above 0 lets Spark evict windows ending within that slack. Holding back
+delays nothing that would otherwise be shown: a window appears only once ``W`` (the slow
+receiver's heartbeat minus ``watermark_delay``) passes its end, and by then the fast
+receiver has written its rows for that window in segments stamped before the slow heartbeat,
+as long as ``watermark_delay`` covers one segment's span (a segment every 250 ms). ``W``
+itself may trail the slowest heartbeat by up to one segment of the fast stream (the last
+segment admitted is at or below the bound).
 
 - A receiver **closed** cleanly holds nobody back (its own segments are still admitted only up
   to the others' heartbeats, so its data cannot race ahead either). When every receiver is
