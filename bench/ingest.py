@@ -182,8 +182,8 @@ class Streamgauge:
 PY_RECVFROM = r"""
 import socket, sys
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-try:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, int(sys.argv[3]))
+try:  # SO_RCVBUFFORCE (33 on Linux; Python 3.11 does not name it)
+    sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), int(sys.argv[3]))
 except PermissionError:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(sys.argv[3]))
 sock.bind(("127.0.0.1", int(sys.argv[1])))
