@@ -66,7 +66,10 @@ RESULT_SCHEMA = pa.schema(
         pa.field("p50", pa.float64()),
         pa.field("p90", pa.float64()),
         pa.field("p99", pa.float64()),
+        pa.field("p999", pa.float64()),
         pa.field("distinct_count", pa.float64()),
+        pa.field("sketch", pa.binary()),  # t-digest (ms/h/d) or HLL_8 (s), serialized
+        pa.field("hdr_histogram", pa.string()),  # HdrHistogram V2 compressed, base64
         pa.field("revision", pa.int64(), nullable=False),
         pa.field("is_final", pa.bool_(), nullable=False),
         pa.field("late_events", pa.int64(), nullable=False),
@@ -74,12 +77,18 @@ RESULT_SCHEMA = pa.schema(
     ]
 )
 """The Arrow schema ``commit_batch`` expects (columns may come in any order; types are cast
-safely, e.g. int32 → int64 or large_string → string; a lossy cast is refused)."""
+safely, e.g. int32 → int64 or large_string → string; a lossy cast is refused). The columns in
+``OPTIONAL_RESULT_COLUMNS`` may be left out: they are NULL then."""
+
+OPTIONAL_RESULT_COLUMNS = frozenset({"p999", "sketch", "hdr_histogram"})
+"""Added with the sketches (schema version 4); writers that produce none need not name them."""
 
 RESULT_COLUMNS: tuple[str, ...] = tuple(RESULT_SCHEMA.names)
 
 _PG_TYPES = {
     pa.string(): "text",
+    pa.binary(): "bytea",
+    pa.int32(): "int4",
     pa.int64(): "int8",
     pa.float64(): "float8",
     pa.bool_(): "bool",
@@ -98,10 +107,14 @@ _STAGING = "sg_results_staging"
 _STAGING_DDL = _staging_ddl(_STAGING, RESULT_SCHEMA)
 
 _KEY = "config_name, window_name, metric, tags, window_start, window_end"
-_VALUE_COLUMNS = (
-    "metric_type", "count", "sum", "min", "max", "last", "p50", "p90", "p99", "distinct_count",
-    "revision", "is_final", "late_events", "emitted_at",
+_VALUES = (
+    "metric_type", "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999",
+    "distinct_count",
 )  # fmt: skip
+"""What a reader sees as the window's value: a change here is a correction."""
+_ENCODINGS = ("sketch", "hdr_histogram")
+"""Serialized forms of the same values (they change exactly when the values do)."""
+_VALUE_COLUMNS = (*_VALUES, *_ENCODINGS, "revision", "is_final", "late_events", "emitted_at")
 
 
 def _ms_to_ts(expr: str) -> str:
@@ -119,9 +132,10 @@ _LATE_SAMPLES_OF_STAGED = f"""(
       AND l.window_end = {_ms_to_ts("s.window_end_ms")})"""
 
 _VALUES_CHANGED = (
-    f"({', '.join(f'window_results.{c}' for c in _VALUE_COLUMNS[:10])}) IS DISTINCT FROM "
-    f"({', '.join(f'excluded.{c}' for c in _VALUE_COLUMNS[:10])})"
-)  # metric_type .. distinct_count: the values, not revision/finality/emission
+    f"({', '.join(f'window_results.{c}' for c in _VALUES)}) IS DISTINCT FROM "
+    f"({', '.join(f'excluded.{c}' for c in _VALUES)})"
+)  # the values, not their encodings, revision, finality or emission
+_STAGED_VALUES = ", ".join(f"s.{c}" for c in (*_VALUES, *_ENCODINGS))
 
 
 def _upsert_sql(table: str, where: str) -> str:
@@ -135,8 +149,7 @@ def _upsert_sql(table: str, where: str) -> str:
 INSERT INTO {table} ({_KEY}, {", ".join(_VALUE_COLUMNS)})
 SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
        {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
-       s.metric_type, s.count, s.sum, s.min, s.max, s.last, s.p50, s.p90, s.p99,
-       s.distinct_count, s.revision, s.is_final, {_LATE_SAMPLES_OF_STAGED},
+       {_STAGED_VALUES}, s.revision, s.is_final, {_LATE_SAMPLES_OF_STAGED},
        {_ms_to_ts("s.emitted_at_ms")}
 FROM {_STAGING} s LEFT JOIN {_HOLD} h USING (config_name, window_name)
 WHERE {where}
@@ -150,7 +163,7 @@ WHERE {table}.revision < excluded.revision
 _HOLD = "sg_hold"
 _HOLD_DDL = f"""
 CREATE TEMPORARY TABLE IF NOT EXISTS {_HOLD} (
-    config_name text, window_name text, watermark_ms int8
+    config_name text, window_name text, watermark_ms int8, metric_types text[]
 ) ON COMMIT DELETE ROWS
 """
 _UPSERT = _upsert_sql(
@@ -164,10 +177,11 @@ WITH moved AS (
     DELETE FROM window_pending p USING {_HOLD} h
     WHERE p.config_name = h.config_name AND p.window_name = h.window_name
       AND p.window_end <= {_ms_to_ts("h.watermark_ms")}
+      AND (h.metric_types IS NULL OR p.metric_type = ANY(h.metric_types))
     RETURNING p.*
 )
 INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
-SELECT {_KEY}, metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count,
+SELECT {_KEY}, {", ".join((*_VALUES, *_ENCODINGS))},
        %(revision)s, false, late_events, {_ms_to_ts("%(now_ms)s")}
 FROM moved
 ON CONFLICT ({_KEY}) DO UPDATE SET
@@ -177,17 +191,16 @@ WHERE window_results.revision < excluded.revision
 
 # Corrections from `streamgauge replay`: a recomputed final window replaces the stored one
 # with the next revision, only where a value changed (so replaying twice changes nothing).
-_CORRECTED = ("metric_type", "count", "sum", "min", "max", "last", "p50", "p90", "p99",
-              "distinct_count")  # fmt: skip
+_CORRECTED = _VALUES
 _PUBLISH_CORRECTIONS = f"""
 INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
 SELECT config_name, window_name, metric, tags::jsonb,
        {_ms_to_ts("window_start_ms")}, {_ms_to_ts("window_end_ms")},
-       metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count,
+       {", ".join((*_VALUES, *_ENCODINGS))},
        1, true, {_LATE_SAMPLES_OF_STAGED}, {_ms_to_ts("emitted_at_ms")}
 FROM {_STAGING} s
 ON CONFLICT ({_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in _CORRECTED)},
+    {", ".join(f"{c} = excluded.{c}" for c in (*_CORRECTED, *_ENCODINGS))},
     revision = window_results.revision + 1, is_final = true,
     corrections = window_results.corrections + 1,
     late_events = excluded.late_events, emitted_at = excluded.emitted_at
@@ -219,6 +232,7 @@ UPDATE window_results
 SET is_final = true, revision = %(revision)s, emitted_at = {_ms_to_ts("%(now_ms)s")}
 WHERE config_name = %(config_name)s
   AND window_name = %(window_name)s
+  AND (%(metric_types)s::text[] IS NULL OR metric_type = ANY(%(metric_types)s::text[]))
   AND NOT is_final
   AND window_end <= {_ms_to_ts("%(final_before_ms)s")}
   AND revision <= %(revision)s
@@ -319,6 +333,75 @@ WHERE (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_
 """
 
 
+HISTOGRAM_SCHEMA = pa.schema(
+    [
+        pa.field("config_name", pa.string(), nullable=False),
+        pa.field("window_name", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("tags", pa.string(), nullable=False),
+        pa.field("window_start_ms", pa.int64(), nullable=False),
+        pa.field("window_end_ms", pa.int64(), nullable=False),
+        pa.field("bucket", pa.int32(), nullable=False),
+        pa.field("lower_bound", pa.float64(), nullable=False),
+        pa.field("upper_bound", pa.float64(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("revision", pa.int64(), nullable=False),
+    ]
+)
+"""The Arrow schema of ``commit_batch(histograms=...)``: one row per non-empty HDR bucket of a
+window, all of the window's buckets at the batch's revision."""
+
+_HISTOGRAM_STAGING = "sg_histogram_staging"
+_HISTOGRAM_STAGING_DDL = _staging_ddl(_HISTOGRAM_STAGING, HISTOGRAM_SCHEMA)
+_HISTOGRAM_KEY = "(h.config_name, h.window_name, h.metric, h.tags, h.window_start, h.window_end)"
+_STAGED_WINDOW = f"""(s.config_name, s.window_name, s.metric, s.tags::jsonb,
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")})"""
+
+# A window's buckets are one set: an older revision's rows go before the new set is written,
+# and a set older than what is stored (never in practice: sink_batches stops replays) is not.
+_REPLACE_HISTOGRAMS = f"""
+DELETE FROM window_histograms h
+USING (SELECT DISTINCT config_name, window_name, metric, tags, window_start_ms, window_end_ms,
+              revision FROM {_HISTOGRAM_STAGING}) s
+WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW}
+  AND h.revision < s.revision
+"""
+_INSERT_HISTOGRAMS = f"""
+INSERT INTO window_histograms (config_name, window_name, metric, tags, window_start,
+    window_end, bucket, lower_bound, upper_bound, count, revision)
+SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
+       s.bucket, s.lower_bound, s.upper_bound, s.count, s.revision
+FROM {_HISTOGRAM_STAGING} s
+WHERE NOT EXISTS (SELECT 1 FROM window_histograms h
+                  WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW} AND h.revision >= s.revision)
+"""
+
+
+# Replay: the staged sets carry no revision; a window's set is replaced when the (corrected)
+# window row's revision is above the stored set's, and takes that revision.
+_STAGED_JOIN_RESULTS = f"""window_results w
+    ON (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end)
+       = {_STAGED_WINDOW}"""
+_REPLACE_REPLAYED_HISTOGRAMS = f"""
+DELETE FROM window_histograms h
+USING (SELECT DISTINCT config_name, window_name, metric, tags, window_start_ms, window_end_ms
+       FROM {_HISTOGRAM_STAGING}) s JOIN {_STAGED_JOIN_RESULTS}
+WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW}
+  AND h.revision < w.revision
+"""
+_INSERT_REPLAYED_HISTOGRAMS = f"""
+INSERT INTO window_histograms (config_name, window_name, metric, tags, window_start,
+    window_end, bucket, lower_bound, upper_bound, count, revision)
+SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
+       s.bucket, s.lower_bound, s.upper_bound, s.count, w.revision
+FROM {_HISTOGRAM_STAGING} s JOIN {_STAGED_JOIN_RESULTS}
+WHERE NOT EXISTS (SELECT 1 FROM window_histograms h
+                  WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW} AND h.revision >= w.revision)
+"""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff: ``initial_s``, doubling (``multiplier``), capped at ``max_s``.
@@ -372,6 +455,8 @@ class Finalization:
     window_name: str
     watermark_ms: int
     allowed_lateness_ms: int
+    metric_types: tuple[str, ...] | None = None
+    """Only rows of these types (the query's lane); None: every row of the window."""
 
 
 @dataclass(frozen=True)
@@ -464,6 +549,8 @@ class ResultStore:
         retractions: pa.Table | None = None,
         late: pa.Table | None = None,
         late_query_name: str | None = None,
+        lane_types: Sequence[str] | None = None,
+        histograms: pa.Table | None = None,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
 
@@ -481,6 +568,7 @@ class ResultStore:
         table = _conform(results)
         retracted_rows = None if retractions is None else _conform(retractions, RETRACTION_SCHEMA)
         late_rows = None if late is None else _conform(late, LATE_SCHEMA)
+        histogram_rows = None if histograms is None else _conform(histograms, HISTOGRAM_SCHEMA)
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
@@ -492,8 +580,9 @@ class ResultStore:
                 cur.execute(_HOLD_DDL)
                 if hold_after:
                     cur.executemany(
-                        f"INSERT INTO {_HOLD} VALUES (%s, %s, %s)",
-                        [(cfg, win, int(ms)) for (cfg, win), ms in hold_after.items()],
+                        f"INSERT INTO {_HOLD} VALUES (%s, %s, %s, %s)",
+                        [(cfg, win, int(ms), None if lane_types is None else list(lane_types))
+                         for (cfg, win), ms in hold_after.items()],  # fmt: skip
                     )
                 retracted = 0
                 if retracted_rows is not None and retracted_rows.num_rows:
@@ -510,6 +599,10 @@ class ResultStore:
                     recorded = max(cur.rowcount, 0)
                     cur.execute(_COUNT_LATE_ON_WINDOWS)
                 upserted = self._upsert(cur, table) if table.num_rows else 0
+                if histogram_rows is not None and histogram_rows.num_rows:
+                    _copy_into(cur, _HISTOGRAM_STAGING_DDL, _HISTOGRAM_STAGING, histogram_rows)
+                    cur.execute(_REPLACE_HISTOGRAMS)
+                    cur.execute(_INSERT_HISTOGRAMS)
                 if hold_after:
                     cur.execute(_PROMOTE, {"revision": revision, "now_ms": now_ms})
                     upserted += max(cur.rowcount, 0)
@@ -523,6 +616,9 @@ class ResultStore:
                             "config_name": fin.config_name,
                             "window_name": fin.window_name,
                             "final_before_ms": fin.watermark_ms - fin.allowed_lateness_ms,
+                            "metric_types": (
+                                None if fin.metric_types is None else list(fin.metric_types)
+                            ),
                         },
                     )
                     finalized += max(cur.rowcount, 0)
@@ -576,14 +672,19 @@ class ResultStore:
 
         return self._with_retry(f"commit late batch {batch_id} of {query_name!r}", work)
 
-    def publish_corrections(self, results: pa.Table, lock_name: str) -> BatchOutcome:
+    def publish_corrections(
+        self, results: pa.Table, lock_name: str, histograms: pa.Table | None = None
+    ) -> BatchOutcome:
         """Replace final windows by recomputed ones (``streamgauge replay``), atomically.
 
         Each changed window gets the next revision; unchanged ones are left alone. Late
         partials of the recomputed windows are marked ``replayed_at``. ``rows_upserted`` is
         the number of windows corrected, ``rows_finalized`` the late partials applied.
+        ``histograms``: the recomputed windows' bucket rows (their ``revision`` is ignored); a
+        corrected window's set replaces the stored one at the window's new revision.
         """
         table = _conform(results)
+        histogram_rows = None if histograms is None else _conform(histograms, HISTOGRAM_SCHEMA)
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
@@ -594,6 +695,10 @@ class ResultStore:
                 _copy_into(cur, _STAGING_DDL, _STAGING, table)
                 cur.execute(_PUBLISH_CORRECTIONS)
                 corrected = max(cur.rowcount, 0)
+                if histogram_rows is not None and histogram_rows.num_rows:
+                    _copy_into(cur, _HISTOGRAM_STAGING_DDL, _HISTOGRAM_STAGING, histogram_rows)
+                    cur.execute(_REPLACE_REPLAYED_HISTOGRAMS)
+                    cur.execute(_INSERT_REPLAYED_HISTOGRAMS)
                 cur.execute(_MARK_LATE_REPLAYED, {"now_ms": now_ms})
                 applied = max(cur.rowcount, 0)
             return BatchOutcome(False, rows_upserted=corrected, rows_finalized=applied)
@@ -609,6 +714,7 @@ class ResultStore:
         statements = {
             "window_results": "DELETE FROM window_results WHERE window_end < {ts}",
             "window_pending": "DELETE FROM window_pending WHERE window_end < {ts}",
+            "window_histograms": "DELETE FROM window_histograms WHERE window_end < {ts}",
             "late_events": "DELETE FROM late_events WHERE window_end < {ts}",
             "sink_batches": "DELETE FROM sink_batches WHERE committed_at < {ts}",
         }
@@ -713,6 +819,11 @@ def _conform(results: pa.Table, target: pa.Schema = RESULT_SCHEMA) -> pa.Table:
     """Select and cast the columns of ``target``; every problem reported at once, before I/O."""
     if results.num_columns == 0 and results.num_rows == 0:
         return target.empty_table()  # "no results" (e.g. a finalization-only batch)
+    if target is RESULT_SCHEMA:
+        for name in OPTIONAL_RESULT_COLUMNS - set(results.column_names):
+            results = results.append_column(
+                name, pa.nulls(results.num_rows, target.field(name).type)
+            )
     names = set(results.column_names)
     problems = []
     missing = [c for c in target.names if c not in names]

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["HdrBuckets", "HdrLayout", "merge"]
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 # 2^0 .. 2^62: searchsorted(_POW2, x, "right") == x.bit_length() for 1 <= x < 2^63, exactly
 # (a float log2 would round near powers of two above 2^53).
@@ -212,6 +213,22 @@ class HdrLayout:
         """End of bucket ``index`` in original units, exclusive: the bucket is [lower, upper)."""
         i = self._check_index(index)
         return (self._lowest_scaled(i) + self._width_scaled(i)) / self.value_scale
+
+    def bounds(self, indices: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+        """Per bucket index: the lowest value and the highest *equivalent* value (what a
+        quantile falling in the bucket reports), in original units — ``window_histograms``'
+        ``lower_bound``/``upper_bound``."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self._counts_len):
+            raise ValueError(f"bucket indices must be in 0..{self._counts_len - 1}")
+        bucket = (idx >> self._half_count_magnitude) - 1
+        sub_bucket = (idx & (self._half_count - 1)) + self._half_count
+        first = bucket < 0
+        sub_bucket = np.where(first, sub_bucket - self._half_count, sub_bucket)
+        bucket = np.maximum(bucket, 0)
+        lowest = sub_bucket << (bucket + self._unit_magnitude)
+        width = np.left_shift(np.int64(1), bucket + self._unit_magnitude)
+        return lowest / self.value_scale, (lowest + width - 1) / self.value_scale
 
     def quantile(self, indices: npt.ArrayLike, counts: npt.ArrayLike, q: float) -> float:
         """``HdrHistogram.get_value_at_percentile(100 * q) / value_scale`` over sparse rows.

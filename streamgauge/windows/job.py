@@ -21,9 +21,18 @@ Emission and revisions (this slice; corrections and replay deepen it):
 - Spark's own watermark (``delay + lateness`` behind the newest pane) only bounds its state:
   it evicts a window once no straggler may still change it.
 
-Known limit, left for the windows issue: Spark's watermark follows the newest receiver, ours
-the slowest; with several receivers far apart, Spark may evict a window a lagging receiver
-still feeds.
+Spark's watermark follows the newest event it has seen, ours the slowest receiver; the spool
+source keeps the two together by holding back a fast receiver's segments until the slowest open
+receiver's heartbeat reaches them (``source.py``), so Spark never evicts a window a lagging
+receiver still feeds.
+
+Lanes: a tumbling or hopping window runs two streaming queries over the same source. The
+native lane (counters, gauges, sets) merges partials with Spark's own aggregates, HLLs with
+``hll_union_agg``; the sketch lane (timers, histograms, distributions) merges t-digests and
+HDR buckets in a stateful operator (``sketch_windows``: Spark has no t-digest aggregate).
+Each lane commits its own rows under its own query name and watermark, and the store scopes
+emission and finality to the lane's metric types. Session and sliding windows run one query of
+their own operator for every type (count, sum, min, max, last; no percentiles yet).
 """
 
 from __future__ import annotations
@@ -32,10 +41,12 @@ import fnmatch
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -45,17 +56,34 @@ from pyspark.sql.streaming.query import StreamingQuery
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sinks.store import Finalization, ResultStore
+from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
+from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.session_windows import (
     OUTPUT_DDL,
     STATE_DDL,
     session_horizon_ms,
     session_state_function,
 )
+from streamgauge.windows.sketch_windows import (
+    OUTPUT_DDL as SKETCH_OUTPUT_DDL,
+)
+from streamgauge.windows.sketch_windows import (
+    SKETCHED_TYPES,
+    sketch_state_function,
+    unpack_buckets,
+)
+from streamgauge.windows.sketch_windows import (
+    STATE_DDL as SKETCH_STATE_DDL,
+)
+from streamgauge.windows.sliding_windows import slid_partials, sliding_late_partials
 from streamgauge.windows.source import SOURCE_NAME, batch_heartbeats, receivers_heartbeat_ms
 
 log = logging.getLogger(__name__)
 
-_QUANTILE_COLUMNS = ("p50", "p90", "p99", "distinct_count")
+_QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "distinct_count")
+_LANE_LAYOUT = 2
+"""Bumped when a lane's state layout changes (2: sets' HLL in the native aggregation, timers
+in the sketch lane), so a checkpoint of an older layout is not resumed (see checkpoint_dir)."""
 NO_WATERMARK_MS = 0
 """Before any heartbeat: every window is held (all event times are after the epoch)."""
 
@@ -79,6 +107,8 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
     ]  # fmt: skip
     if window.kind == "session":  # appended only here: other kinds keep their checkpoints
         shape += [window.gap_ms, window.key]
+    elif window.kind != "sliding":
+        shape += [_LANE_LAYOUT]
     fingerprint = json.dumps(shape)
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
     return paths.checkpoints / config.name / f"{window.name}-{digest}"
@@ -90,11 +120,33 @@ def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
     for window in config.windows:
         checkpoint = checkpoint_dir(paths, config, window)
         found += [checkpoint, checkpoint.with_name(checkpoint.name + ".late")]
+        if window.kind not in ("session", "sliding"):
+            found.append(sketch_checkpoint(checkpoint))
     return found
+
+
+def sketch_checkpoint(checkpoint: Path) -> Path:
+    """Checkpoint of a window's sketch lane, beside the window's own (same fingerprint)."""
+    return checkpoint.with_name(checkpoint.name + ".sketches")
+
+
+def sketch_params(config: PipelineConfig) -> SketchParams:
+    """The config's compiled sketch accuracy (the documented defaults when it sets none)."""
+    compiled = getattr(config, "sketches", None)
+    return compiled if isinstance(compiled, SketchParams) else compile_accuracy()
 
 
 def query_name(config: PipelineConfig, window: WindowSpec) -> str:
     return f"{config.name}.{window.name}"
+
+
+def sketch_query_name(config: PipelineConfig, window: WindowSpec) -> str:
+    return f"{query_name(config, window)}.sketches"
+
+
+def is_sketched() -> Column:
+    """Rows of the sketch lane (timers, histograms, distributions)."""
+    return F.col("metric_type").isin(list(SKETCHED_TYPES))
 
 
 def metric_filter(globs: tuple[str, ...]) -> Column:
@@ -198,15 +250,34 @@ def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     ``window_end <= max(window_end seen) - (delay + lateness + size)``; the extra ``size``
     covers a window end running up to one window ahead of the newest event.
     """
+    return aggregate_windows(_on_time(source, window).where(~is_sketched()))
+
+
+def _on_time(source: DataFrame, window: WindowSpec) -> DataFrame:
     assert window.size_ms is not None
     horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + window.size_ms
-    on_time = (
+    return (
         assign_windows(source, window)
         .where(metric_filter(window.metrics) & ~F.col("late"))
         .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
         .withWatermark("window_end_ts", f"{horizon_ms} milliseconds")
     )
-    return aggregate_windows(on_time)
+
+
+def sketched_window_partials(
+    source: DataFrame, window: WindowSpec, params: SketchParams
+) -> DataFrame:
+    """The sketch lane of ``window``: on-time timer/histogram/distribution partials merged
+    per window by the stateful operator of ``sketch_windows`` (same watermark horizon as the
+    native lane, so it evicts the same windows at the same time)."""
+    on_time = _on_time(source, window).where(is_sketched())
+    return on_time.groupBy("metric", "tags").applyInPandasWithState(
+        sketch_state_function(params),
+        SKETCH_OUTPUT_DDL,
+        SKETCH_STATE_DDL,
+        "Update",
+        "EventTimeTimeout",
+    )
 
 
 _SESSION_INPUT = (
@@ -253,6 +324,10 @@ def aggregate_windows(assigned: DataFrame) -> DataFrame:
         F.min("min").alias("min"),
         F.max("max").alias("max"),
         F.max_by("last", "last_event_ms").alias("last"),
+        # Sets: union of the pane HLLs (Spark reads the HLL_8 images ingest writes).
+        F.hll_union_agg(
+            F.when(F.col("metric_type") == "s", F.col("sketch")), F.lit(True)
+        ).alias("sketch"),
     )
     return grouped.select(
         "metric",
@@ -265,6 +340,9 @@ def aggregate_windows(assigned: DataFrame) -> DataFrame:
         "min",
         "max",
         "last",
+        F.when(F.col("sketch").isNotNull(), F.hll_sketch_estimate("sketch").cast("double"))
+        .alias("distinct_count"),
+        "sketch",
     )
 
 
@@ -340,11 +418,12 @@ def to_result_rows(
     mtype = changed.column("metric_type")
     is_counter = pc.equal(mtype, "c")
     is_gauge = pc.equal(mtype, "g")
+    is_set = pc.equal(mtype, "s")
     null_f64 = pa.nulls(n, pa.float64())
     # Aggregates that mean nothing for a type stay NULL rather than showing a number.
-    total = pc.if_else(is_gauge, null_f64, changed.column("sum"))
-    minimum = pc.if_else(is_counter, null_f64, changed.column("min"))
-    maximum = pc.if_else(is_counter, null_f64, changed.column("max"))
+    total = pc.if_else(pc.or_(is_gauge, is_set), null_f64, changed.column("sum"))
+    minimum = pc.if_else(pc.or_(is_counter, is_set), null_f64, changed.column("min"))
+    maximum = pc.if_else(pc.or_(is_counter, is_set), null_f64, changed.column("max"))
     last = pc.if_else(is_gauge, changed.column("last"), null_f64)
     if watermark_ms is None:
         final = pa.array([False] * n, pa.bool_())
@@ -365,8 +444,15 @@ def to_result_rows(
         "max": maximum,
         "last": last,
     }
+    names = set(changed.column_names)
     for name in _QUANTILE_COLUMNS:
-        columns[name] = null_f64
+        columns[name] = changed.column(name) if name in names else null_f64
+    columns["sketch"] = (
+        changed.column("sketch") if "sketch" in names else pa.nulls(n, pa.binary())
+    )
+    columns["hdr_histogram"] = (
+        changed.column("hdr_histogram") if "hdr_histogram" in names else pa.nulls(n, pa.string())
+    )
     columns["revision"] = pa.array([revision] * n, pa.int64())
     columns["is_final"] = final
     columns["late_events"] = pa.array([0] * n, pa.int64())
@@ -374,8 +460,19 @@ def to_result_rows(
     return pa.table(columns)
 
 
+NATIVE_LANE_TYPES = ("c", "g", "s")
+"""Metric types of a tumbling/hopping window's native lane; the sketch lane has the rest."""
+
+
 class WindowBatchWriter:
-    """The ``foreachBatch`` function of one window query: runs on the driver."""
+    """The ``foreachBatch`` function of one window query: runs on the driver.
+
+    ``lane_types`` scopes emission and finality to the metric types this query writes
+    (tumbling/hopping windows run a native and a sketch lane, each with its own watermark);
+    None (sessions) covers every row of the window.
+    """
+
+    lane_types: tuple[str, ...] | None = NATIVE_LANE_TYPES
 
     def __init__(
         self,
@@ -421,6 +518,7 @@ class WindowBatchWriter:
         *,
         retractions: pa.Table | None = None,
         late: pa.Table | None = None,
+        histograms: pa.Table | None = None,
     ) -> None:
         watermark_ms = self.watermark_ms(batch_id)
         revision = batch_id + 1
@@ -441,6 +539,7 @@ class WindowBatchWriter:
                     self._window.name,
                     watermark_ms,
                     self._window.allowed_lateness_ms,
+                    self.lane_types,
                 )
             )
             state[(self._config.name, self._state_key)] = watermark_ms
@@ -451,17 +550,86 @@ class WindowBatchWriter:
             self._name, batch_id, rows, finalizations, revision=revision, state=state,
             lock_name=self._name, hold_after=hold, retractions=retractions, late=late,
             late_query_name=late_query_name(self._config, self._window),
+            lane_types=self.lane_types, histograms=histograms,
         )  # fmt: skip
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
+
+
+class SketchBatchWriter(WindowBatchWriter):
+    """``foreachBatch`` of a window's sketch lane (timers, histograms, distributions).
+
+    Same commit as the native lane, under its own query name and watermark state key, plus
+    the changed windows' HDR bucket rows for ``window_histograms``.
+    """
+
+    lane_types = SKETCHED_TYPES
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        window: WindowSpec,
+        store: ResultStore,
+        checkpoint: Path,
+        clock: Clock,
+        params: SketchParams,
+    ) -> None:
+        super().__init__(config, window, store, checkpoint, clock)
+        self._name = sketch_query_name(config, window)
+        self._state_key = f"watermark_ms.sketches:{window.name}"
+        self._layout = HdrLayout.from_params(params)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        changed = batch.toArrow()
+        histograms = to_histogram_rows(
+            changed, self._config, self._window, revision=batch_id + 1, layout=self._layout
+        )
+        self._commit(changed.drop_columns(["hdr_buckets"]), batch_id, histograms=histograms)
+
+
+def to_histogram_rows(
+    changed: pa.Table,
+    config: PipelineConfig,
+    window: WindowSpec,
+    *,
+    revision: int,
+    layout: HdrLayout,
+) -> pa.Table:
+    """The ``window_histograms`` rows (store ``HISTOGRAM_SCHEMA``) of the changed windows."""
+    blobs = changed.column("hdr_buckets").to_pylist()
+    parts = [unpack_buckets(blob) if blob else (np.zeros(0, np.int64),) * 2 for blob in blobs]
+    sizes = np.array([len(p[0]) for p in parts], dtype=np.int64)
+    rows = np.repeat(np.arange(len(parts)), sizes)
+    buckets = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    counts = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    lower, upper = layout.bounds(buckets)
+    take = pa.array(rows, pa.int64())
+    n = len(rows)
+    return pa.table(
+        {
+            "config_name": pa.array([config.name] * n, pa.string()),
+            "window_name": pa.array([window.name] * n, pa.string()),
+            **{name: changed.column(name).take(take)
+               for name in ("metric", "tags", "window_start_ms", "window_end_ms")},
+            "bucket": pa.array(buckets.astype(np.int32)),
+            "lower_bound": pa.array(lower, pa.float64()),
+            "upper_bound": pa.array(upper, pa.float64()),
+            "count": pa.array(counts, pa.int64()),
+            "revision": pa.array([revision] * n, pa.int64()),
+        }
+    )  # fmt: skip
 
 
 class SessionBatchWriter(WindowBatchWriter):
     """``foreachBatch`` of a session query: upserts, retractions and late partials, one commit.
 
+    One query covers every metric type of a session window (``lane_types`` None).
+
     The operator's rows are split by ``change``; retractions of superseded sessions are
     deleted in the same transaction that writes the sessions replacing them, so the table
     never shows overlapping sessions of a series.
     """
+
+    lane_types = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
@@ -511,9 +679,26 @@ def start_window_queries(
                 config, window, store_factory(), checkpoint, clock
             )
             changes = sessionized_partials(_read_spool(spark, paths), window)
+        elif window.kind == "sliding":
+            writer = SessionBatchWriter(config, window, store_factory(), checkpoint, clock)
+            changes = slid_partials(_read_spool(spark, paths), window, pane_ms=config.pane_ms)
         else:
             writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
             changes = windowed_partials(_read_spool(spark, paths), window)
+            params = sketch_params(config)
+            lane_checkpoint = sketch_checkpoint(checkpoint)
+            queries.append(
+                _start(
+                    sketched_window_partials(_read_spool(spark, paths), window, params),
+                    sketch_query_name(config, window),
+                    lane_checkpoint,
+                    SketchBatchWriter(
+                        config, window, store_factory(), lane_checkpoint, clock, params
+                    ),
+                    trigger_interval,
+                    output_mode="update",
+                )
+            )
         queries.append(
             _start(
                 changes,
@@ -526,7 +711,9 @@ def start_window_queries(
         )
         queries.append(
             _start(
-                late_partials(_read_spool(spark, paths), window),
+                sliding_late_partials(_read_spool(spark, paths), window, pane_ms=config.pane_ms)
+                if window.kind == "sliding"
+                else late_partials(_read_spool(spark, paths), window),
                 late_query_name(config, window),
                 checkpoint.with_name(checkpoint.name + ".late"),  # see all_checkpoints
                 LateBatchWriter(config, window, store_factory()),
@@ -558,5 +745,26 @@ def _start(
         .foreachBatch(writer)
     )
     if trigger_interval is None:
-        return stream.trigger(availableNow=True).start()
-    return stream.trigger(processingTime=trigger_interval).start()
+        query = stream.trigger(availableNow=True).start()
+    else:
+        query = stream.trigger(processingTime=trigger_interval).start()
+    _await_sources(query)
+    return query
+
+
+_SOURCE_START_TIMEOUT_S = 120.0
+
+
+def _await_sources(query: StreamingQuery) -> None:
+    """Wait until ``query`` has started its source before the next query starts.
+
+    Each query starts a Python process on the driver for the spool source, and Spark gives a
+    new Python process a fixed 10 s to connect back (``PythonWorkerFactory``, not
+    configurable). Several queries starting at once on a loaded 2-core machine can miss it
+    ("Python worker failed to connect back"); one at a time, each start gets the CPU.
+    """
+    deadline = time.monotonic() + _SOURCE_START_TIMEOUT_S
+    while query.isActive and time.monotonic() < deadline:
+        if query.status["message"] != "Initializing sources":
+            return
+        time.sleep(0.05)

@@ -23,19 +23,26 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig
 from streamgauge.sinks.store import ResultStore
+from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.job import (
     aggregate_windows,
     assign_windows,
+    is_sketched,
     metric_filter,
     query_name,
+    sketch_params,
+    to_histogram_rows,
     to_result_rows,
 )
+from streamgauge.windows.sketch_windows import OUTPUT_DDL as SKETCH_OUTPUT_DDL
+from streamgauge.windows.sketch_windows import merge_windows_batch
 from streamgauge.windows.source import SOURCE_NAME
 
 log = logging.getLogger(__name__)
@@ -88,15 +95,20 @@ def replay(
     log_rows = spark.read.format(SOURCE_NAME).option("path", str(spool)).load()
     report = []
     for window in config.windows:
-        if window.kind == "session":
+        if window.kind in ("session", "sliding"):
             log.warning(
-                "replay: window %r is a session window; replaying session windows is not "
-                "implemented yet, its late partials stay in late_events", window.name,
+                "replay: window %r is a %s window; replaying %s windows is not implemented "
+                "yet, its late partials stay in late_events", window.name, window.kind,
+                window.kind,
             )  # fmt: skip
-            skipped = "session windows are not replayed yet"
+            skipped = f"{window.kind} windows are not replayed yet"
             report.append(ReplayedWindow(window.name, None, 0, 0, 0, skipped=skipped))
             continue
-        watermark_ms = store.read_state(config.name, f"watermark_ms:{window.name}")
+        # Both lanes' watermarks: a window is final for replay only once final in each.
+        lanes = [store.read_state(config.name, f"{prefix}:{window.name}")
+                 for prefix in ("watermark_ms", "watermark_ms.sketches")]  # fmt: skip
+        known = [w for w in lanes if w is not None]
+        watermark_ms = min(known) if known else None
         if watermark_ms is None:
             report.append(ReplayedWindow(window.name, None, 0, 0, 0))
             continue
@@ -106,14 +118,29 @@ def replay(
             & (F.col("window_end_ms") > F.lit(from_ms))
             & (F.col("window_end_ms") + F.lit(window.allowed_lateness_ms) <= F.lit(watermark_ms))
         )
-        windows = aggregate_windows(
-            assigned.withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
+        native = aggregate_windows(
+            assigned.where(~is_sketched())
+            .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
         ).toArrow()
-        rows = to_result_rows(
-            windows, config, window, revision=1, watermark_ms=watermark_ms,
-            emitted_at_ms=clock.now_ms(),
+        params = sketch_params(config)
+        sketched = (
+            assigned.where(is_sketched())
+            .groupBy("window_start_ms", "window_end_ms", "metric", "tags")
+            .applyInPandas(merge_windows_batch(params), SKETCH_OUTPUT_DDL)
+            .toArrow()
+        )
+        histograms = to_histogram_rows(
+            sketched, config, window, revision=0, layout=HdrLayout.from_params(params)
+        )
+        rows = pa.concat_tables(
+            [to_result_rows(changed, config, window, revision=1, watermark_ms=watermark_ms,
+                            emitted_at_ms=clock.now_ms())
+             for changed in (native, sketched.drop_columns(["hdr_buckets"]))],
+            promote_options="permissive",
         )  # fmt: skip
-        outcome = store.publish_corrections(rows, lock_name=query_name(config, window))
+        outcome = store.publish_corrections(
+            rows, lock_name=query_name(config, window), histograms=histograms
+        )
         report.append(
             ReplayedWindow(
                 window.name, watermark_ms, rows.num_rows, outcome.rows_upserted,

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ import statsd
 from streamgauge.configs import PipelineConfig, load_config
 from streamgauge.ingest.log import list_receivers, list_segments, read_heartbeat, read_segment
 from streamgauge.windows.reference import PanePartial, ReferenceWindower, Segment
+
+_PARTIAL_FIELDS = frozenset(f.name for f in fields(PanePartial))
 
 START_TIMEOUT_S = 240
 
@@ -174,8 +176,9 @@ def segments_from_spool(spool: Path) -> list[Segment]:
         for info in list_segments(spool, receiver):
             heartbeat = read_heartbeat(info.path)
             partials = tuple(
-                PanePartial(**row) for batch in read_segment(info.path) for row in batch.to_pylist()
-            )
+                PanePartial(**{k: v for k, v in row.items() if k in _PARTIAL_FIELDS})
+                for batch in read_segment(info.path) for row in batch.to_pylist()
+            )  # the sketch columns are not part of the reference windower's partial
             segments.append(Segment(receiver, heartbeat.heartbeat_ms, heartbeat.closed, partials))
     return segments
 

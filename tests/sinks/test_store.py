@@ -26,6 +26,7 @@ from streamgauge.clock import ManualClock
 from streamgauge.sinks.embedded import EmbeddedPostgres
 from streamgauge.sinks.schema import SCHEMA_VERSION, SchemaVersionError, ensure_schema
 from streamgauge.sinks.store import (
+    HISTOGRAM_SCHEMA,
     RESULT_COLUMNS,
     RESULT_SCHEMA,
     BatchOutcome,
@@ -59,7 +60,10 @@ def row(**overrides: Any) -> dict[str, Any]:
         "p50": 2.0,
         "p90": 3.0,
         "p99": 3.0,
+        "p999": 3.0,
         "distinct_count": None,
+        "sketch": None,
+        "hdr_histogram": None,
         "revision": 1,
         "is_final": False,
         "late_events": 0,
@@ -279,6 +283,68 @@ def test_finalization_never_touches_a_newer_revision(store: ResultStore, clean_s
     assert store.commit_batch("q", 1, table(), [fin], revision=5).rows_finalized == 0
     [r] = stored(clean_store)
     assert (r["is_final"], r["revision"]) == (False, 10)
+
+
+def test_a_lane_finalizes_and_emits_only_its_own_metric_types(
+    store: ResultStore, clean_store: str
+) -> None:
+    """A window's native lane (c, g, s) and sketch lane (ms, h, d) have their own watermarks:
+    one lane passing a window's end must not finalize or emit the other lane's rows."""
+    counter = window(0, metric="hits", metric_type="c")
+    timer = window(0, metric="api.latency", metric_type="ms")
+    hold = {("web", "1m"): T0}  # watermark before the window's end: both rows wait
+    store.commit_batch("native", 0, table(counter), [], revision=1, hold_after=hold,
+                       lane_types=("c", "g", "s"))  # fmt: skip
+    store.commit_batch("sketch", 0, table(timer), [], revision=1, hold_after=hold,
+                       lane_types=("d", "h", "ms"))  # fmt: skip
+    assert stored(clean_store) == []
+    passed = T0 + MINUTE
+    fin = Finalization("web", "1m", passed, 0, metric_types=("c", "g", "s"))
+    store.commit_batch("native", 1, table(), [fin], revision=2, hold_after={("web", "1m"): passed},
+                       lane_types=("c", "g", "s"))  # fmt: skip
+    [emitted] = stored(clean_store)
+    assert (emitted["metric"], emitted["is_final"]) == ("hits", True)
+    _, pending = run_sql(clean_store, "SELECT metric FROM window_pending")
+    assert pending == [("api.latency",)]  # the sketch lane's row waits for its own watermark
+
+
+def histogram_rows(i: int, buckets: dict[int, int], revision: int) -> pa.Table:
+    return pa.Table.from_pylist(
+        [{"config_name": "web", "window_name": "1m", "metric": "api.latency",
+          "tags": '{"host":"a"}', "window_start_ms": T0 + i * MINUTE,
+          "window_end_ms": T0 + (i + 1) * MINUTE, "bucket": b, "lower_bound": float(b),
+          "upper_bound": b + 0.5, "count": c, "revision": revision}
+         for b, c in buckets.items()],
+        schema=HISTOGRAM_SCHEMA,
+    )  # fmt: skip
+
+
+def stored_buckets(url: str) -> dict[tuple[int, int], tuple[int, int]]:
+    _, rows = run_sql(
+        url,
+        "SELECT ((extract(epoch FROM window_start) * 1000)::bigint - %s) / %s, bucket, count,"
+        " revision FROM window_histograms",
+        [T0, MINUTE],
+    )
+    return {(int(r[0]), r[1]): (r[2], r[3]) for r in rows}
+
+
+def test_a_windows_histogram_rows_are_replaced_as_a_set_by_a_higher_revision(
+    store: ResultStore, clean_store: str
+) -> None:
+    store.commit_batch("q", 0, table(window(0), window(1)), [], revision=1,
+                       histograms=pa.concat_tables([histogram_rows(0, {5: 1, 7: 2}, 1),
+                                                    histogram_rows(1, {9: 3}, 1)]))  # fmt: skip
+    # Window 0 changes at revision 2: bucket 5 is gone from its new set, bucket 8 is new.
+    store.commit_batch("q", 1, table(window(0, revision=2, count=4)), [], revision=2,
+                       histograms=histogram_rows(0, {7: 3, 8: 1}, 2))  # fmt: skip
+    assert stored_buckets(clean_store) == {(0, 7): (3, 2), (0, 8): (1, 2), (1, 9): (3, 1)}
+    # An older set arriving late changes nothing (the same rule as the window rows).
+    store.commit_batch("other", 0, table(window(0, revision=1)), [], revision=1,
+                       histograms=histogram_rows(0, {5: 9}, 1))  # fmt: skip
+    assert stored_buckets(clean_store) == {(0, 7): (3, 2), (0, 8): (1, 2), (1, 9): (3, 1)}
+    # Retention drops them with their windows.
+    assert store.prune(T0 + MINUTE + 1)["window_histograms"] == 2
 
 
 # -- bad input raises at once ----------------------------------------------------------------

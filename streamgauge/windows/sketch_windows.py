@@ -1,0 +1,230 @@
+"""Timer, histogram and distribution windows: partials with sketches, merged by a stateful operator.
+
+Why a separate operator: Spark merges counts, sums and HyperLogLogs natively
+(``hll_union_agg``), but it has no t-digest, and a grouped-aggregate pandas UDF is refused in a
+streaming aggregation ("Streaming aggregation doesn't support group aggregate pandas UDF").
+Collecting the pane digests of a window into a list would keep every pane's digest in Spark's
+state until the window is evicted (a 1 h window of 1 s panes: 3,600 digests per series). So the
+``ms``/``h``/``d`` rows of a window query take this path instead: ``applyInPandasWithState``
+keyed by (metric, tags), whose state per series is its open windows, each a running aggregate:
+
+====================  ==========================================================
+count, sum, min, max  added / compared as the native lane does
+last                  value of the latest event (``last_event_ms``)
+t-digest              ``tdigest_double(k)`` merged from the pane digests
+HDR buckets           sparse (index, count) rows, counts added per index
+====================  ==========================================================
+
+The state is bounded by the open windows (those Spark's watermark has not passed), each a
+digest of at most ~``k`` centroids and at most a few hundred HDR buckets, whatever the number
+of panes. Per micro-batch the operator emits, per changed window, the merged values, p50/p90/
+p99/p999 from the t-digest (strong in the tails; the HDR rows answer mid-range quantiles with a
+bounded relative error), the serialized digest, the HdrHistogram standard encoding and the
+bucket rows the store writes into ``window_histograms``.
+
+The other lane (counters, gauges, sets) is the native aggregation in ``job.py``; the two lanes
+are separate streaming queries over the same source and share the late-events query, and the
+store scopes emission and finality to each lane's metric types.
+
+State blob, per window (a list of records; an array field in a state schema crashed the
+Python worker, a blob works — DESIGN.md §9)::
+
+    <qqqddddqII>  start, end, count, sum, min, max, last, last_event_ms, len(digest), buckets
+    digest bytes, int32 bucket indices, int64 bucket counts
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.hdr import HdrLayout, merge
+from streamgauge.sketches.tdigest import deserialize_tdigest, new_tdigest, quantiles
+
+SKETCHED_TYPES = ("d", "h", "ms")
+QUANTILES = (0.5, 0.9, 0.99, 0.999)
+QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999")
+
+_HEADER = struct.Struct("<qqqddddqII")
+
+STATE_DDL = "metric_type string, windows binary"
+
+OUTPUT_DDL = (
+    "metric string, tags string, metric_type string, window_start_ms bigint, "
+    "window_end_ms bigint, count bigint, sum double, min double, max double, last double, "
+    "p50 double, p90 double, p99 double, p999 double, sketch binary, hdr_histogram string, "
+    "hdr_buckets binary"
+)
+OUTPUT_COLUMNS = tuple(part.split()[0] for part in OUTPUT_DDL.split(", "))
+
+INPUT_COLUMNS = (
+    "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "count", "sum", "min",
+    "max", "last", "last_event_ms", "sketch", "hdr_bucket", "hdr_count",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class SketchWindow:
+    """One window's running aggregate."""
+
+    start: int
+    end: int
+    count: int = 0
+    sum: float = 0.0
+    min: float = float("inf")
+    max: float = float("-inf")
+    last: float = 0.0
+    last_event_ms: int = -1
+    digest: bytes = b""
+    buckets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def scalars(self) -> tuple[Any, ...]:
+        return (self.count, self.sum, self.min, self.max, self.last, self.last_event_ms)
+
+
+def pack_windows(windows: list[SketchWindow]) -> bytes:
+    parts: list[bytes] = []
+    for w in windows:
+        parts.append(_HEADER.pack(w.start, w.end, w.count, w.sum, w.min, w.max, w.last,
+                                  w.last_event_ms, len(w.digest), len(w.buckets)))  # fmt: skip
+        parts += [w.digest, w.buckets.astype("<i4").tobytes(), w.counts.astype("<i8").tobytes()]
+    return b"".join(parts)
+
+
+def unpack_windows(blob: bytes) -> list[SketchWindow]:
+    data = bytes(blob)
+    windows, offset = [], 0
+    while offset < len(data):
+        start, end, count, total, lo, hi, last, last_ms, n_digest, n_buckets = (
+            _HEADER.unpack_from(data, offset)
+        )
+        offset += _HEADER.size
+        digest = data[offset : offset + n_digest]
+        offset += n_digest
+        buckets = np.frombuffer(data, "<i4", n_buckets, offset).astype(np.int32)
+        offset += 4 * n_buckets
+        counts = np.frombuffer(data, "<i8", n_buckets, offset).astype(np.int64)
+        offset += 8 * n_buckets
+        windows.append(SketchWindow(start, end, count, total, lo, hi, last, last_ms, digest,
+                                    buckets, counts))  # fmt: skip
+    return windows
+
+
+def pack_buckets(buckets: np.ndarray, counts: np.ndarray) -> bytes:
+    """Sparse HDR rows as one binary value: n int32 indices, then n int64 counts."""
+    return buckets.astype("<i4").tobytes() + counts.astype("<i8").tobytes()
+
+
+def unpack_buckets(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
+    n = len(blob) // 12
+    return (
+        np.frombuffer(blob, "<i4", n, 0).astype(np.int64),
+        np.frombuffer(blob, "<i8", n, 4 * n).astype(np.int64),
+    )
+
+
+def merge_rows(window: SketchWindow, rows: pd.DataFrame, k: int) -> None:
+    """Fold pane partials (``INPUT_COLUMNS`` rows of this window) into ``window``."""
+    window.count += int(rows["count"].sum())
+    window.sum += float(rows["sum"].sum())
+    window.min = min(window.min, float(rows["min"].min()))
+    window.max = max(window.max, float(rows["max"].max()))
+    newest = int(rows["last_event_ms"].values.argmax())
+    if int(rows["last_event_ms"].iloc[newest]) >= window.last_event_ms:
+        window.last = float(rows["last"].iloc[newest])
+        window.last_event_ms = int(rows["last_event_ms"].iloc[newest])
+    digest = deserialize_tdigest(window.digest) if window.digest else new_tdigest(k)
+    for blob in rows["sketch"]:
+        if blob is not None:
+            digest.merge(deserialize_tdigest(blob))
+    window.digest = bytes(digest.serialize())
+    parts_i = [window.buckets.astype(np.int64)]
+    parts_c = [window.counts]
+    for index_list, count_list in zip(rows["hdr_bucket"], rows["hdr_count"], strict=True):
+        if index_list is not None:
+            parts_i.append(np.asarray(index_list, dtype=np.int64))
+            parts_c.append(np.asarray(count_list, dtype=np.int64))
+    buckets, counts = merge(np.concatenate(parts_i), np.concatenate(parts_c))
+    window.buckets, window.counts = buckets.astype(np.int32), counts
+
+
+def output_row(
+    metric: str, tags: str, metric_type: str, window: SketchWindow, layout: HdrLayout
+) -> tuple[Any, ...]:
+    """One ``OUTPUT_DDL`` row: the window's values, quantiles and encodings."""
+    digest = deserialize_tdigest(window.digest) if window.digest else None
+    p: list[float | None]
+    if digest is not None and not digest.is_empty():
+        p = [float(v) for v in quantiles(digest, QUANTILES)]
+    else:
+        p = [None] * len(QUANTILES)  # a window whose partials came without digests (old log)
+    encoded = layout.encode(window.buckets, window.counts) if len(window.buckets) else None
+    return (
+        metric, tags, metric_type, window.start, window.end, window.count, window.sum,
+        window.min, window.max, window.last, *p, window.digest or None, encoded,
+        pack_buckets(window.buckets, window.counts),
+    )  # fmt: skip
+
+
+def sketch_state_function(params: SketchParams) -> Any:
+    """The ``applyInPandasWithState`` function of the sketch lane (picklable closure)."""
+    k = params.tdigest_k
+    layout = HdrLayout.from_params(params)
+
+    def update_windows(
+        key: tuple[str, str], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
+        metric, tags = key
+        metric_type: str | None = None
+        windows: dict[tuple[int, int], SketchWindow] = {}
+        if state.exists:
+            metric_type, blob = state.get
+            windows = {(w.start, w.end): w for w in unpack_windows(blob)}
+        changed: list[tuple[int, int]] = []
+        if not state.hasTimedOut:
+            batch = pd.concat(list(frames), ignore_index=True)
+            types = batch["metric_type"].tolist()
+            metric_type = min([*types, metric_type] if metric_type else types)
+            for (start, end), rows in batch.groupby(["window_start_ms", "window_end_ms"]):
+                bounds = (int(start), int(end))
+                window = windows.setdefault(bounds, SketchWindow(*bounds))
+                merge_rows(window, rows, k)
+                changed.append(bounds)
+        out = [output_row(metric, tags, metric_type or "ms", windows[b], layout)
+               for b in sorted(changed)]  # fmt: skip
+        # Free what Spark's watermark passed: no on-time partial can reach it (job.py horizon).
+        watermark = state.getCurrentWatermarkMs()
+        kept = [w for w in windows.values() if w.end > watermark]
+        if kept:
+            state.update((metric_type, pack_windows(kept)))
+            state.setTimeoutTimestamp(max(w.end for w in kept))
+        else:
+            state.remove()
+        if out:
+            yield pd.DataFrame(out, columns=list(OUTPUT_COLUMNS))
+
+    return update_windows
+
+
+def merge_windows_batch(params: SketchParams) -> Any:
+    """The ``groupBy(...).applyInPandas`` function for batch recomputation (``replay``): the
+    same merge as the streaming operator, over all partials of a window at once."""
+    k = params.tdigest_k
+    layout = HdrLayout.from_params(params)
+
+    def merge_group(rows: pd.DataFrame) -> pd.DataFrame:
+        first = rows.iloc[0]
+        window = SketchWindow(int(first["window_start_ms"]), int(first["window_end_ms"]))
+        merge_rows(window, rows, k)
+        metric_type = min(rows["metric_type"].tolist())
+        row = output_row(str(first["metric"]), str(first["tags"]), metric_type, window, layout)
+        return pd.DataFrame([row], columns=list(OUTPUT_COLUMNS))
+
+    return merge_group
