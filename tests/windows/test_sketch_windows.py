@@ -59,7 +59,7 @@ def _run(spark: SparkSession, tmp_path: Path, url: str) -> None:
         assert query.exception() is None
 
 
-def _results(url: str) -> dict[tuple[str, int], dict[str, Any]]:
+def _results(url: str) -> dict[tuple[Any, Any], dict[str, Any]]:
     columns, rows = run_sql(
         url,
         "select metric, (extract(epoch from window_start) * 1000)::bigint - %s as start_ms, "
@@ -71,7 +71,7 @@ def _results(url: str) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["metric"], r["start_ms"]): r for r in found}
 
 
-def _buckets(url: str, metric: str, start_ms: int) -> tuple[list[int], list[int], list[float]]:
+def _buckets(url: str, metric: str, start_ms: int) -> tuple[list[Any], list[Any], list[Any]]:
     _, rows = run_sql(
         url,
         "select bucket, count, upper_bound from window_histograms where config_name = "
