@@ -65,7 +65,11 @@ def clean_store(postgres_url: str) -> str:
     """The session server's URL, with the schema in place and every result table empty."""
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.ensure_schema()
-    run_sql(postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state, late_events")
+    run_sql(
+        postgres_url,
+        "TRUNCATE window_results, window_pending, window_histograms, sink_batches, "
+        "pipeline_state, late_events, pipeline_metrics",
+    )
     return postgres_url
 
 

@@ -26,11 +26,12 @@ from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 WindowKind = Literal["tumbling", "hopping", "sliding", "session"]
 Aggregate = Literal[
-    "count", "sum", "min", "max", "last", "p50", "p90", "p99", "distinct_count", "rate"
+    "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999", "distinct_count", "rate"
 ]  # fmt: skip
 #: What an alert can watch: a ``window_results`` column, or ``rate`` (sum per second of window).
 AGGREGATES: tuple[Aggregate, ...] = (
-    "count", "sum", "min", "max", "last", "p50", "p90", "p99", "distinct_count", "rate",
+    "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999", "distinct_count",
+    "rate",
 )  # fmt: skip
 Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
 COMPARISONS: tuple[Comparison, ...] = (">=", "<=", "==", "!=", ">", "<")

@@ -42,6 +42,7 @@ _TITLES: dict[Aggregate, str] = {
     "p50": "p50 (largest window in bucket)",
     "p90": "p90 (largest window in bucket)",
     "p99": "p99 (largest window in bucket)",
+    "p999": "p999 (largest window in bucket)",
     "distinct_count": "Distinct count (sets)",
     "rate": "Rate per second (sum / window seconds)",
 }

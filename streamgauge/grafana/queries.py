@@ -135,6 +135,7 @@ BUCKET_EXPRESSIONS: Mapping[Aggregate, str] = {
     "p50": "max(p50)",
     "p90": "max(p90)",
     "p99": "max(p99)",
+    "p999": "max(p999)",
     "distinct_count": "max(distinct_count)",
     "rate": "sum(sum) / sum(extract(epoch FROM window_end - window_start))",
 }
@@ -149,6 +150,7 @@ WINDOW_EXPRESSIONS: Mapping[Aggregate, str] = {
     "p50": "p50",
     "p90": "p90",
     "p99": "p99",
+    "p999": "p999",
     "distinct_count": "distinct_count",
     "rate": "sum / extract(epoch FROM window_end - window_start)",
 }
@@ -158,7 +160,9 @@ HISTOGRAM_QUANTILES: tuple[tuple[str, float], ...] = (
     ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999),
 )  # fmt: skip
 #: The aggregates an alert reads from the window's HDR histogram when it has one.
-ALERT_HISTOGRAM_QUANTILES: Mapping[Aggregate, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+ALERT_HISTOGRAM_QUANTILES: Mapping[Aggregate, float] = {
+    "p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999,
+}
 #: Heatmap rows per power of two (2^(1/8): rows about 9 % apart; an HDR bucket is ≤ 1 % wide).
 HEATMAP_ROWS_PER_OCTAVE = 8
 

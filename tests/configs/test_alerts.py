@@ -160,7 +160,7 @@ def test_every_mistake_is_reported_at_once_with_its_path() -> None:
         ("alerts[0].name", "'Bad-Name' is not a valid name; use only lowercase letters, digits and _"),
         ("alerts[0].window", "no window named 'per_10' (windows: per_10s, per_15s, hop, sessions); did you mean per_10s?"),
         ("alerts[0].metric", "'api.*' is a glob; an alert watches one exact metric"),
-        ("alerts[0].aggregate", "unknown aggregate 'p95'; one of count, sum, min, max, last, p50, p90, p99, distinct_count, rate; did you mean p99?"),
+        ("alerts[0].aggregate", "unknown aggregate 'p95'; one of count, sum, min, max, last, p50, p90, p99, p999, distinct_count, rate; did you mean p99?"),
         ("alerts[0].condition", "'~ 3' is not a condition; write an operator and a number, like \"> 250\", \">= 1\", \"< 0.5\" or \"== 0\" (operators: >, >=, <, <=, ==, !=)"),
         ("alerts[0].tags.host", "must be a string, not a number (1)"),
         ("alerts[0].labels.1x", "'1x' is not a label name; letters, digits and _, not starting with a digit or __"),
@@ -174,7 +174,7 @@ def test_every_mistake_is_reported_at_once_with_its_path() -> None:
         ("alerts[3]", "an alert must be a mapping, not a number (5)"),
         ("alerts[4].name", "required; every alert needs a name; it becomes the rule's title and UID"),
         ("alerts[4].metric", "required; the exact metric name the alert watches"),
-        ("alerts[4].aggregate", "required; one of count, sum, min, max, last, p50, p90, p99, distinct_count, rate"),
+        ("alerts[4].aggregate", "required; one of count, sum, min, max, last, p50, p90, p99, p999, distinct_count, rate"),
         ("alerts[4].condition", 'required; an operator and a number, like "> 250"'),
     ]  # fmt: skip
 
