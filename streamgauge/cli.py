@@ -252,6 +252,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             max_skew_ms=round(args.max_skew * 1000), limits=limits, cardinality=cardinality,
             rcvbuf_bytes=args.rcvbuf or DEFAULT_RCVBUF_BYTES, unix_mode=int(args.unix_mode, 8),
             spool_quota_bytes=parse_byte_size(args.spool_quota, "--spool-quota"),
+            sketches=config.sketches,
         )
     except ValueError as error:
         print(f"streamgauge ingest: {error}", file=sys.stderr)

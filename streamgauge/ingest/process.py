@@ -42,6 +42,7 @@ from streamgauge.ingest.transports import (
     describe,
     parse_listen_spec,
 )
+from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class IngestSettings:
     spool_quota_bytes: int = 0
     #: Segments waiting for the writer thread before a roll waits for it (counted).
     write_queue_depth: int = DEFAULT_WRITE_QUEUE_DEPTH
+    #: The config's compiled sketch accuracy: pane sketches must use the layout (HDR buckets)
+    #: and sizes (HLL lgK, t-digest k) the window job merges them with.
+    sketches: SketchParams = field(default_factory=compile_accuracy)
 
     def __post_init__(self) -> None:
         problems = []
@@ -163,7 +167,7 @@ def run_ingest(
             depth=settings.write_queue_depth,
             quota_bytes=settings.spool_quota_bytes,
         ),
-        PaneCombiner(settings.pane_ms),
+        PaneCombiner(settings.pane_ms, sketches=settings.sketches),
         clock or SystemClock(),
         roll_ms=settings.roll_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,

@@ -121,13 +121,21 @@ def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
         checkpoint = checkpoint_dir(paths, config, window)
         found += [checkpoint, checkpoint.with_name(checkpoint.name + ".late")]
         if window.kind not in ("session", "sliding"):
-            found.append(sketch_checkpoint(checkpoint))
+            found.append(sketch_checkpoint(checkpoint, sketch_params(config)))
     return found
 
 
-def sketch_checkpoint(checkpoint: Path) -> Path:
-    """Checkpoint of a window's sketch lane, beside the window's own (same fingerprint)."""
-    return checkpoint.with_name(checkpoint.name + ".sketches")
+def sketch_checkpoint(checkpoint: Path, params: SketchParams) -> Path:
+    """Checkpoint of a window's sketch lane, beside the window's own.
+
+    Its state holds HDR bucket *indices*, which mean values only under one layout, so the
+    layout is part of the name: a config whose ``quantile_error``/``value_range`` changed
+    starts the lane afresh instead of reading old indices with the new layout.
+    """
+    layout = [params.hdr_lowest, params.hdr_highest, params.hdr_significant_digits,
+              params.value_scale]  # fmt: skip
+    digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:8]
+    return checkpoint.with_name(f"{checkpoint.name}.sketches-{digest}")
 
 
 def sketch_params(config: PipelineConfig) -> SketchParams:
@@ -686,7 +694,7 @@ def start_window_queries(
             writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
             changes = windowed_partials(_read_spool(spark, paths), window)
             params = sketch_params(config)
-            lane_checkpoint = sketch_checkpoint(checkpoint)
+            lane_checkpoint = sketch_checkpoint(checkpoint, params)
             queries.append(
                 _start(
                     sketched_window_partials(_read_spool(spark, paths), window, params),
