@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import os
@@ -22,6 +23,10 @@ from typing import Any
 
 import pytest
 import statsd
+
+from streamgauge.sketches.accuracy import compile_accuracy
+from streamgauge.sketches.hdr import HdrLayout
+from streamgauge.sketches.hll import union_hll
 
 CONFIG = """
 name: e2e
@@ -216,6 +221,62 @@ def test_statsd_traffic_lands_in_final_windows_exactly(daemon: Daemon) -> None:
     ingest = status["ingest"]["udp-0"]
     assert ingest["rejected"] == {}
     assert ingest["lines"] == len(sent)
+
+
+def test_timer_percentiles_and_set_distinct_counts_reach_the_store(daemon: Daemon) -> None:
+    """Timers and sets from the reference client, through receivers, segments, both lanes of
+    the window job and the store: the stored HDR buckets of all windows merge (in SQL) to
+    exactly the histogram of what was sent, each window's t-digest percentiles lie within its
+    own values, and the union of the windows' HLLs counts exactly the members sent."""
+    host, port = daemon.info["udp"].rsplit(":", 1)
+    client = RecordingStatsClient(host, int(port))
+    rng = random.Random(20261122)
+    members = [f"user-{i}" for i in range(300)]
+    for i in range(3_000):
+        client.timing("e2e.latency", round(rng.lognormvariate(3.0, 0.7), 3))
+        client.set("e2e.users", members[rng.randrange(len(members))])
+        if i % 250 == 249:
+            time.sleep(0.02)
+    latencies = [float(line.split(":")[1].split("|")[0]) for line in client.sent
+                 if line.startswith("e2e.latency:")]  # fmt: skip
+    users = {line.split(":")[1].split("|")[0] for line in client.sent
+             if line.startswith("e2e.users:")}  # fmt: skip
+
+    sql = (
+        "select metric, sum(count)::bigint as count, bool_and(is_final) as final, "
+        "bool_and(p50 <= p90 and p90 <= p99 and p99 <= p999 and min <= p50 and p999 <= max) "
+        "as ordered from window_results where config_name = 'e2e' "
+        "and metric in ('e2e.latency', 'e2e.users') group by metric"
+    )
+    deadline = time.monotonic() + FINAL_TIMEOUT_S
+    while True:
+        rows = {r["metric"]: r for r in daemon.query(sql)}
+        want = {"e2e.latency": len(latencies), "e2e.users": 3_000}
+        if all(m in rows and rows[m]["final"] and rows[m]["count"] == n
+               for m, n in want.items()):  # fmt: skip
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"timer/set windows not final with all samples: {rows}")
+        time.sleep(1)
+    assert rows["e2e.latency"]["ordered"] is True
+
+    layout = HdrLayout.from_params(compile_accuracy())
+    merged = daemon.query(
+        "select streamgauge_hdr_quantiles(array_agg((bucket, lower_bound, upper_bound, count)"
+        "::streamgauge_hdr_bin), array[0.5, 0.9, 0.99]) as qs, sum(count)::bigint as n "
+        "from window_histograms where config_name = 'e2e' and metric = 'e2e.latency'"
+    )
+    assert merged[0]["n"] == len(latencies)
+    histogram = layout.histogram(latencies)
+    assert merged[0]["qs"] == [
+        layout.quantile(histogram.indices, histogram.counts, q) for q in (0.5, 0.9, 0.99)
+    ]
+    sketches = daemon.query(
+        "select encode(sketch, 'base64') as sketch from window_results "
+        "where config_name = 'e2e' and metric = 'e2e.users'"
+    )
+    union = union_hll(base64.b64decode(r["sketch"]) for r in sketches)
+    assert round(union.get_estimate()) == len(users)
 
 
 def test_sigterm_stops_every_part_cleanly(daemon: Daemon) -> None:
