@@ -344,7 +344,9 @@ class Receiver:
         self._stats_path = stats_path
         self._proc_net = proc_net
         self.stats = IngestStats()
-        self._last_now_ms = 0
+        # Restarted on a clock behind the stream's last heartbeat (a host back with its clock
+        # stepped back): keep the promise the previous process made, never a smaller one.
+        self._last_now_ms = self._last_heartbeat_ms()
         self._last_segment_ms = 0
         self._pending_self_metrics = IngestStats()
         self._rcvbuf_errors_at_start = kernel.udp_rcvbuf_errors(proc_net)
@@ -354,8 +356,17 @@ class Receiver:
     def listening(self) -> list[str]:
         return [describe(sock) for sock in self._sockets]
 
+    def _last_heartbeat_ms(self) -> int:
+        """The heartbeat of this stream's last segment (0 if none or unreadable)."""
+        writer = self._writer.writer
+        existing = list_segments(writer.spool, writer.receiver, upto=writer.next_sequence)
+        try:
+            return read_heartbeat(existing[-1].path).heartbeat_ms if existing else 0
+        except (OSError, pa.ArrowException):  # deleted by retention meanwhile
+            return 0
+
     def now_ms(self) -> int:
-        """The receive clock, never going backwards.
+        """The receive clock, never going backwards (not across restarts either).
 
         A wall clock stepped back by NTP would otherwise give later datagrams earlier event
         times than a heartbeat already promised ("nothing earlier than t"), making them late.
