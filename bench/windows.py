@@ -1,6 +1,7 @@
 """Window job throughput and result freshness on this machine (issue: Event-time windows).
 
     .venv/bin/python bench/windows.py --series 10000 --seconds 60 --kind tumbling
+    .venv/bin/python bench/windows.py --series 10000 --seconds 60 --type ms   # sketch lane
 
 A writer appends one segment per second to a live spool, holding one pane partial per active
 series (what ingest writes at 1 s panes), with a heartbeat. The real window job (Spark
@@ -11,6 +12,11 @@ series (what ingest writes at 1 s panes), with a heartbeat. The real window job 
 - freshness: from the moment the segment whose heartbeat moves the watermark past a window's
   end is written, to the moment that window's row is visible in ``window_results``
   (polled every 100 ms).
+
+``--type``: the series' metric type. ``c`` (default) runs through the native lane (Spark's own
+aggregates); ``s`` too, with an HLL_8 of 20 members per partial unioned by ``hll_union_agg``;
+``ms`` through the sketch lane (t-digest + HDR buckets of 10 values per partial, merged by the
+stateful operator). Same series count, same rows: the ratio is the sketch lane's cost.
 
 Targets (issue): 100k active series at 1 s panes sustained; p50 freshness <= 1 s.
 """
@@ -31,8 +37,10 @@ import pyarrow as pa
 from streamgauge.clock import SystemClock
 from streamgauge.configs import parse_config
 from streamgauge.ingest.log import SEGMENT_SCHEMA, Heartbeat, SegmentWriter
+from streamgauge.ingest.pane_sketches import PaneSketches
 from streamgauge.sinks.embedded import EmbeddedPostgres
 from streamgauge.sinks.store import ResultStore, run_sql
+from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.windows.job import JobPaths, start_window_queries
 from streamgauge.windows.session import build_spark_session
 
@@ -57,16 +65,33 @@ WINDOWS = {
 }
 
 
-def pane_batch(names: pa.Array, pane_start_ms: int, rng: np.random.Generator) -> pa.RecordBatch:
+def pane_batch(
+    names: pa.Array, pane_start_ms: int, rng: np.random.Generator, metric_type: str
+) -> pa.RecordBatch:
     n = len(names)
     values = rng.integers(1, 100, n).astype(np.float64)
     times = np.full(n, pane_start_ms, dtype=np.int64)
+    count = np.ones(n, dtype=np.int64)
+    sketches = PaneSketches(compile_accuracy())
+    keys = [((name, metric_type, "{}"), pane_start_ms) for name in names.to_pylist()]
+    if metric_type == "ms":
+        samples = rng.lognormal(3.0, 0.8, (n, 10)).round(3)
+        for key, row in zip(keys, samples, strict=True):
+            sketches.add_values(key, row)
+        count[:] = 10
+        values = samples.sum(axis=1)
+    elif metric_type == "s":
+        members = rng.integers(0, 10_000, (n, 20))
+        for key, row in zip(keys, members.tolist(), strict=True):
+            for member in row:
+                sketches.add_member(key, f"u{member}")
+        count[:] = 20
     columns = [
         names,
-        pa.array(np.full(n, "c", dtype=object), pa.string()),
+        pa.array(np.full(n, metric_type, dtype=object), pa.string()),
         pa.array(np.full(n, "{}", dtype=object), pa.string()),
         pa.array(times),
-        pa.array(np.ones(n, dtype=np.int64)),
+        pa.array(count),
         pa.array(values),
         pa.array(values),
         pa.array(values),
@@ -74,6 +99,7 @@ def pane_batch(names: pa.Array, pane_start_ms: int, rng: np.random.Generator) ->
         pa.array(times + 500),
         pa.array(times + 500),
         pa.array(times + 500),
+        *sketches.columns(keys),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
 
@@ -81,8 +107,9 @@ def pane_batch(names: pa.Array, pane_start_ms: int, rng: np.random.Generator) ->
 class Writer(threading.Thread):
     """One segment per second; records when each heartbeat was written (wall ms)."""
 
-    def __init__(self, spool: Path, series: int, seconds: int) -> None:
+    def __init__(self, spool: Path, series: int, seconds: int, metric_type: str) -> None:
         super().__init__(daemon=True)
+        self.metric_type = metric_type
         self.names = pa.array([f"bench.m{i}" for i in range(series)], pa.string())
         self.writer = SegmentWriter(spool, "r0", fsync=False)
         self.seconds = seconds
@@ -93,7 +120,8 @@ class Writer(threading.Thread):
         for _ in range(self.seconds):
             now = time.time_ns() // 1_000_000
             pane = now - now % 1000
-            self.writer.append(pane_batch(self.names, pane, rng), Heartbeat(now, False))
+            batch = pane_batch(self.names, pane, rng, self.metric_type)
+            self.writer.append(batch, Heartbeat(now, False))
             self.heartbeats.append((now, time.time_ns() // 1_000_000))
             time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
 
@@ -128,6 +156,8 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--kind", choices=sorted(WINDOWS), default="tumbling")
+    parser.add_argument("--type", choices=("c", "ms", "s"), default="c",
+                        help="metric type of every series (ms: the sketch lane)")
     parser.add_argument("--shuffle-partitions", type=int, default=None,
                         help="state partitions (default: 2 per core)")
     parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
@@ -155,11 +185,13 @@ def main() -> None:
             spark, config, paths, lambda: TimedStore(url), SystemClock(),
             trigger_interval="0.5 seconds",
         )  # fmt: skip
-        writer = Writer(paths.spool, args.series, args.seconds)
+        writer = Writer(paths.spool, args.series, args.seconds, args.type)
         writer.start()
         lags, _ = freshness(url, writer, config.windows[0].watermark_delay_ms, args.seconds)
         writer.join()
-        progress = [p for p in queries[0].recentProgress if p["numInputRows"] > 0]
+        lane = "bench.w.sketches" if args.type == "ms" else "bench.w"
+        [measured] = [q for q in queries if q.name == lane]
+        progress = [p for p in measured.recentProgress if p["numInputRows"] > 0]
         for query in queries:
             query.stop()
         spark.stop()
@@ -167,13 +199,14 @@ def main() -> None:
                  for p in progress]  # fmt: skip
         durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
         rows_per_s = args.series  # one partial per series per second
-        print(f"window job, {args.kind} 10 s, {args.series} series at 1 s panes "
+        print(f"window job, {args.kind} 10 s, {args.series} series of type {args.type!r} "
+              f"(query {lane}) at 1 s panes "
               f"({rows_per_s} partial rows/s offered), {args.seconds} s, local[2], "
               f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
               f"{'RocksDB' if args.rocksdb else 'HDFS'} state store")  # fmt: skip
         print(f"{'measure':<44}{'median':>10}{'p99':>10}")
         for name, values in (
-            ("partial rows/s per micro-batch (window query)", rates),
+            ("partial rows/s per micro-batch (lane query)", rates),
             ("micro-batch duration (s)", durations),
             ("freshness: watermark passes end -> row (s)", lags),
             ("store commit per window batch (s)", TimedStore.commit_seconds),

@@ -9,11 +9,13 @@ answers from the values really sent:
   overlapping members (unioned across receivers and panes) within the HLL bound;
 - a range merged in SQL: the 10-second windows' histogram rows merged by
   ``streamgauge_hdr_quantiles`` equal the HDR quantiles of all values, and lie within the
-  layout's 1 % of the exact quantiles.
+  layout's 1 % of the exact quantiles; the dashboard's percentile panel query (Grafana macros
+  expanded) returns the same numbers.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import time
 from collections.abc import Iterator
@@ -22,9 +24,13 @@ import numpy as np
 import pytest
 import statsd
 
+from streamgauge.configs import parse_config
+from streamgauge.grafana import queries
+from streamgauge.sinks.store import run_sql
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from tests.e2e.harness import Daemon, daemon_for, wait_until
+from tests.grafana.grafana_macros import expand
 
 CONFIG = """
 name: sketches2
@@ -125,3 +131,20 @@ def test_two_receivers_percentiles_and_distinct_counts(daemon: Daemon) -> None:
     for value, q in zip(merged["qs"], qs, strict=True):
         exact = float(np.quantile(ordered, q, method="inverted_cdf"))
         assert abs(value - exact) <= 0.01 * exact + 1e-3
+
+    # The dashboard's own panel query (Grafana macros expanded) over the run's time range.
+    config = parse_config(CONFIG, "sketches2")
+    now = dt.datetime.now(dt.UTC)
+    panel_sql = expand(
+        queries.histogram_range_percentiles_sql(config),
+        time_from=now - dt.timedelta(minutes=10),
+        time_to=now,
+        interval_ms=10_000,
+        variables={"window": "per_10s", "metric": "api.latency"},
+    )
+    _, [panel] = run_sql(daemon.info["postgres_url"], panel_sql)
+    labels = [label for label, _ in queries.HISTOGRAM_QUANTILES]
+    assert [float(v) for v in panel] == [  # type: ignore[arg-type]
+        layout.quantile(histogram.indices, histogram.counts, q)
+        for q in dict(queries.HISTOGRAM_QUANTILES).values()
+    ], labels
