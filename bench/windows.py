@@ -62,6 +62,8 @@ WINDOWS = {
     "tumbling": "{name: w, kind: tumbling, size: 10s, watermark_delay: 1s, allowed_lateness: 2s}",
     "hopping": "{name: w, kind: hopping, size: 10s, hop: 5s, watermark_delay: 1s, "
     "allowed_lateness: 2s}",
+    "sliding": "{name: w, kind: sliding, size: 10s, watermark_delay: 1s, allowed_lateness: 2s}",
+    "session": "{name: w, kind: session, gap: 3s, watermark_delay: 1s, allowed_lateness: 2s}",
 }
 
 
@@ -189,7 +191,8 @@ def main() -> None:
         writer.start()
         lags, _ = freshness(url, writer, config.windows[0].watermark_delay_ms, args.seconds)
         writer.join()
-        lane = "bench.w.sketches" if args.type == "ms" else "bench.w"
+        sketched = args.type == "ms" and args.kind in ("tumbling", "hopping")
+        lane = "bench.w.sketches" if sketched else "bench.w"
         [measured] = [q for q in queries if q.name == lane]
         progress = [p for p in measured.recentProgress if p["numInputRows"] > 0]
         for query in queries:
