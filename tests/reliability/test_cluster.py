@@ -160,7 +160,9 @@ def test_process_on_a_standalone_cluster_holds_windows_for_the_lagging_receiver(
             daemon.process = subprocess.Popen(
                 [sys.executable, "-m", "streamgauge", "process", "--config", str(config_path),
                  "--data-dir", str(daemon.data_dir), "--master", cluster_client,
-                 "--postgres-url", clean_store, "--trigger", "1 second"],
+                 "--postgres-url", clean_store, "--trigger", "1 second",
+                 # the spool's event times are from 2023: retention must not delete them
+                 "--retain-log", "36500d", "--retain-results", "36500d"],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         # W = slow's 6 s - 1 s: [0, 2) and [2, 4) final, [4, 6) and later still pending.
