@@ -265,11 +265,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def _window_job(args: argparse.Namespace, config: Any, data_dir: Path, url: str) -> WindowJob:
     from streamgauge.configs import parse_duration_ms
     from streamgauge.daemon import WindowJob
+    from streamgauge.ingest.process import parse_byte_size
 
     return WindowJob(
         config, data_dir, url, master=args.master, trigger=args.trigger,
         retain_log_ms=parse_duration_ms(args.retain_log),
         retain_results_ms=parse_duration_ms(args.retain_results),
+        spool_quota_bytes=parse_byte_size(getattr(args, "spool_quota", "0"), "--spool-quota"),
     )  # fmt: skip
 
 

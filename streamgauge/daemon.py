@@ -52,7 +52,7 @@ class WindowJob:
 
     def __init__(
         self, config: PipelineConfig, data_dir: Path, url: str, *, master: str,
-        trigger: str, retain_log_ms: int, retain_results_ms: int,
+        trigger: str, retain_log_ms: int, retain_results_ms: int, spool_quota_bytes: int = 0,
     ) -> None:  # fmt: skip
         store = ResultStore(url)
         store.ensure_schema()
@@ -60,7 +60,8 @@ class WindowJob:
         self.spark = build_spark_session(master)
         paths = JobPaths(spool=data_dir / "spool", checkpoints=data_dir / "checkpoints")
         paths.spool.mkdir(parents=True, exist_ok=True)
-        self._janitor = Janitor(paths, config, url, retain_log_ms, retain_results_ms)
+        self._janitor = Janitor(paths, config, url, retain_log_ms, retain_results_ms,
+                                spool_quota_bytes)  # fmt: skip
         self.queries = start_window_queries(
             self.spark, config, paths, lambda: ResultStore(url), SystemClock(),
             trigger_interval=trigger,
@@ -105,10 +106,12 @@ class Janitor:
 
     def __init__(
         self, paths: JobPaths, config: PipelineConfig, url: str, retain_log_ms: int,
-        retain_results_ms: int,
+        retain_results_ms: int, spool_quota_bytes: int = 0,
     ) -> None:  # fmt: skip
         self._paths, self._config, self._url = paths, config, url
         self._retain_log_ms, self._retain_results_ms = retain_log_ms, retain_results_ms
+        # Over the quota, committed segments go oldest first whatever their age (retention.py).
+        self._spool_quota_bytes = spool_quota_bytes
         self._next = time.monotonic() + self.INTERVAL_S
 
     def maybe_run(self) -> None:
@@ -118,7 +121,8 @@ class Janitor:
         clock = SystemClock()
         try:
             prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
-                        self._retain_log_ms, clock)  # fmt: skip
+                        self._retain_log_ms, clock,
+                        quota_bytes=self._spool_quota_bytes)  # fmt: skip
             with ResultStore(self._url, retry=RetryPolicy(max_attempts=1)) as store:
                 store.prune(clock.now_ms() - self._retain_results_ms)
         except Exception as error:  # noqa: BLE001 - retention must never stop the daemon

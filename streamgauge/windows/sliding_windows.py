@@ -80,9 +80,9 @@ matters for the "late for a final window" decisions.
 
 Cost: a pane lies in up to ``size / p`` windows, so a series with data in every pane updates
 that many windows (and output rows) per pane, as in Kafka; finding them scans the panes held
-(about ``(size + L + delay) / p`` per series). Known limit, shared with every kind: Spark's
-watermark follows the newest receiver, so a receiver lagging more than the horizon behind
-another has its partials dropped by Spark before they reach the operator.
+(about ``(size + L + delay) / p`` per series). Several receivers: the spool source holds a
+fast receiver's segments back until the slowest open receiver catches up (``source.py``), so
+Spark's watermark never runs past partials a lagging receiver still sends.
 """
 
 from __future__ import annotations
