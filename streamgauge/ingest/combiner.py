@@ -215,6 +215,14 @@ class PaneCombiner:
         known = self._types.setdefault(sample.metric, sample.metric_type)
         return known != sample.metric_type
 
+    def known_type(self, metric: str) -> str | None:
+        """The type ``metric`` has while it has series here; None for a name not held."""
+        return self._types.get(metric)
+
+    def remember_type(self, sample: Sample) -> None:
+        """Record the type of a name that now has a series here (see ``forget``)."""
+        self._types.setdefault(sample.metric, sample.metric_type)
+
     def forget(self, metric: str, metric_type: str, tags: tuple[tuple[str, str], ...]) -> None:
         """Drop a series' carried state (the current gauge value) once it went idle, so that
         state stays bounded by the active series (see ``CardinalityGuard``)."""
@@ -238,6 +246,11 @@ class PaneCombiner:
         self.slot_keys[slot] = None
         self.slot_series[slot] = None
         self._free.append(slot)
+
+    def forget_type(self, metric: str) -> None:
+        """Drop a name's type once it has no active series (the receiver knows when, from the
+        guard), so the names remembered stay bounded by the active series."""
+        self._types.pop(metric, None)
 
     def _to_dict(self, slot: int) -> None:
         """Move the fast lane's partial of ``slot`` to the general lane (same values)."""

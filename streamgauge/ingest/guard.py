@@ -3,9 +3,17 @@
 A *series* is (metric, type, tag set). A series is **active** while it has had a sample within
 the last ``ttl_ms`` of the receive clock. The guard admits a new series only while the number
 of active series stays within ``max_series`` overall and ``max_series_per_metric`` for its
-metric; otherwise the line is folded into the metric's **overflow series** — same metric and
-type, the single tag ``streamgauge_overflow:true`` — and counted as ``cardinality_limited``.
-Nothing is dropped: the overflow series carries the values, only the tag detail is lost.
+metric; otherwise the line is folded into an **overflow series** with the single tag
+``streamgauge_overflow:true`` and counted as ``cardinality_limited``:
+
+- the metric's own overflow series (same metric and type) when the metric already has active
+  series (its per-metric limit, or the overall limit, was reached while it was reporting);
+- the shared ``streamgauge.overflow.<type>`` series when the metric itself is new: a flood of
+  distinct *names* must not create one overflow series per name, or the overflow series
+  would be as unbounded as what they replace (``overflow_metric``).
+
+Nothing is dropped: the overflow series carries the values, only the tag (or name) detail is
+lost. The overflow series are bounded: at most one per active metric plus one per type.
 
 Why activity (LRU with a TTL) and not a reset per window: an established series keeps its
 slot as long as it keeps reporting, so a burst of new tag values cannot push the series that
@@ -31,6 +39,8 @@ from dataclasses import dataclass
 
 OVERFLOW_TAG = ("streamgauge_overflow", "true")
 OVERFLOW_TAGS: tuple[tuple[str, str], ...] = (OVERFLOW_TAG,)
+SHARED_OVERFLOW_PREFIX = "streamgauge.overflow."
+"""New metric names refused by the guard fold into ``streamgauge.overflow.<type>``."""
 
 SeriesId = tuple[str, str, tuple[tuple[str, str], ...]]  # metric, type, sorted tag pairs
 
@@ -92,6 +102,15 @@ class CardinalityGuard:
         self._per_metric[metric] = per_metric + 1
         return True
 
+    def tracks(self, metric: str) -> bool:
+        """Whether ``metric`` has active series (so its own overflow series is bounded)."""
+        return metric in self._per_metric
+
+    def overflow_metric(self, metric: str, metric_type: str) -> str:
+        """Where a refused line of ``metric`` goes: its own overflow series if the metric is
+        active, else the shared one of its type."""
+        return metric if metric in self._per_metric else SHARED_OVERFLOW_PREFIX + metric_type
+
     def refresh(self, series: SeriesId, now_ms: int) -> None:
         """Record activity of an admitted series seen at ``now_ms`` (no-op if not active).
 
@@ -111,10 +130,10 @@ class CardinalityGuard:
             if seen > horizon:
                 break
             del last_seen[series]
-            if self._on_expire is not None:
-                self._on_expire(series)
             remaining = self._per_metric[series[0]] - 1
             if remaining:
                 self._per_metric[series[0]] = remaining
             else:
                 del self._per_metric[series[0]]
+            if self._on_expire is not None:  # after the count: ``tracks`` is up to date
+                self._on_expire(series)

@@ -225,7 +225,7 @@ _log = logging.getLogger(__name__)
 
 #: Rows of the receiver's own metrics (``streamgauge.ingest.*``) are written even when the
 #: quota refuses a segment's data: a few rows per roll, so the refusal reaches the store.
-SELF_METRIC_PREFIX = "streamgauge."
+SELF_METRIC_PREFIX = "streamgauge.ingest."  # a receiver's own rows (not streamgauge.overflow.*)
 #: Reasons a segment's partials were refused, as counted in ``WriterCounts.refused_*``.
 REFUSED_SPOOL_QUOTA = "spool_quota"  # the spool holds --spool-quota bytes or more
 REFUSED_DISK_FULL = "disk_full"  # the file system said ENOSPC / EDQUOT

@@ -619,7 +619,7 @@ class Receiver:
         metric_lines = samples_added = 0
         for line, samples in result.metric_lines:
             first = samples[0]
-            if self._combiner.type_conflicts(first):
+            if self._combiner.known_type(first.metric) not in (None, first.metric_type):
                 # "x:1|c" then "x:1|g": one name, one meaning (the first one seen)
                 self._count("rejected", "type_conflict", line)
                 continue
@@ -633,7 +633,11 @@ class Receiver:
             admitted = self._guard.admit((first.metric, first.metric_type, first.tags), recv_ms)
             if not admitted:
                 self._count("adjusted", "cardinality_limited", line)
-                samples = [dataclasses.replace(s, tags=OVERFLOW_TAGS) for s in samples]
+                # A new name goes to the shared overflow series: names stay bounded too.
+                metric = self._guard.overflow_metric(first.metric, first.metric_type)
+                samples = [dataclasses.replace(s, metric=metric, tags=OVERFLOW_TAGS)
+                           for s in samples]  # fmt: skip
+            self._combiner.remember_type(samples[0])
             for sample in samples:
                 slot = self._combiner.add(sample, event_ms, recv_ms)
             if admitted and self._fast is not None:
@@ -664,6 +668,8 @@ class Receiver:
 
     def _forget_series(self, series: SeriesId) -> None:
         self._combiner.forget(*series)
+        if not self._guard.tracks(series[0]):
+            self._combiner.forget_type(series[0])
 
     def roll(self, now_ms: int, *, closed: bool = False) -> None:
         """Write a segment if there is data, a heartbeat is due, or the receiver is closing."""
