@@ -196,6 +196,11 @@ def main() -> None:
         [measured] = [q for q in queries if q.name == lane]
         progress = [p for p in measured.recentProgress if p["numInputRows"] > 0]
         for query in queries:
+            batches = query.recentProgress
+            print(f"query {query.name}: {len(batches)} progress reports, "
+                  f"{sum(p['numInputRows'] for p in batches)} input rows, "
+                  f"exception: {query.exception()}")
+        for query in queries:
             query.stop()
         spark.stop()
         rates = [p["numInputRows"] / max(p["durationMs"]["triggerExecution"], 1) * 1000
