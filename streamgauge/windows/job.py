@@ -65,6 +65,9 @@ from streamgauge.windows.session_windows import (
     session_state_function,
 )
 from streamgauge.windows.sketch_windows import (
+    OUTPUT_COLUMNS as SKETCH_OUTPUT_COLUMNS,
+)
+from streamgauge.windows.sketch_windows import (
     OUTPUT_DDL as SKETCH_OUTPUT_DDL,
 )
 from streamgauge.windows.sketch_windows import (
@@ -81,9 +84,10 @@ from streamgauge.windows.source import SOURCE_NAME, batch_heartbeats, receivers_
 log = logging.getLogger(__name__)
 
 _QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "distinct_count")
-_LANE_LAYOUT = 2
+_LANE_LAYOUT = 3
 """Bumped when a lane's state layout changes (2: sets' HLL in the native aggregation, timers
-in the sketch lane), so a checkpoint of an older layout is not resumed (see checkpoint_dir)."""
+in the sketch lane; 3: late rows in the sketch lane's query), so a checkpoint of an older
+layout is not resumed (see checkpoint_dir)."""
 NO_WATERMARK_MS = 0
 """Before any heartbeat: every window is held (all event times are after the epoch)."""
 
@@ -119,8 +123,10 @@ def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
     found = []
     for window in config.windows:
         checkpoint = checkpoint_dir(paths, config, window)
-        found += [checkpoint, checkpoint.with_name(checkpoint.name + ".late")]
-        if window.kind not in ("session", "sliding"):
+        found.append(checkpoint)
+        if window.kind in ("session", "sliding"):
+            found.append(checkpoint.with_name(checkpoint.name + ".late"))
+        else:  # late rows ride in the sketch lane (sketch_lane_with_late_rows)
             found.append(sketch_checkpoint(checkpoint, sketch_params(config)))
     return found
 
@@ -270,6 +276,33 @@ def _on_time(source: DataFrame, window: WindowSpec) -> DataFrame:
         .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
         .withWatermark("window_end_ts", f"{horizon_ms} milliseconds")
     )
+
+
+_LATE_COLUMNS = (
+    "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "receiver",
+    "pane_start_ms", "count", "sum", "min", "max", "last", "first_recv_ms", "last_recv_ms",
+    "prior_heartbeat_ms",
+)  # fmt: skip
+
+
+def sketch_lane_with_late_rows(
+    source: DataFrame, window: WindowSpec, params: SketchParams
+) -> DataFrame:
+    """The sketch lane and the window's late partials, as one query (``change`` tells them
+    apart: ``upsert`` / ``late``).
+
+    One streaming query fewer per window: every query re-reads the spool, plans and commits
+    its own offsets each micro-batch, and a third query per window made a counters-only
+    batch about twice as slow (bench/windows.py). The late rows are stateless, so they can
+    ride in the stateful lane's output; both branches read the same source in one batch.
+    """
+    lane = sketched_window_partials(source, window, params).withColumn(
+        "change", F.lit("upsert")
+    )
+    late = late_partials(source, window).select(*_LATE_COLUMNS).withColumn(
+        "change", F.lit("late")
+    )
+    return lane.unionByName(late, allowMissingColumns=True)
 
 
 def sketched_window_partials(
@@ -556,7 +589,8 @@ class WindowBatchWriter:
                 if watermark_ms is None else watermark_ms}  # fmt: skip
         outcome = self._store.commit_batch(
             self._name, batch_id, rows, finalizations, revision=revision, state=state,
-            lock_name=self._name, hold_after=hold, retractions=retractions, late=late,
+            lock_name=query_name(self._config, self._window),  # one lock per window: both lanes
+            hold_after=hold, retractions=retractions, late=late,
             late_query_name=late_query_name(self._config, self._window),
             lane_types=self.lane_types, histograms=histograms,
         )  # fmt: skip
@@ -587,11 +621,21 @@ class SketchBatchWriter(WindowBatchWriter):
         self._layout = HdrLayout.from_params(params)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        changed = batch.toArrow()
+        table = batch.toArrow()
+        change = table.column("change")
+        late = table.filter(pc.equal(change, "late"))
+        changed = table.filter(pc.equal(change, "upsert")).select(list(SKETCH_OUTPUT_COLUMNS))
         histograms = to_histogram_rows(
             changed, self._config, self._window, revision=batch_id + 1, layout=self._layout
         )
-        self._commit(changed.drop_columns(["hdr_buckets"]), batch_id, histograms=histograms)
+        late_rows = to_late_rows(late, self._config, self._window) if late.num_rows else None
+        self._commit(changed.drop_columns(["hdr_buckets"]), batch_id, histograms=histograms,
+                     late=late_rows)  # fmt: skip
+        if late_rows is not None:
+            log.warning(
+                "%s batch %d: %d late partial(s) recorded in late_events",
+                self._name, batch_id, late_rows.num_rows,
+            )  # fmt: skip
 
 
 def to_histogram_rows(
@@ -697,7 +741,7 @@ def start_window_queries(
             lane_checkpoint = sketch_checkpoint(checkpoint, params)
             queries.append(
                 _start(
-                    sketched_window_partials(_read_spool(spark, paths), window, params),
+                    sketch_lane_with_late_rows(_read_spool(spark, paths), window, params),
                     sketch_query_name(config, window),
                     lane_checkpoint,
                     SketchBatchWriter(
@@ -717,6 +761,8 @@ def start_window_queries(
                 output_mode="update",
             )
         )
+        if window.kind not in ("session", "sliding"):
+            continue  # late rows ride in the sketch lane's query (sketch_lane_with_late_rows)
         queries.append(
             _start(
                 sliding_late_partials(_read_spool(spark, paths), window, pane_ms=config.pane_ms)
