@@ -259,7 +259,8 @@ def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> D
 def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     """Merge on-time pane partials into the windows of ``window``.
 
-    Late rows are removed here and recorded by the late-events query instead, so Spark's own
+    Late rows are removed here and recorded by the late rows of the sketch lane's query
+    instead (``sketch_lane_with_late_rows``), so Spark's own
     watermark never has to drop anything: it only bounds state. Spark evicts a window once
     ``window_end <= max(window_end seen) - (delay + lateness + size)``; the extra ``size``
     covers a window end running up to one window ahead of the newest event.
@@ -390,8 +391,9 @@ def aggregate_windows(assigned: DataFrame) -> DataFrame:
 def late_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     """Rows that are late for ``window``: a stateless query, so nothing is dropped on the way.
 
-    One late query per window, checkpointed beside the window's own query: both restart
-    together when the window's definition changes, so a late partial is never counted twice.
+    Tumbling/hopping windows carry these rows in the sketch lane's query; session and sliding
+    windows run them as a query of their own. Either way the checkpoint sits beside the
+    window's own: both restart together when the window's definition changes.
     """
     return assign_windows(source, window).where(
         # A partial can only be late if it is older than the heartbeat before its segment.
