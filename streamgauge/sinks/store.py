@@ -357,49 +357,41 @@ _HISTOGRAM_KEY = "(h.config_name, h.window_name, h.metric, h.tags, h.window_star
 _STAGED_WINDOW = f"""(s.config_name, s.window_name, s.metric, s.tags::jsonb,
        {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")})"""
 
-# A window's buckets are one set: an older revision's rows go before the new set is written,
-# and a set older than what is stored (never in practice: sink_batches stops replays) is not.
-_REPLACE_HISTOGRAMS = f"""
+def _histogram_replacement(revision: str, join: str = "") -> tuple[str, str]:
+    """DELETE and INSERT that replace staged windows' bucket sets, as one set per window.
+
+    A window's stored rows go when ``revision`` (the staged set's own, or the corrected
+    window row's with ``join``) is above theirs; the staged rows go in unless a set at least
+    that new is stored (never in practice for batches: sink_batches stops replays).
+    """
+    delete = f"""
 DELETE FROM window_histograms h
 USING (SELECT DISTINCT config_name, window_name, metric, tags, window_start_ms, window_end_ms,
-              revision FROM {_HISTOGRAM_STAGING}) s
+              revision FROM {_HISTOGRAM_STAGING}) s {join}
 WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW}
-  AND h.revision < s.revision
+  AND h.revision < {revision}
 """
-_INSERT_HISTOGRAMS = f"""
+    insert = f"""
 INSERT INTO window_histograms (config_name, window_name, metric, tags, window_start,
     window_end, bucket, lower_bound, upper_bound, count, revision)
 SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
        {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
-       s.bucket, s.lower_bound, s.upper_bound, s.count, s.revision
-FROM {_HISTOGRAM_STAGING} s
+       s.bucket, s.lower_bound, s.upper_bound, s.count, {revision}
+FROM {_HISTOGRAM_STAGING} s {join}
 WHERE NOT EXISTS (SELECT 1 FROM window_histograms h
-                  WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW} AND h.revision >= s.revision)
+                  WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW} AND h.revision >= {revision})
 """
+    return delete, insert
 
 
-# Replay: the staged sets carry no revision; a window's set is replaced when the (corrected)
-# window row's revision is above the stored set's, and takes that revision.
-_STAGED_JOIN_RESULTS = f"""window_results w
+_REPLACE_HISTOGRAMS, _INSERT_HISTOGRAMS = _histogram_replacement("s.revision")
+# Replay: the staged sets carry no revision; a corrected window's set takes the window row's.
+_REPLACE_REPLAYED_HISTOGRAMS, _INSERT_REPLAYED_HISTOGRAMS = _histogram_replacement(
+    "w.revision",
+    f"""JOIN window_results w
     ON (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end)
-       = {_STAGED_WINDOW}"""
-_REPLACE_REPLAYED_HISTOGRAMS = f"""
-DELETE FROM window_histograms h
-USING (SELECT DISTINCT config_name, window_name, metric, tags, window_start_ms, window_end_ms
-       FROM {_HISTOGRAM_STAGING}) s JOIN {_STAGED_JOIN_RESULTS}
-WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW}
-  AND h.revision < w.revision
-"""
-_INSERT_REPLAYED_HISTOGRAMS = f"""
-INSERT INTO window_histograms (config_name, window_name, metric, tags, window_start,
-    window_end, bucket, lower_bound, upper_bound, count, revision)
-SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
-       s.bucket, s.lower_bound, s.upper_bound, s.count, w.revision
-FROM {_HISTOGRAM_STAGING} s JOIN {_STAGED_JOIN_RESULTS}
-WHERE NOT EXISTS (SELECT 1 FROM window_histograms h
-                  WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW} AND h.revision >= w.revision)
-"""
+       = {_STAGED_WINDOW}""",
+)
 
 
 @dataclass(frozen=True)

@@ -347,6 +347,23 @@ def test_a_windows_histogram_rows_are_replaced_as_a_set_by_a_higher_revision(
     assert store.prune(T0 + MINUTE + 1)["window_histograms"] == 2
 
 
+def test_replay_replaces_a_corrected_windows_buckets_at_its_new_revision(
+    store: ResultStore, clean_store: str
+) -> None:
+    store.commit_batch("q", 0, table(window(0), window(1)), [], revision=1,
+                       histograms=pa.concat_tables([histogram_rows(0, {5: 3}, 1),
+                                                    histogram_rows(1, {9: 3}, 1)]))  # fmt: skip
+    # Window 0 recomputed with one more sample; window 1 recomputed unchanged.
+    corrected = table(window(0, count=4, is_final=True), window(1, is_final=True))
+    outcome = store.publish_corrections(
+        corrected, lock_name="q", histograms=pa.concat_tables(
+            [histogram_rows(0, {5: 3, 6: 1}, 0), histogram_rows(1, {9: 3}, 0)]
+        ),
+    )
+    assert outcome.rows_upserted == 1
+    assert stored_buckets(clean_store) == {(0, 5): (3, 2), (0, 6): (1, 2), (1, 9): (3, 1)}
+
+
 # -- bad input raises at once ----------------------------------------------------------------
 
 
