@@ -10,7 +10,8 @@ answers from the values really sent:
 - a range merged in SQL: the 10-second windows' histogram rows merged by
   ``streamgauge_hdr_quantiles`` equal the HDR quantiles of all values, and lie within the
   layout's 1 % of the exact quantiles; the dashboard's percentile panel query (Grafana macros
-  expanded) returns the same numbers.
+  expanded) returns the same numbers; the generated alert rules' queries return the window's
+  HDR p99 and distinct count, and every panel query of both dashboards runs on these rows.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 import statsd
 
 from streamgauge.configs import parse_config
-from streamgauge.grafana import queries
+from streamgauge.grafana import alerts, dashboards, queries
 from streamgauge.sinks.store import run_sql
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
@@ -38,6 +39,11 @@ pane: 1s
 windows:
   - {name: per_1m, kind: tumbling, size: 1m, watermark_delay: 1s, allowed_lateness: 0s}
   - {name: per_10s, kind: tumbling, size: 10s, watermark_delay: 1s, allowed_lateness: 0s}
+alerts:
+  - {name: latency_p99_high, window: per_1m, metric: api.latency, aggregate: p99,
+     condition: "> 1", for: 1m}
+  - {name: users_many, window: per_1m, metric: api.users, aggregate: distinct_count,
+     condition: "> 10", for: 1m}
 """
 SEND_S = 8.0
 MINUTE_S = 60
@@ -148,3 +154,25 @@ def test_two_receivers_percentiles_and_distinct_counts(daemon: Daemon) -> None:
         layout.quantile(histogram.indices, histogram.counts, q)
         for q in dict(queries.HISTOGRAM_QUANTILES).values()
     ], labels
+
+    def run_generated(sql: str, window: str, metric: str) -> list[tuple[object, ...]]:
+        text = expand(sql, time_from=now - dt.timedelta(minutes=10), time_to=now,
+                      interval_ms=10_000, variables={"window": window, "metric": metric})
+        return run_sql(daemon.info["postgres_url"], text)[1]
+
+    # The alert rules' queries on the pipeline's own rows: the p99 rule reads the 1-minute
+    # window's histogram (its p99 is the HDR p99 of everything sent), the set rule its count.
+    rules = {r["title"]: r for g in alerts.rule_groups(config, "ds") for r in g["rules"]}
+    p99_rows = run_generated(rules["latency_p99_high"]["data"][0]["model"]["rawSql"], "", "")
+    assert [row[-1] for row in p99_rows] == [
+        layout.quantile(histogram.indices, histogram.counts, 0.99)
+    ]
+    users_rows = run_generated(rules["users_many"]["data"][0]["model"]["rawSql"], "", "")
+    assert [row[-1] for row in users_rows] == [users["distinct_count"]]
+    # And every other generated query runs on them too (both dashboards, every panel).
+    for board in (dashboards.results_dashboard(config, "ds"),
+                  dashboards.health_dashboard(config, "ds")):  # fmt: skip
+        for panel_json in board["panels"]:
+            for target in panel_json.get("targets", []):
+                for window in ("per_1m", "per_10s"):
+                    run_generated(target["rawSql"], window, "api.latency")
