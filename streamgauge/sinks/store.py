@@ -30,6 +30,8 @@ A ``ResultStore`` holds one connection and is not thread-safe: one per writer.
 
 from __future__ import annotations
 
+import collections
+import json
 import logging
 import time
 import types
@@ -242,6 +244,12 @@ _CLAIM_BATCH = f"""
 INSERT INTO sink_batches (query_name, batch_id, committed_at, rows_written)
 VALUES (%s, %s, {_ms_to_ts("%s")}, 0)
 ON CONFLICT (query_name, batch_id) DO NOTHING
+"""
+
+_RECORD_ERRORS = f"""
+INSERT INTO pipeline_metrics (ts, name, labels, value)
+VALUES ({_ms_to_ts("%s")}, 'streamgauge.store.errors', %s::jsonb, %s)
+ON CONFLICT (name, labels, ts) DO UPDATE SET value = pipeline_metrics.value + excluded.value
 """
 
 _UPSERT_STATE = f"""
@@ -521,6 +529,12 @@ class ResultStore:
         self._sleep = sleep
         self._clock = clock
         self._conn: psycopg.Connection[Any] | None = None
+        #: Failed attempts (by reason) not yet written to ``pipeline_metrics``: a store that
+        #: is down cannot take them, so the next successful ``commit_batch`` writes them.
+        self._unrecorded_errors: collections.Counter[str] = collections.Counter()
+        self._recorded: collections.Counter[str] = collections.Counter()
+        #: Labels of those rows besides ``reason`` (the writer sets ``config`` and ``query``).
+        self.error_labels: dict[str, str] = {}
 
     # -- public API -------------------------------------------------------------------------
 
@@ -566,6 +580,7 @@ class ResultStore:
             now_ms = self._clock.now_ms()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
+                self._record_errors(cur, now_ms)
                 cur.execute(_CLAIM_BATCH, (query_name, batch_id, now_ms))
                 if cur.rowcount == 0:
                     return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
@@ -629,7 +644,10 @@ class ResultStore:
                 rows_retracted=retracted, late_recorded=recorded,
             )  # fmt: skip
 
-        return self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
+        outcome = self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
+        self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
+        self._recorded = collections.Counter()
+        return outcome
 
     def commit_late_batch(
         self, query_name: str, batch_id: int, late: pa.Table, lock_name: str | None = None
@@ -645,6 +663,7 @@ class ResultStore:
             now_ms = self._clock.now_ms()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
+                self._record_errors(cur, now_ms)
                 cur.execute(_CLAIM_BATCH, (query_name, batch_id, now_ms))
                 if cur.rowcount == 0:
                     return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
@@ -662,7 +681,10 @@ class ResultStore:
                 )
             return BatchOutcome(already_committed=False, rows_upserted=written, rows_finalized=0)
 
-        return self._with_retry(f"commit late batch {batch_id} of {query_name!r}", work)
+        outcome = self._with_retry(f"commit late batch {batch_id} of {query_name!r}", work)
+        self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
+        self._recorded = collections.Counter()
+        return outcome
 
     def publish_corrections(
         self, results: pa.Table, lock_name: str, histograms: pa.Table | None = None
@@ -707,6 +729,7 @@ class ResultStore:
             "window_results": "DELETE FROM window_results WHERE window_end < {ts}",
             "window_pending": "DELETE FROM window_pending WHERE window_end < {ts}",
             "window_histograms": "DELETE FROM window_histograms WHERE window_end < {ts}",
+            "pipeline_metrics": "DELETE FROM pipeline_metrics WHERE ts < {ts}",
             "late_events": "DELETE FROM late_events WHERE window_end < {ts}",
             "sink_batches": "DELETE FROM sink_batches WHERE committed_at < {ts}",
         }
@@ -746,6 +769,19 @@ class ResultStore:
 
     # -- internals --------------------------------------------------------------------------
 
+    def _record_errors(self, cur: psycopg.Cursor[Any], now_ms: int) -> None:
+        """Write the failed attempts counted so far as ``streamgauge.store.errors`` rows, in
+        the caller's transaction; they leave the counter only once it commits."""
+        pending = +self._unrecorded_errors
+        self._recorded = pending
+        if not pending:
+            return
+        cur.executemany(
+            _RECORD_ERRORS,
+            [(now_ms, json.dumps({**self.error_labels, "reason": reason}, sort_keys=True), count)
+             for reason, count in sorted(pending.items())],  # fmt: skip
+        )
+
     def _upsert(self, cur: psycopg.Cursor[Any], table: pa.Table) -> int:
         _copy_into(cur, _STAGING_DDL, _STAGING, table)
         try:
@@ -777,6 +813,7 @@ class ResultStore:
                 if not _is_transient(exc):
                     raise
                 self.close()  # reconnect next time; a broken connection is not reusable
+                self._unrecorded_errors[_error_reason(exc)] += 1
                 if self._retry.max_attempts is not None and attempt >= self._retry.max_attempts:
                     raise ResultStoreUnavailable(
                         f"could not {what} on {self._target} after {attempt} attempts: "
@@ -800,6 +837,11 @@ def _copy_into(cur: psycopg.Cursor[Any], ddl: str, staging: str, table: pa.Table
         copy.set_types([_PG_TYPES[f.type] for f in table.schema])
         for row in _rows(table):
             copy.write_row(row)
+
+
+def _error_reason(exc: psycopg.Error) -> str:
+    """A stable label for a failed attempt: ``unreachable`` (no connection) or the SQLSTATE."""
+    return "unreachable" if exc.sqlstate is None else f"sqlstate_{exc.sqlstate}"
 
 
 def _first_line(exc: BaseException) -> str:

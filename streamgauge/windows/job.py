@@ -431,6 +431,7 @@ class LateBatchWriter:
         self._window = window
         self._store = store
         self.name = late_query_name(config, window)
+        store.error_labels = {"config": config.name, "query": self.name}
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         rows = to_late_rows(batch.toArrow(), self._config, self._window)
@@ -533,6 +534,7 @@ class WindowBatchWriter:
         self._name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
         self._watermark_floor: int | None = None
+        store.error_labels = {"config": config.name, "query": self._name}
 
     def watermark_ms(self, batch_id: int) -> int | None:
         """This batch's watermark, never below one already committed.
@@ -619,6 +621,7 @@ class SketchBatchWriter(WindowBatchWriter):
     ) -> None:
         super().__init__(config, window, store, checkpoint, clock)
         self._name = sketch_query_name(config, window)
+        store.error_labels = {"config": config.name, "query": self._name}
         self._state_key = f"watermark_ms.sketches:{window.name}"
         self._layout = HdrLayout.from_params(params)
 

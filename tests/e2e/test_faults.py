@@ -88,3 +88,10 @@ def test_store_outage_mid_run_is_caught_up_exactly_once(daemon: Daemon) -> None:
     assert daemon.stop() == 0, daemon.log_tail()
     assert "unavailable" in daemon.log_tail(200_000)  # the outage was noticed and retried
     _assert_store_equals_log(daemon)
+    # ...and counted: the failed attempts reached pipeline_metrics once the store was back,
+    # for the health dashboard's store-errors panel.
+    errors = daemon.query(
+        "select labels->>'reason' as reason, sum(value) as n from pipeline_metrics "
+        "where name = 'streamgauge.store.errors' group by 1"
+    )
+    assert errors and all(row["n"] > 0 for row in errors), errors

@@ -425,9 +425,21 @@ def test_retries_with_growing_delays_until_the_server_starts(
     policy = RetryPolicy(initial_s=0.5, max_s=2.0)
     caplog.set_level(logging.WARNING, logger="streamgauge.sinks.store")
     try:
-        with ResultStore(stopped_server.url, retry=policy, sleep=sleep) as store:
+        with ResultStore(stopped_server.url, retry=policy, sleep=sleep,
+                         clock=ManualClock(NOW)) as store:  # fmt: skip
+            store.error_labels = {"config": "web", "query": "q"}
             store.ensure_schema()
             out = store.commit_batch("q", 0, table(row()), [], revision=1)
+            # The four failed attempts (of ensure_schema: the store was down) are written by
+            # the first commit that succeeds, in its transaction, as a self-metric.
+            _, errors = run_sql(stopped_server.url, "SELECT (extract(epoch FROM ts) * 1000)"
+                                "::bigint, name, labels, value FROM pipeline_metrics")  # fmt: skip
+            assert errors == [(NOW, "streamgauge.store.errors",
+                               {"config": "web", "query": "q", "reason": "unreachable"}, 4.0)]
+            store.commit_batch("q", 1, table(), [], revision=2)  # written once, not again
+            assert run_sql(stopped_server.url, "SELECT count(*) FROM pipeline_metrics")[1] == [
+                (1,)
+            ]
     finally:
         stopped_server.stop()
     assert sleeps == [0.5, 1.0, 2.0, 2.0]
