@@ -65,6 +65,9 @@ from streamgauge.windows.session_windows import (
     session_state_function,
 )
 from streamgauge.windows.sketch_windows import (
+    INPUT_COLUMNS as SKETCH_INPUT_COLUMNS,
+)
+from streamgauge.windows.sketch_windows import (
     OUTPUT_COLUMNS as SKETCH_OUTPUT_COLUMNS,
 )
 from streamgauge.windows.sketch_windows import (
@@ -312,7 +315,11 @@ def sketched_window_partials(
     """The sketch lane of ``window``: on-time timer/histogram/distribution partials merged
     per window by the stateful operator of ``sketch_windows`` (same watermark horizon as the
     native lane, so it evicts the same windows at the same time)."""
-    on_time = _on_time(source, window).where(is_sketched())
+    # Only what the operator reads (and the event-time column the watermark is defined on):
+    # every column shipped to Python costs Arrow conversion per group.
+    on_time = (
+        _on_time(source, window).where(is_sketched()).select(*SKETCH_INPUT_COLUMNS, "window_end_ts")
+    )
     return on_time.groupBy("metric", "tags").applyInPandasWithState(
         sketch_state_function(params),
         SKETCH_OUTPUT_DDL,
