@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
-from streamgauge.ingest.pane_sketches import PaneSketches
+from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, PaneSketches
 from streamgauge.ingest.protocol import Sample
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
@@ -62,9 +62,6 @@ def canonical_tags(tags: tuple[tuple[str, str], ...]) -> str:
 
 TYPE_CODES = {"c": 0, "g": 1, "ms": 2, "h": 3, "d": 4, "s": 5}
 _COUNTER, _GAUGE = 0, 1
-SKETCHED_TYPES = frozenset({"ms", "h", "d"})
-"""Types whose partials carry a t-digest and HDR buckets of their values."""
-_SKETCHED_CODES = np.array([TYPE_CODES[t] for t in sorted(SKETCHED_TYPES)], dtype=np.int8)
 _INITIAL_SLOTS = 1024
 
 
@@ -209,11 +206,6 @@ class PaneCombiner:
         self.admitted[slot] = False
         self.in_dict[slot] = self.fast_pane is not None and (key, self.fast_pane) in self._partials
         return slot
-
-    def type_conflicts(self, sample: Sample) -> bool:
-        """True if the name was first seen with another type (one name, one meaning)."""
-        known = self._types.setdefault(sample.metric, sample.metric_type)
-        return known != sample.metric_type
 
     def known_type(self, metric: str) -> str | None:
         """The type ``metric`` has while it has series here; None for a name not held."""

@@ -28,6 +28,9 @@ from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import new_hll, serialize_hll
 from streamgauge.sketches.tdigest import new_tdigest, serialize_tdigest
 
+SKETCHED_TYPES = ("d", "h", "ms")
+"""Types whose partials carry a t-digest and HDR buckets of their values (sets: an HLL)."""
+
 SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
 PartialKey = tuple[SeriesKey, int]  # series, pane start
 

@@ -55,31 +55,16 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig, WindowSpec
+from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sinks.store import Finalization, ResultStore
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
+from streamgauge.windows import sketch_windows
 from streamgauge.windows.session_windows import (
     OUTPUT_DDL,
     STATE_DDL,
     session_horizon_ms,
     session_state_function,
-)
-from streamgauge.windows.sketch_windows import (
-    INPUT_COLUMNS as SKETCH_INPUT_COLUMNS,
-)
-from streamgauge.windows.sketch_windows import (
-    OUTPUT_COLUMNS as SKETCH_OUTPUT_COLUMNS,
-)
-from streamgauge.windows.sketch_windows import (
-    OUTPUT_DDL as SKETCH_OUTPUT_DDL,
-)
-from streamgauge.windows.sketch_windows import (
-    SKETCHED_TYPES,
-    sketch_state_function,
-    unpack_buckets,
-)
-from streamgauge.windows.sketch_windows import (
-    STATE_DDL as SKETCH_STATE_DDL,
 )
 from streamgauge.windows.sliding_windows import slid_partials, sliding_late_partials
 from streamgauge.windows.source import SOURCE_NAME, batch_heartbeats, receivers_heartbeat_ms
@@ -318,12 +303,14 @@ def sketched_window_partials(
     # Only what the operator reads (and the event-time column the watermark is defined on):
     # every column shipped to Python costs Arrow conversion per group.
     on_time = (
-        _on_time(source, window).where(is_sketched()).select(*SKETCH_INPUT_COLUMNS, "window_end_ts")
+        _on_time(source, window)
+        .where(is_sketched())
+        .select(*sketch_windows.INPUT_COLUMNS, "window_end_ts")
     )
     return on_time.groupBy("metric", "tags").applyInPandasWithState(
-        sketch_state_function(params),
-        SKETCH_OUTPUT_DDL,
-        SKETCH_STATE_DDL,
+        sketch_windows.sketch_state_function(params),
+        sketch_windows.OUTPUT_DDL,
+        sketch_windows.STATE_DDL,
         "Update",
         "EventTimeTimeout",
     )
@@ -636,7 +623,8 @@ class SketchBatchWriter(WindowBatchWriter):
         table = batch.toArrow()
         change = table.column("change")
         late = table.filter(pc.equal(change, "late"))
-        changed = table.filter(pc.equal(change, "upsert")).select(list(SKETCH_OUTPUT_COLUMNS))
+        changed = table.filter(pc.equal(change, "upsert"))
+        changed = changed.select(list(sketch_windows.OUTPUT_COLUMNS))
         histograms = to_histogram_rows(
             changed, self._config, self._window, revision=batch_id + 1, layout=self._layout
         )
@@ -659,12 +647,12 @@ def to_histogram_rows(
     layout: HdrLayout,
 ) -> pa.Table:
     """The ``window_histograms`` rows (store ``HISTOGRAM_SCHEMA``) of the changed windows."""
-    blobs = changed.column("hdr_buckets").to_pylist()
-    parts = [unpack_buckets(blob) if blob else (np.zeros(0, np.int64),) * 2 for blob in blobs]
-    sizes = np.array([len(p[0]) for p in parts], dtype=np.int64)
-    rows = np.repeat(np.arange(len(parts)), sizes)
-    buckets = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-    counts = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    empty = np.zeros(0, np.int64)
+    parts = [sketch_windows.unpack_buckets(blob or b"")
+             for blob in changed.column("hdr_buckets").to_pylist()]  # fmt: skip
+    rows = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts])
+    buckets = np.concatenate([empty, *(p[0] for p in parts)])
+    counts = np.concatenate([empty, *(p[1] for p in parts)])
     lower, upper = layout.bounds(buckets)
     take = pa.array(rows, pa.int64())
     n = len(rows)

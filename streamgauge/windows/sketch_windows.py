@@ -47,7 +47,6 @@ from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout, merge
 from streamgauge.sketches.tdigest import deserialize_tdigest, new_tdigest, quantiles
 
-SKETCHED_TYPES = ("d", "h", "ms")
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999")
 

@@ -55,5 +55,7 @@ def test_a_name_keeps_its_first_type() -> None:
     first = parse_line(b"x:1|c")
     second = parse_line(b"x:1|g")
     assert isinstance(first, list) and isinstance(second, list)
-    assert combiner.type_conflicts(first[0]) is False
-    assert combiner.type_conflicts(second[0]) is True
+    assert combiner.known_type("x") is None
+    combiner.remember_type(first[0])
+    combiner.remember_type(second[0])  # a later type never replaces the first
+    assert combiner.known_type("x") == "c" != second[0].metric_type
