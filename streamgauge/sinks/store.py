@@ -123,6 +123,18 @@ def _ms_to_ts(expr: str) -> str:
     return f"(timestamptz 'epoch' + {expr} * interval '1 millisecond')"
 
 
+def _window_key(alias: str) -> str:
+    """A window's key row in a table of that shape (``window_results``, ``late_events``...)."""
+    return (f"({alias}.config_name, {alias}.window_name, {alias}.metric, {alias}.tags, "
+            f"{alias}.window_start, {alias}.window_end)")  # fmt: skip
+
+
+def _staged_window_key(alias: str) -> str:
+    """The same key row from a staging table (tags as JSON text, times as epoch ms)."""
+    return (f"({alias}.config_name, {alias}.window_name, {alias}.metric, {alias}.tags::jsonb, "
+            f"{_ms_to_ts(f'{alias}.window_start_ms')}, {_ms_to_ts(f'{alias}.window_end_ms')})")
+
+
 # late_events is not taken from the batch: it is derived from the late_events table, so a
 # window row written after its late partials were recorded (the two queries commit
 # independently) still shows them, and a new revision never resets the count.
@@ -214,9 +226,7 @@ _MARK_LATE_REPLAYED = f"""
 UPDATE late_events l SET replayed_at = {_ms_to_ts("%(now_ms)s")}
 FROM {_STAGING} s
 WHERE l.replayed_at IS NULL
-  AND (l.config_name, l.window_name, l.metric, l.tags, l.window_start, l.window_end)
-    = (s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")})
+  AND {_window_key("l")} = {_staged_window_key("s")}
 """
 
 # The window query and its late-events query write the same rows; one lock per window
@@ -303,27 +313,24 @@ FROM {_LATE_STAGING}
 _COUNT_LATE_ON_WINDOWS = f"""
 UPDATE window_results w SET late_events = (
     SELECT coalesce(sum(l.count), 0) FROM late_events l
-    WHERE (l.config_name, l.window_name, l.metric, l.tags, l.window_start, l.window_end)
-        = (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end))
+    WHERE {_window_key("l")} = {_window_key("w")})
 FROM (SELECT DISTINCT config_name, window_name, metric, tags::jsonb AS tags,
              {_ms_to_ts("window_start_ms")} AS window_start,
              {_ms_to_ts("window_end_ms")} AS window_end
       FROM {_LATE_STAGING}) s
-WHERE (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end)
-    = (s.config_name, s.window_name, s.metric, s.tags, s.window_start, s.window_end)
+WHERE {_window_key("w")} = {_window_key("s")}
 """
 
 
-RETRACTION_SCHEMA = pa.schema(
-    [
-        pa.field("config_name", pa.string(), nullable=False),
-        pa.field("window_name", pa.string(), nullable=False),
-        pa.field("metric", pa.string(), nullable=False),
-        pa.field("tags", pa.string(), nullable=False),
-        pa.field("window_start_ms", pa.int64(), nullable=False),
-        pa.field("window_end_ms", pa.int64(), nullable=False),
-    ]
-)
+_WINDOW_KEY_FIELDS = [
+    pa.field("config_name", pa.string(), nullable=False),
+    pa.field("window_name", pa.string(), nullable=False),
+    pa.field("metric", pa.string(), nullable=False),
+    pa.field("tags", pa.string(), nullable=False),
+    pa.field("window_start_ms", pa.int64(), nullable=False),
+    pa.field("window_end_ms", pa.int64(), nullable=False),
+]
+RETRACTION_SCHEMA = pa.schema(_WINDOW_KEY_FIELDS)
 """The Arrow schema of ``commit_batch(retractions=...)``: windows superseded by this batch
 (a session that grew or merged), deleted from ``window_results`` and ``window_pending``."""
 
@@ -334,21 +341,14 @@ _RETRACT_STAGING_DDL = _staging_ddl(_RETRACT_STAGING, RETRACTION_SCHEMA)
 # rule as the upsert), and a replayed batch never gets this far (sink_batches).
 _RETRACT = f"""
 DELETE FROM {{table}} w USING {_RETRACT_STAGING} r
-WHERE (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end)
-    = (r.config_name, r.window_name, r.metric, r.tags::jsonb,
-       {_ms_to_ts("r.window_start_ms")}, {_ms_to_ts("r.window_end_ms")})
+WHERE {_window_key("w")} = {_staged_window_key("r")}
   AND w.revision < %(revision)s
 """
 
 
 HISTOGRAM_SCHEMA = pa.schema(
     [
-        pa.field("config_name", pa.string(), nullable=False),
-        pa.field("window_name", pa.string(), nullable=False),
-        pa.field("metric", pa.string(), nullable=False),
-        pa.field("tags", pa.string(), nullable=False),
-        pa.field("window_start_ms", pa.int64(), nullable=False),
-        pa.field("window_end_ms", pa.int64(), nullable=False),
+        *_WINDOW_KEY_FIELDS,
         pa.field("bucket", pa.int32(), nullable=False),
         pa.field("lower_bound", pa.float64(), nullable=False),
         pa.field("upper_bound", pa.float64(), nullable=False),
@@ -361,9 +361,8 @@ window, all of the window's buckets at the batch's revision."""
 
 _HISTOGRAM_STAGING = "sg_histogram_staging"
 _HISTOGRAM_STAGING_DDL = _staging_ddl(_HISTOGRAM_STAGING, HISTOGRAM_SCHEMA)
-_HISTOGRAM_KEY = "(h.config_name, h.window_name, h.metric, h.tags, h.window_start, h.window_end)"
-_STAGED_WINDOW = f"""(s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")})"""
+_HISTOGRAM_KEY = _window_key("h")
+_STAGED_WINDOW = _staged_window_key("s")
 
 def _histogram_replacement(revision: str, join: str = "") -> tuple[str, str]:
     """DELETE and INSERT that replace staged windows' bucket sets, as one set per window.
@@ -396,9 +395,7 @@ _REPLACE_HISTOGRAMS, _INSERT_HISTOGRAMS = _histogram_replacement("s.revision")
 # Replay: the staged sets carry no revision; a corrected window's set takes the window row's.
 _REPLACE_REPLAYED_HISTOGRAMS, _INSERT_REPLAYED_HISTOGRAMS = _histogram_replacement(
     "w.revision",
-    f"""JOIN window_results w
-    ON (w.config_name, w.window_name, w.metric, w.tags, w.window_start, w.window_end)
-       = {_STAGED_WINDOW}""",
+    f"JOIN window_results w ON {_window_key('w')} = {_STAGED_WINDOW}",
 )
 
 
