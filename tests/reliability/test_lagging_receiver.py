@@ -27,9 +27,10 @@ from pyspark.sql import SparkSession
 
 from streamgauge.clock import ManualClock
 from streamgauge.configs import parse_config
-from streamgauge.sinks.store import ResultStore, run_sql
-from streamgauge.windows.job import JobPaths, start_window_queries
+from streamgauge.sinks.store import run_sql
+from streamgauge.windows.job import JobPaths
 from tests.reliability.segments import STORED_SQL, T0, Spool, keyed
+from tests.windows.jobrun import run_job_once
 
 CONFIG = parse_config(
     """
@@ -52,11 +53,7 @@ def _run_job(spark: SparkSession, tmp_path: Path, spool: Path, url: str) -> int:
     """Process what the source admits and stop; the rows Spark dropped as behind its watermark."""
     paths = JobPaths(spool=spool, checkpoints=tmp_path / "checkpoints")
     dropped = 0
-    for query in start_window_queries(
-        spark, CONFIG, paths, lambda: ResultStore(url), ManualClock(T0), trigger_interval=None
-    ):
-        query.awaitTermination(120)
-        assert query.exception() is None
+    for query in run_job_once(spark, CONFIG, paths, url, ManualClock(T0)):
         for progress in query.recentProgress:
             for operator in progress.stateOperators:
                 dropped += operator.numRowsDroppedByWatermark

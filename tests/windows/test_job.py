@@ -23,8 +23,9 @@ from streamgauge.configs import parse_config
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import Heartbeat, SegmentWriter
 from streamgauge.ingest.protocol import parse_line
-from streamgauge.sinks.store import ResultStore, run_sql
-from streamgauge.windows.job import JobPaths, start_window_queries
+from streamgauge.sinks.store import run_sql
+from streamgauge.windows.job import JobPaths
+from tests.windows.jobrun import run_job_once
 
 T0 = 1_700_000_000_000
 CONFIG = """
@@ -52,13 +53,8 @@ def _segment(writer: SegmentWriter, events: list[tuple[bytes, int]], beat_ms: in
 
 
 def _run(spark: SparkSession, tmp_path: Path, url: str) -> None:
-    config = parse_config(CONFIG, "test")
     paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
-    for query in start_window_queries(
-        spark, config, paths, lambda: ResultStore(url), ManualClock(T0), trigger_interval=None
-    ):
-        query.awaitTermination(120)
-        assert query.exception() is None
+    run_job_once(spark, parse_config(CONFIG, "test"), paths, url, ManualClock(T0))
 
 
 def _rows(url: str) -> dict[tuple[str, int], dict[str, Any]]:

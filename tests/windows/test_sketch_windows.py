@@ -21,12 +21,13 @@ from streamgauge.configs import parse_config
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import Heartbeat, SegmentWriter
 from streamgauge.ingest.protocol import Sample
-from streamgauge.sinks.store import ResultStore, run_sql
+from streamgauge.sinks.store import run_sql
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import estimate
 from streamgauge.sketches.tdigest import deserialize_tdigest
-from streamgauge.windows.job import JobPaths, start_window_queries
+from streamgauge.windows.job import JobPaths
+from tests.windows.jobrun import run_job_once
 
 T0 = 1_700_000_000_000
 CONFIG = """
@@ -50,13 +51,8 @@ def _write(spool: Path, receiver: str, samples: list[tuple[Sample, int]], beat_m
 
 
 def _run(spark: SparkSession, tmp_path: Path, url: str) -> None:
-    config = parse_config(CONFIG, "test")
     paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
-    for query in start_window_queries(
-        spark, config, paths, lambda: ResultStore(url), ManualClock(T0), trigger_interval=None
-    ):
-        query.awaitTermination(180)
-        assert query.exception() is None
+    run_job_once(spark, parse_config(CONFIG, "test"), paths, url, ManualClock(T0))
 
 
 def _results(url: str) -> dict[tuple[Any, Any], dict[str, Any]]:
