@@ -466,13 +466,18 @@ def watermark_lag_sql(config: PipelineConfig) -> str:
 
 
 def late_events_sql(config: PipelineConfig) -> str:
-    """Samples that came after their window was final, per bucket (all metrics of the window)."""
+    """Samples that came after their window was final, per bucket of their window's start.
+
+    Read from ``late_events`` itself, not from ``window_results.late_events``: a late sample
+    whose window has no row (every sample of it was late) is counted only there. Applied
+    ones (``streamgauge replay``) still count: they were late.
+    """
     return (
         "SELECT\n"
         "  $__timeGroupAlias(window_start, $__interval),\n"
         "  'late events' AS metric,\n"
-        "  sum(late_events)::double precision AS value\n"
-        "FROM window_results\n"
+        "  sum(count)::double precision AS value\n"
+        "FROM late_events\n"
         f"WHERE config_name = {literal(config.name)}\n"
         "  AND window_name = '$window'\n"
         "  AND $__timeFilter(window_start)\n"

@@ -161,10 +161,26 @@ def store_url(postgres_url: str) -> Iterator[str]:
             "INSERT INTO pipeline_metrics (ts, name, labels, value) VALUES (%s, %s, %s, %s)",
             (T + dt.timedelta(seconds=second), queries.STORE_ERRORS_METRIC, labels, value),
         )
+    run_sql(postgres_url, "TRUNCATE late_events")
+    late = [  # window start after T, samples: [T+40, T+50) has no result row at all
+        (0, 3), (0, 2), (40, 5),
+    ]  # fmt: skip
+    for start, count in late:
+        begin = T + dt.timedelta(seconds=start)
+        run_sql(
+            postgres_url,
+            "INSERT INTO late_events (config_name, window_name, metric, window_start,"
+            " window_end, metric_type, receiver, pane_start, count, sum, min, max, last,"
+            " first_recv, last_recv, closed_by, query_name, batch_id, recorded_at)"
+            " VALUES ('shop', 'per_10s', 'api.latency', %s, %s, 'ms', 'udp-0', %s, %s,"
+            " 1, 1, 1, 1, %s, %s, %s, 'q', 1, %s)",
+            (begin, begin + dt.timedelta(seconds=10), begin, count, *[begin] * 4),
+        )
     yield postgres_url
     run_sql(
         postgres_url,
-        "TRUNCATE window_results, sink_batches, pipeline_state, window_histograms, pipeline_metrics",
+        "TRUNCATE window_results, sink_batches, pipeline_state, window_histograms,"
+        " pipeline_metrics, late_events",
     )
 
 
@@ -308,17 +324,12 @@ def test_health_queries(store_url: str, config: PipelineConfig) -> None:
         (E, "OperationalError", 3.0),
         (E + 10, "AdminShutdown", 1.0),
     ]
-    # late_events is the sink's to fill (from its late_events table, not from the batch):
-    # the panel must show, per bucket, exactly what the rows hold.
-    stored = run(
-        store_url,
-        "SELECT extract(epoch FROM window_start), sum(late_events) FROM window_results"
-        " WHERE window_name = 'per_10s' GROUP BY 1 ORDER BY 1",
-    )
-    assert run(store_url, queries.late_events_sql(config)) == [
-        (t, "late events", n) for t, n in stored
+    # Late samples per bucket of their window, from the late_events table: [T+40, T+50) has
+    # no window_results row (every sample of it was late) and is counted all the same.
+    assert run(store_url, queries.late_events_sql(config), seconds=(0, 50)) == [
+        (E, "late events", 5.0),
+        (E + 40, "late events", 5.0),
     ]
-    assert [t for t, _ in stored] == [E, E + 10, E + 20]
     assert run(store_url, queries.corrections_sql(config)) == [
         (E, 0.0, 0.0),
         (E + 10, 1.0, 2.0),
