@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trigger", default="0.5 seconds", help="micro-batch interval")
     retention_flags(run)
     spool_quota_flag(run)
+    receiver_flags(run)
     run.set_defaults(handler=cmd_run)
 
     ingest = commands.add_parser("ingest", help="receiver only (UDP, TCP, Unix datagram), "
@@ -84,22 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(UDP); repeatable, one process serves them all "
                         f"(default {DEFAULT_LISTEN})")
     ingest.add_argument("--receiver", default=RECEIVER_NAME, help="stream name in the spool")
-    ingest.add_argument("--max-skew", type=float, default=600, metavar="SECONDS",
-                        help="a DogStatsD |T timestamp is the event time only within this many "
-                        "seconds of the receive clock (default %(default)s)")
-    ingest.add_argument("--max-series", type=int, metavar="N",
-                        help="active series per receiver before new ones fold into the "
-                        "overflow series; 0 = no limit (default 100000)")
-    ingest.add_argument("--max-series-per-metric", type=int, metavar="N",
-                        help="active series per metric name; 0 = no limit (default 10000)")
-    ingest.add_argument("--series-ttl", type=float, metavar="SECONDS",
-                        help="a series stays active this long after its last sample (default 600)")
-    ingest.add_argument("--max-line-bytes", type=int, metavar="N", help="(default 4096)")
-    ingest.add_argument("--max-tags", type=int, metavar="N", help="tags per line (default 64)")
-    ingest.add_argument("--rcvbuf", type=int, metavar="BYTES",
-                        help="socket receive buffer (default 8 MiB)")
-    ingest.add_argument("--unix-mode", default="0600", choices=["0600", "0660"],
-                        help="permissions of unixgram sockets (default %(default)s)")
+    receiver_flags(ingest)
     spool_quota_flag(ingest)
     ingest.add_argument("--inherit-fd", type=int, action="append", help=argparse.SUPPRESS)
     ingest.set_defaults(handler=cmd_ingest)
@@ -150,6 +136,35 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
     status.set_defaults(handler=cmd_status)
     return parser
+
+
+#: The receiver settings ``run`` passes through to its ``ingest`` children (flag, dest).
+RECEIVER_FLAGS = (
+    ("--max-skew", "max_skew"), ("--max-series", "max_series"),
+    ("--max-series-per-metric", "max_series_per_metric"), ("--series-ttl", "series_ttl"),
+    ("--max-line-bytes", "max_line_bytes"), ("--max-tags", "max_tags"), ("--rcvbuf", "rcvbuf"),
+    ("--unix-mode", "unix_mode"),
+)  # fmt: skip
+
+
+def receiver_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of the receivers, on ``ingest`` and on ``run`` (which hands them to its children)."""
+    p.add_argument("--max-skew", type=float, default=600, metavar="SECONDS",
+                   help="a DogStatsD |T timestamp is the event time only within this many "
+                   "seconds of the receive clock (default %(default)s)")
+    p.add_argument("--max-series", type=int, metavar="N",
+                   help="active series per receiver before new ones fold into the "
+                   "overflow series; 0 = no limit (default 100000)")
+    p.add_argument("--max-series-per-metric", type=int, metavar="N",
+                   help="active series per metric name; 0 = no limit (default 10000)")
+    p.add_argument("--series-ttl", type=float, metavar="SECONDS",
+                   help="a series stays active this long after its last sample (default 600)")
+    p.add_argument("--max-line-bytes", type=int, metavar="N", help="(default 4096)")
+    p.add_argument("--max-tags", type=int, metavar="N", help="tags per line (default 64)")
+    p.add_argument("--rcvbuf", type=int, metavar="BYTES",
+                   help="socket receive buffer (default 8 MiB)")
+    p.add_argument("--unix-mode", default="0600", choices=["0600", "0660"],
+                   help="permissions of unixgram sockets (default %(default)s)")
 
 
 def spool_quota_flag(parser: argparse.ArgumentParser) -> None:
@@ -306,6 +321,14 @@ def cmd_process(args: argparse.Namespace) -> int:
             server.stop()
 
 
+def _receiver_args(args: argparse.Namespace) -> list[str]:
+    """``run``'s receiver flags as the ``ingest`` command line of its children."""
+    return [
+        arg for flag, dest in RECEIVER_FLAGS if getattr(args, dest) is not None
+        for arg in (flag, str(getattr(args, dest)))
+    ]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from streamgauge.daemon import (
         StopRequested,
@@ -348,7 +371,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             subprocess.Popen(
                 [sys.executable, "-m", "streamgauge", "ingest", "--config", str(args.config),
                  "--data-dir", str(data_dir), "--receiver", f"udp-{index}",
-                 "--spool-quota", args.spool_quota,
+                 "--spool-quota", args.spool_quota, *_receiver_args(args),
                  *[arg for sock in sockets for arg in ("--inherit-fd", str(sock.fileno()))]],
                 pass_fds=[sock.fileno() for sock in sockets],
                 preexec_fn=terminate_with_parent,
