@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from streamgauge.clock import SystemClock
+from streamgauge.clock import Clock, SystemClock
 from streamgauge.configs import PipelineConfig
 from streamgauge.retention import prune_spool
 from streamgauge.sinks.store import ResultStore, RetryPolicy
@@ -53,7 +53,9 @@ class WindowJob:
     def __init__(
         self, config: PipelineConfig, data_dir: Path, url: str, *, master: str,
         trigger: str, retain_log_ms: int, retain_results_ms: int, spool_quota_bytes: int = 0,
+        clock: Clock | None = None,
     ) -> None:  # fmt: skip
+        clock = clock or SystemClock()
         store = ResultStore(url)
         store.ensure_schema()
         store.close()
@@ -62,22 +64,53 @@ class WindowJob:
         paths.spool.mkdir(parents=True, exist_ok=True)
         self._janitor = Janitor(paths, config, url, retain_log_ms, retain_results_ms,
                                 spool_quota_bytes)  # fmt: skip
-        self.queries = start_window_queries(
-            self.spark, config, paths, lambda: ResultStore(url), SystemClock(),
-            trigger_interval=trigger,
-        )
+        self._clock = clock
+
+        def start() -> list[Any]:  # StreamingQuery
+            return start_window_queries(
+                self.spark, config, paths, lambda: ResultStore(url), clock,
+                trigger_interval=trigger,
+            )  # fmt: skip
+
+        self._start_queries = start
+        self._restarts = RestartBudget(clock)
+        self.queries = start()
 
     @property
     def ui_url(self) -> str | None:
         return self.spark.sparkContext.uiWebUrl
 
     def failure(self) -> str | None:
+        """None while the job runs (restarting its queries after a failure, within the
+        budget); the reason once a query failed more often than the budget allows."""
         self._janitor.maybe_run()
         for query in self.queries:
             if not query.isActive:
                 error = query.exception()
-                return f"query {query.name} stopped: {error or 'no error reported'}"
+                reason = f"query {query.name} stopped: {error or 'no error reported'}"
+                if not self._restarts.take():
+                    return f"{reason} ({self._restarts.describe()}, giving up)"
+                log.warning("%s; restarting every window query from its checkpoint (%s)",
+                            reason.splitlines()[0], self._restarts.describe())  # fmt: skip
+                self._restart_queries()
+                return None
         return None
+
+    def _restart_queries(self) -> None:
+        """Stop what still runs and start every query again from its checkpoint.
+
+        Exactly-once holds across this as across a daemon restart: the checkpoints hold the
+        source offsets and ``sink_batches`` skips a micro-batch already committed. Restarting
+        all queries (not just the failed one) keeps one way of starting them.
+        """
+        for query in self.queries:
+            try:
+                if query.isActive:
+                    wait_between_batches(query, timeout_s=30)
+                    query.stop()
+            except Exception as error:  # noqa: BLE001 - start the queries again regardless
+                log.warning("stopping %s before the restart: %s", query.name, error)
+        self.queries = self._start_queries()
 
     def stop(self, *, drain: bool) -> None:
         """Process what is in the spool (if draining), then stop each query between batches.
@@ -97,6 +130,33 @@ class WindowJob:
         self.spark.stop()
         if problems:
             raise RuntimeError("; ".join(problems))
+
+
+class RestartBudget:
+    """How many times the window queries may be restarted: ``limit`` within ``period_ms``.
+
+    A query can fail for a passing reason (on a loaded machine a new Python worker may miss
+    Spark's fixed 10 s to connect back); a restart from the checkpoints loses nothing. A
+    query that keeps failing is a real fault: the daemon stops with its error instead of
+    looping.
+    """
+
+    def __init__(self, clock: Clock, limit: int = 5, period_ms: int = 600_000) -> None:
+        self._clock = clock
+        self._limit = limit
+        self._period_ms = period_ms
+        self._taken: list[int] = []
+
+    def take(self) -> bool:
+        now = self._clock.now_ms()
+        self._taken = [t for t in self._taken if now - t < self._period_ms]
+        if len(self._taken) >= self._limit:
+            return False
+        self._taken.append(now)
+        return True
+
+    def describe(self) -> str:
+        return f"restart {len(self._taken)} of {self._limit} allowed in {self._period_ms // 1000} s"
 
 
 class Janitor:
