@@ -465,7 +465,230 @@ COMMENT ON COLUMN pipeline_metrics.value IS
     'The value: counters are per-interval increments (sum them over a range), gauges as read.';
 """
 
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4)
+_MIGRATION_5 = """
+-- Distinct counts over any range in SQL. PostgreSQL has no HLL type (and the schema must run
+-- on any server, so no C extension): beside each set window's DataSketches image the store
+-- writes its dense register array, which SQL unions (per-register max) and estimates
+-- (Ertl's improved raw estimator). See streamgauge/sketches/hll_registers.py for the layout.
+ALTER TABLE window_results ADD COLUMN hll_registers bytea;
+ALTER TABLE window_pending ADD COLUMN hll_registers bytea;
+COMMENT ON COLUMN window_results.hll_registers IS
+    'Sets (s): the HyperLogLog registers of the window''s sketch, 2^lgK bytes, byte i the '
+    'register of slot i (0..63; DataSketches'' slot and value). Union windows and tag groups '
+    'with streamgauge_hll_union(hll_registers), count with streamgauge_hll_estimate(...), or '
+    'both at once with streamgauge_hll_distinct(hll_registers): the distinct count over any '
+    'range, ±3.2 % at 2 sigma for lgK 12. NULL for other types.';
+COMMENT ON COLUMN window_pending.hll_registers IS
+    'Sets (s): the sketch''s HyperLogLog registers, 2^lgK bytes; NULL otherwise.';
+
+-- Register arrays are handled as bit strings: one byte per register, values 0..63 (bits 6
+-- and 7 clear), so a per-register max is a bit-sliced comparison of the six value bits, done
+-- by bit-string operators in C over the whole array at once. Measured on 120 arrays at lgK
+-- 12: 46 ms, against 103 ms for max(get_byte(...)) GROUP BY register and 3.1 s for a
+-- PL/pgSQL loop over the bytes.
+CREATE FUNCTION streamgauge_hll_bits(registers bytea)
+RETURNS bit varying
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    n    integer := length(registers);
+    bits bit varying;
+    mask bit varying;
+BEGIN
+    -- 2^4 .. 2^21 registers: DataSketches' lgK range.
+    IF n < 16 OR n > 2097152 OR n & (n - 1) <> 0 THEN
+        RAISE EXCEPTION 'not an HLL register array: % bytes, expected 2^lgK for lgK 4..21', n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    bits := ('x' || encode(registers, 'hex'))::bit varying;
+    mask := ('x' || repeat('c0', n))::bit varying;  -- bits 6 and 7 of every register
+    IF bits & mask <> mask # mask THEN
+        RAISE EXCEPTION 'not an HLL register array: a register above 63'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN bits;
+END
+$$;
+COMMENT ON FUNCTION streamgauge_hll_bits(bytea) IS
+    'A register array as a bit string (8 bits per register), checked: 2^lgK bytes, each <= 63.';
+
+CREATE FUNCTION streamgauge_hll_max(a bit varying, b bit varying)
+RETURNS bit varying
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    half bit varying;
+    lsb  bit varying;
+    gt   bit varying;
+    eq   bit varying;
+    aj   bit varying;
+    bj   bit varying;
+    ge   bit varying;
+    j    integer;
+BEGIN
+    -- Different lgK: fold the finer array down (slot j of 2^lgK' takes the max of slots
+    -- j, j + 2^lgK', ...: exact, DataSketches' slot is the low lgK bits of a hash word).
+    WHILE length(a) > length(b) LOOP
+        half := substring(a FROM length(a) / 2 + 1);
+        a := streamgauge_hll_max(substring(a FOR length(a) / 2), half);
+    END LOOP;
+    WHILE length(b) > length(a) LOOP
+        half := substring(b FROM length(b) / 2 + 1);
+        b := streamgauge_hll_max(substring(b FOR length(b) / 2), half);
+    END LOOP;
+    lsb := repeat('00000001', length(a) / 8)::bit varying;  -- bit 0 of every register
+    gt := a # a;                                            -- zeros
+    eq := lsb;
+    -- Per register, from bit 5 down: a > b once a has a 1 where b has a 0 and all higher
+    -- bits were equal.
+    FOR j IN REVERSE 5 .. 0 LOOP
+        aj := (a >> j) & lsb;
+        bj := (b >> j) & lsb;
+        gt := gt | (eq & aj & ~bj);
+        eq := eq & ~(aj # bj);
+    END LOOP;
+    ge := gt | eq;  -- a >= b, in bit 0 of each register; spread over its six value bits:
+    ge := ge | (ge << 1) | (ge << 2) | (ge << 3) | (ge << 4) | (ge << 5);
+    RETURN (a & ge) | (b & ~ge);
+END
+$$;
+COMMENT ON FUNCTION streamgauge_hll_max(bit varying, bit varying) IS
+    'Per-register max of two register arrays as bit strings (the union of two HLLs); a finer '
+    'array is folded to the coarser lgK first.';
+
+CREATE FUNCTION streamgauge_hll_union_step(state bit varying, registers bytea)
+RETURNS bit varying
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN registers IS NULL THEN state
+        WHEN state IS NULL THEN streamgauge_hll_bits(registers)
+        ELSE streamgauge_hll_max(state, streamgauge_hll_bits(registers))
+    END
+$$;
+COMMENT ON FUNCTION streamgauge_hll_union_step(bit varying, bytea) IS
+    'Transition function of streamgauge_hll_union: folds one register array into the state.';
+
+CREATE FUNCTION streamgauge_hll_union_combine(a bit varying, b bit varying)
+RETURNS bit varying
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN a IS NULL THEN b WHEN b IS NULL THEN a ELSE streamgauge_hll_max(a, b) END
+$$;
+COMMENT ON FUNCTION streamgauge_hll_union_combine(bit varying, bit varying) IS
+    'Combine function of streamgauge_hll_union (parallel aggregation).';
+
+-- Back to bytes 64 bits at a time: int8send writes a bigint big-endian, the bit string's order.
+CREATE FUNCTION streamgauge_hll_bytes(bits bit varying)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT string_agg(int8send(substring(bits FROM 64 * i + 1 FOR 64)::bit(64)::bigint),
+                      ''::bytea ORDER BY i)
+    FROM generate_series(0, length(bits) / 64 - 1) AS i
+$$;
+COMMENT ON FUNCTION streamgauge_hll_bytes(bit varying) IS
+    'A register array back from its bit string (final function of streamgauge_hll_union).';
+
+CREATE AGGREGATE streamgauge_hll_union(bytea) (
+    SFUNC = streamgauge_hll_union_step,
+    STYPE = bit varying,
+    FINALFUNC = streamgauge_hll_bytes,
+    COMBINEFUNC = streamgauge_hll_union_combine,
+    PARALLEL = SAFE
+);
+COMMENT ON AGGREGATE streamgauge_hll_union(bytea) IS
+    'The union of HLL register arrays (hll_registers): per-register max, at the smallest lgK '
+    'among them. NULLs are skipped; NULL when every input is NULL.';
+
+-- Otmar Ertl, "New cardinality estimation algorithms for HyperLogLog sketches" (2017), the
+-- improved raw estimator: no empirical bias tables, unbiased from 0 upwards. C[k] counts the
+-- registers equal to k; q = 62 whatever the lgK, because DataSketches takes the slot from one
+-- 64-bit hash word and the value min(nlz, 62) + 1 from the other (so values run 0..q+1 = 63).
+CREATE FUNCTION streamgauge_hll_estimate(registers bytea)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    q     constant integer := 62;
+    m     double precision;
+    c     bigint[];  -- c[k + 1] = C[k], k = 0 .. q + 1
+    z     double precision;
+    x     double precision;
+    y     double precision;
+    s     double precision;
+    prev  double precision;
+    k     integer;
+BEGIN
+    PERFORM streamgauge_hll_bits(registers);  -- the same checks as the union
+    -- A fresh, uncompressed copy: get_byte on a stored (TOAST-compressed) value would
+    -- decompress it again for every byte (measured 50 ms instead of 2 ms at lgK 12).
+    registers := registers || ''::bytea;
+    m := length(registers);
+    SELECT array_agg(coalesce(h.n, 0) ORDER BY v.k) INTO c
+    FROM generate_series(0, q + 1) AS v(k)
+    LEFT JOIN (SELECT get_byte(registers, i) AS k, count(*) AS n
+               FROM generate_series(0, length(registers) - 1) AS i GROUP BY 1) h USING (k);
+    IF c[1] = m THEN
+        RETURN 0;  -- every register empty: sigma(1) is infinite
+    END IF;
+    -- z = m * tau(1 - C[q+1] / m)
+    x := 1 - c[q + 2] / m;
+    z := 0;
+    IF x > 0 AND x < 1 THEN
+        y := 1;
+        z := 1 - x;
+        LOOP
+            x := sqrt(x);
+            prev := z;
+            y := 0.5 * y;
+            z := z - (1 - x) ^ 2 * y;
+            EXIT WHEN z = prev;
+        END LOOP;
+        z := z / 3;
+    END IF;
+    z := m * z;
+    FOR k IN REVERSE q .. 1 LOOP
+        z := 0.5 * (z + c[k + 1]);
+    END LOOP;
+    -- z += m * sigma(C[0] / m)
+    x := c[1] / m;
+    y := 1;
+    s := x;
+    IF x > 0 THEN
+        LOOP
+            x := x * x;
+            prev := s;
+            s := s + x * y;
+            y := y + y;
+            EXIT WHEN s = prev;
+        END LOOP;
+    END IF;
+    z := z + m * s;
+    RETURN m * m / (2 * ln(2)) / z;  -- alpha_inf = 1 / (2 ln 2)
+END
+$$;
+COMMENT ON FUNCTION streamgauge_hll_estimate(bytea) IS
+    'Distinct-count estimate of an HLL register array (Ertl''s improved raw estimator): RSE '
+    '~1.04/sqrt(2^lgK), ±3.2 % at 2 sigma for lgK 12; 0 when empty.';
+
+CREATE FUNCTION streamgauge_hll_distinct_final(state bit varying)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT streamgauge_hll_estimate(streamgauge_hll_bytes(state))
+$$;
+COMMENT ON FUNCTION streamgauge_hll_distinct_final(bit varying) IS
+    'Final function of streamgauge_hll_distinct: the estimate of the union.';
+
+CREATE AGGREGATE streamgauge_hll_distinct(bytea) (
+    SFUNC = streamgauge_hll_union_step,
+    STYPE = bit varying,
+    FINALFUNC = streamgauge_hll_distinct_final,
+    COMBINEFUNC = streamgauge_hll_union_combine,
+    PARALLEL = SAFE
+);
+COMMENT ON AGGREGATE streamgauge_hll_distinct(bytea) IS
+    'Distinct count of the union of HLL register arrays: '
+    'streamgauge_hll_estimate(streamgauge_hll_union(hll_registers)) in one aggregate.';
+"""
+
+MIGRATIONS: tuple[str, ...] = (
+    _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5,
+)
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -46,6 +46,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.sinks import schema
+from streamgauge.sketches.hll_registers import hll_registers
 
 _logger = logging.getLogger(__name__)
 
@@ -85,6 +86,10 @@ safely, e.g. int32 → int64 or large_string → string; a lossy cast is refused
 OPTIONAL_RESULT_COLUMNS = frozenset({"p999", "sketch", "hdr_histogram"})
 """Added with the sketches (schema version 4); writers that produce none need not name them."""
 
+_STAGED_SCHEMA = RESULT_SCHEMA.append(pa.field("hll_registers", pa.binary()))
+"""What is staged: the results plus what the store derives from them, the register array of
+every set row's HLL (schema version 5; :mod:`streamgauge.sketches.hll_registers`)."""
+
 RESULT_COLUMNS: tuple[str, ...] = tuple(RESULT_SCHEMA.names)
 
 _PG_TYPES = {
@@ -106,7 +111,7 @@ def _staging_ddl(table: str, schema: pa.Schema) -> str:
 
 
 _STAGING = "sg_results_staging"
-_STAGING_DDL = _staging_ddl(_STAGING, RESULT_SCHEMA)
+_STAGING_DDL = _staging_ddl(_STAGING, _STAGED_SCHEMA)
 
 _KEY = "config_name, window_name, metric, tags, window_start, window_end"
 _VALUES = (
@@ -114,7 +119,7 @@ _VALUES = (
     "distinct_count",
 )  # fmt: skip
 """What a reader sees as the window's value: a change here is a correction."""
-_ENCODINGS = ("sketch", "hdr_histogram")
+_ENCODINGS = ("sketch", "hdr_histogram", "hll_registers")
 """Serialized forms of the same values (they change exactly when the values do)."""
 _VALUE_COLUMNS = (*_VALUES, *_ENCODINGS, "revision", "is_final", "late_events", "emitted_at")
 
@@ -568,7 +573,7 @@ class ResultStore:
         (``LATE_SCHEMA``): late partials the window query found itself (a partial reaching
         into a final session), recorded in ``late_events`` under ``late_query_name``.
         """
-        table = _conform(results)
+        table = _with_hll_registers(_conform(results))
         retracted_rows = None if retractions is None else _conform(retractions, RETRACTION_SCHEMA)
         late_rows = None if late is None else _conform(late, LATE_SCHEMA)
         histogram_rows = None if histograms is None else _conform(histograms, HISTOGRAM_SCHEMA)
@@ -694,7 +699,7 @@ class ResultStore:
         ``histograms``: the recomputed windows' bucket rows (their ``revision`` is ignored); a
         corrected window's set replaces the stored one at the window's new revision.
         """
-        table = _conform(results)
+        table = _with_hll_registers(_conform(results))
         histogram_rows = None if histograms is None else _conform(histograms, HISTOGRAM_SCHEMA)
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
@@ -875,6 +880,25 @@ def _conform(results: pa.Table, target: pa.Schema = RESULT_SCHEMA) -> pa.Table:
         return table.cast(target)  # safe cast: refuses lossy conversions
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ValueError(f"results table has a column of the wrong type: {exc}") from exc
+
+
+def _with_hll_registers(table: pa.Table) -> pa.Table:
+    """``table`` (``RESULT_SCHEMA``) plus ``hll_registers``: the dense register array of every
+    set row's sketch, NULL for other rows and for sets without one. A set sketch that is not an
+    HLL image raises ``ValueError`` (before any I/O): it would fail ``hll_union_agg`` too."""
+    types = table.column("metric_type").to_pylist()
+    sketches = table.column("sketch").to_pylist()
+    registers: list[bytes | None] = []
+    for i, (metric_type, sketch) in enumerate(zip(types, sketches, strict=True)):
+        if metric_type != "s" or sketch is None:
+            registers.append(None)
+            continue
+        try:
+            registers.append(hll_registers(sketch).tobytes())
+        except ValueError as exc:
+            raise ValueError(f"results row {i}: the set's sketch is unreadable: {exc}") from exc
+    column = pa.array(registers, pa.binary())
+    return table.append_column(_STAGED_SCHEMA.field("hll_registers"), column)
 
 
 def _rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
