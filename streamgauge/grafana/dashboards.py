@@ -218,7 +218,7 @@ def results_dashboard(config: PipelineConfig, datasource_uid: str) -> dict[str, 
         .with_panel(
             _stat("Windows in range: final / provisional", queries.stat_windows_sql(config), ds)
         )
-        .with_panel(_stat("Distinct count, latest window", queries.stat_distinct_sql(config), ds))
+        .with_panel(_stat("Distinct count over the range", queries.stat_distinct_sql(config), ds))
         .with_row(dash.Row("Aggregates per window"))
     )
     for aggregate in AGGREGATES:

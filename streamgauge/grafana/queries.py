@@ -12,9 +12,11 @@ Windows are plotted at their start (a window ``[10:00:00, 10:00:10)`` is the poi
 filtered by ``window_start`` for panels and by ``window_end`` for alerts (an alert looks at the
 windows that *ended* within its look-back). Within one ``$__interval`` bucket several windows
 combine the way each aggregate allows: counts and sums add, min and max take the extreme,
-``last`` takes the latest window's, ``rate`` is total sum over total window seconds, and
-percentiles and distinct counts show the largest window's value (percentiles do not average
-and HLL estimates do not add).
+``last`` takes the latest window's, ``rate`` is total sum over total window seconds,
+t-digest percentile columns show the largest window's value (percentiles do not average), and
+distinct counts merge the windows' HyperLogLog registers (``streamgauge_hll_distinct``, schema
+migration 5: HLL estimates do not add; a bucket of one window keeps that window's own count,
+which the sketch's exact small-set mode makes exact where registers alone cannot).
 
 Percentiles over a bucket or the whole range come from ``window_histograms`` instead: the HDR
 bucket rows of all windows in the bucket (per tag group) are added per bucket (index and
@@ -136,7 +138,10 @@ BUCKET_EXPRESSIONS: Mapping[Aggregate, str] = {
     "p90": "max(p90)",
     "p99": "max(p99)",
     "p999": "max(p999)",
-    "distinct_count": "max(distinct_count)",
+    "distinct_count": (
+        "CASE WHEN count(*) = 1 THEN max(distinct_count)"
+        " ELSE coalesce(streamgauge_hll_distinct(hll_registers), max(distinct_count)) END"
+    ),
     "rate": "sum(sum) / sum(extract(epoch FROM window_end - window_start))",
 }
 
@@ -223,15 +228,17 @@ def stat_windows_sql(config: PipelineConfig) -> str:
 
 
 def stat_distinct_sql(config: PipelineConfig) -> str:
-    """Distinct count of the latest window in range (largest over tag groups: HLLs don't add)."""
+    """Distinct count over the whole range and every tag group: the union of the windows'
+    HyperLogLog registers (``streamgauge_hll_distinct``), not a sum or a largest window.
+
+    Rows written before schema version 5 have no registers; the largest window's count
+    stands in for them.
+    """
     return (
-        "SELECT max(distinct_count) AS distinct_count\n"
+        "SELECT coalesce(streamgauge_hll_distinct(hll_registers), max(distinct_count))"
+        " AS distinct_count\n"
         "FROM window_results\n"
-        f"WHERE {_series_filter(config)}\n"
-        "  AND window_start = (\n"
-        "    SELECT max(window_start) FROM window_results\n"
-        f"    WHERE {_series_filter(config).replace(chr(10), chr(10) + '    ')}\n"
-        "  )"
+        f"WHERE {_series_filter(config)}"
     )
 
 
