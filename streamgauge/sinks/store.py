@@ -746,6 +746,34 @@ class ResultStore:
 
         return self._with_retry("prune old results", work)
 
+    def start_checkpoint(
+        self, config_name: str, window_name: str, query_names: Sequence[str]
+    ) -> int:
+        """A query starts on a fresh checkpoint: forget its old batch ids, return the highest
+        revision stored for the window (its new revisions must start above it).
+
+        Spark numbers a new checkpoint's micro-batches from 0 again. Without this, the new
+        batches would be skipped as "already committed" under the same query name, and
+        their rows would carry revisions below the stored ones (and lose the upsert).
+        """
+
+        def work(conn: psycopg.Connection[Any]) -> int:
+            with conn.transaction():
+                conn.execute(
+                    "DELETE FROM sink_batches WHERE query_name = ANY(%s)", (list(query_names),)
+                )
+                row = conn.execute(
+                    "SELECT greatest("
+                    " (SELECT max(revision) FROM window_results"
+                    "  WHERE config_name = %(c)s AND window_name = %(w)s),"
+                    " (SELECT max(revision) FROM window_pending"
+                    "  WHERE config_name = %(c)s AND window_name = %(w)s))",
+                    {"c": config_name, "w": window_name},
+                ).fetchone()
+            return 0 if row is None or row[0] is None else int(row[0])
+
+        return self._with_retry(f"start a checkpoint of {config_name}/{window_name}", work)
+
     def read_state(self, config_name: str, key: str) -> int | None:
         """A value of ``pipeline_state`` (e.g. a window's watermark), or None if never set."""
 

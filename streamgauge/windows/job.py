@@ -11,8 +11,10 @@ Emission and revisions (this slice; corrections and replay deepen it):
 - Spark's update mode emits a window whenever a micro-batch changes it. Until the watermark
   passes the window's end the store holds that row in ``window_pending``; the batch whose
   watermark passes the end moves it to ``window_results`` (provisional), later changes are
-  corrections (``corrections`` counts them). ``revision`` is the micro-batch id + 1: strictly
-  increasing per window and the same when Spark replays a batch after a crash, so the store's
+  corrections (``corrections`` counts them). ``revision`` is the micro-batch id + 1 plus the
+  checkpoint's base (``revision_base``: 0 on a fresh data dir, above every stored revision
+  when a changed window definition starts a new checkpoint): strictly increasing per window
+  and the same when Spark replays a batch after a crash, so the store's
   keep-the-highest-revision upsert makes replays change nothing.
 - The watermark of a batch is derived from the receivers' heartbeats recorded in the batch's
   offset (``batch_heartbeats``): ``W = min over open receivers(heartbeat) - watermark_delay``.
@@ -41,8 +43,9 @@ import fnmatch
 import hashlib
 import json
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +139,42 @@ def sketch_params(config: PipelineConfig) -> SketchParams:
     """The config's compiled sketch accuracy (the documented defaults when it sets none)."""
     compiled = getattr(config, "sketches", None)
     return compiled if isinstance(compiled, SketchParams) else compile_accuracy()
+
+
+REVISION_BASE_FILE = "streamgauge-revision-base.json"
+
+
+def revision_base(
+    checkpoint: Path,
+    store: ResultStore,
+    config: PipelineConfig,
+    window: WindowSpec,
+    query_names: Sequence[str],
+) -> int:
+    """What a checkpoint's revisions start from: ``revision = base + batch id + 1``.
+
+    Fixed once per checkpoint (a file beside Spark's own), so a replayed micro-batch gets the
+    same revision as the first time. A new checkpoint (a changed window definition, or a
+    deleted checkpoint directory) starts above every revision stored for the window, and its
+    batch ids are forgotten in ``sink_batches`` (``ResultStore.start_checkpoint``). A
+    checkpoint that committed batches before bases existed keeps base 0, as it was numbered.
+    """
+    marker = checkpoint / REVISION_BASE_FILE
+    if marker.exists():
+        return int(json.loads(marker.read_text())["revision_base"])
+    commits = checkpoint / "commits"
+    if commits.is_dir() and any(commits.iterdir()):
+        base = 0
+    else:
+        base = store.start_checkpoint(config.name, window.name, query_names)
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    temporary = marker.with_suffix(".tmp")
+    with open(temporary, "w") as handle:
+        json.dump({"revision_base": base, "query_names": list(query_names)}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, marker)
+    return base
 
 
 def query_name(config: PipelineConfig, window: WindowSpec) -> str:
@@ -420,14 +459,24 @@ def to_late_rows(late: pa.Table, config: PipelineConfig, window: WindowSpec) -> 
 class LateBatchWriter:
     """The ``foreachBatch`` function of a window's late-events query."""
 
-    def __init__(self, config: PipelineConfig, window: WindowSpec, store: ResultStore) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        window: WindowSpec,
+        store: ResultStore,
+        checkpoint: Path | None = None,
+    ) -> None:
         self._config = config
         self._window = window
         self._store = store
+        self._checkpoint = checkpoint
         self.name = late_query_name(config, window)
         store.error_labels = {"config": config.name, "query": self.name}
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if self._checkpoint is not None:  # a fresh checkpoint forgets the old batch ids
+            revision_base(self._checkpoint, self._store, self._config, self._window, [self.name])
+            self._checkpoint = None
         rows = to_late_rows(batch.toArrow(), self._config, self._window)
         lock_name = query_name(self._config, self._window)  # the window query's
         outcome = self._store.commit_late_batch(self.name, batch_id, rows, lock_name)
@@ -528,7 +577,16 @@ class WindowBatchWriter:
         self._name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
         self._watermark_floor: int | None = None
+        self._revision_base: int | None = None
         store.error_labels = {"config": config.name, "query": self._name}
+
+    def revision(self, batch_id: int) -> int:
+        """The batch's revision: strictly increasing across batches and checkpoints."""
+        if self._revision_base is None:
+            self._revision_base = revision_base(
+                self._checkpoint, self._store, self._config, self._window, [self._name]
+            )
+        return self._revision_base + batch_id + 1
 
     def watermark_ms(self, batch_id: int) -> int | None:
         """This batch's watermark, never below one already committed.
@@ -560,7 +618,7 @@ class WindowBatchWriter:
         histograms: pa.Table | None = None,
     ) -> None:
         watermark_ms = self.watermark_ms(batch_id)
-        revision = batch_id + 1
+        revision = self.revision(batch_id)
         rows = to_result_rows(
             changed,
             self._config,
@@ -626,7 +684,8 @@ class SketchBatchWriter(WindowBatchWriter):
         changed = table.filter(pc.equal(change, "upsert"))
         changed = changed.select(list(sketch_windows.OUTPUT_COLUMNS))
         histograms = to_histogram_rows(
-            changed, self._config, self._window, revision=batch_id + 1, layout=self._layout
+            changed, self._config, self._window, revision=self.revision(batch_id),
+            layout=self._layout,
         )
         late_rows = to_late_rows(late, self._config, self._window) if late.num_rows else None
         self._commit(changed.drop_columns(["hdr_buckets"]), batch_id, histograms=histograms,
@@ -770,7 +829,8 @@ def start_window_queries(
                 else late_partials(_read_spool(spark, paths), window),
                 late_query_name(config, window),
                 checkpoint.with_name(checkpoint.name + ".late"),  # see all_checkpoints
-                LateBatchWriter(config, window, store_factory()),
+                LateBatchWriter(config, window, store_factory(),
+                                checkpoint.with_name(checkpoint.name + ".late")),
                 trigger_interval,
                 output_mode="append",
             )
