@@ -455,9 +455,10 @@ def kll_lane_with_late_rows(source: DataFrame, window: WindowSpec, kll_k: int) -
 def late_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     """Rows that are late for ``window``: a stateless query, so nothing is dropped on the way.
 
-    Tumbling/hopping windows carry these rows in the sketch lane's query; session and sliding
-    windows run them as a query of their own. Either way the checkpoint sits beside the
-    window's own: both restart together when the window's definition changes.
+    Tumbling/hopping windows carry these rows in the sketch lane's query (``quantiles: kll``
+    windows: in their one query); session and sliding windows run them as a query of their
+    own. Either way the checkpoint sits beside the window's own (or is it): both restart
+    together when the window's definition changes.
     """
     return assign_windows(source, window).where(
         # A partial can only be late if it is older than the heartbeat before its segment.
