@@ -18,6 +18,12 @@ aggregates); ``s`` too, with an HLL_8 of 20 members per partial unioned by ``hll
 ``ms`` through the sketch lane (t-digest + HDR buckets of 10 values per partial, merged by the
 stateful operator). Same series count, same rows: the ratio is the sketch lane's cost.
 
+``--compare-kll`` (with ``--type ms``, tumbling or hopping): the config gets a second window,
+``wk``, identical but for ``quantiles: kll``, and the partials also carry pane KLLs (as
+receivers write them when a window uses kll). Both windows run in the same job on the same
+load, so the machine's noise hits both; the t-digest sketch lane (query ``bench.w.sketches``)
+and the kll window's one query (``bench.wk``) are printed side by side, with their ratio.
+
 Targets (issue): 100k active series at 1 s panes sustained; p50 freshness <= 1 s.
 """
 
@@ -68,13 +74,17 @@ WINDOWS = {
 
 
 def pane_batch(
-    names: pa.Array, pane_start_ms: int, rng: np.random.Generator, metric_type: str
+    names: pa.Array,
+    pane_start_ms: int,
+    rng: np.random.Generator,
+    metric_type: str,
+    kll_k: int | None = None,
 ) -> pa.RecordBatch:
     n = len(names)
     values = rng.integers(1, 100, n).astype(np.float64)
     times = np.full(n, pane_start_ms, dtype=np.int64)
     count = np.ones(n, dtype=np.int64)
-    sketches = PaneSketches(compile_accuracy())
+    sketches = PaneSketches(compile_accuracy(), kll_k)
     keys = [((name, metric_type, "{}"), pane_start_ms) for name in names.to_pylist()]
     if metric_type == "ms":
         samples = rng.lognormal(3.0, 0.8, (n, 10)).round(3)
@@ -109,9 +119,12 @@ def pane_batch(
 class Writer(threading.Thread):
     """One segment per second; records when each heartbeat was written (wall ms)."""
 
-    def __init__(self, spool: Path, series: int, seconds: int, metric_type: str) -> None:
+    def __init__(
+        self, spool: Path, series: int, seconds: int, metric_type: str, kll_k: int | None = None
+    ) -> None:
         super().__init__(daemon=True)
         self.metric_type = metric_type
+        self.kll_k = kll_k
         self.names = pa.array([f"bench.m{i}" for i in range(series)], pa.string())
         self.writer = SegmentWriter(spool, "r0", fsync=False)
         self.seconds = seconds
@@ -122,7 +135,7 @@ class Writer(threading.Thread):
         for _ in range(self.seconds):
             now = time.time_ns() // 1_000_000
             pane = now - now % 1000
-            batch = pane_batch(self.names, pane, rng, self.metric_type)
+            batch = pane_batch(self.names, pane, rng, self.metric_type, self.kll_k)
             self.writer.append(batch, Heartbeat(now, False))
             self.heartbeats.append((now, time.time_ns() // 1_000_000))
             time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
@@ -151,6 +164,34 @@ def freshness(
     return lags, first_seen
 
 
+def compare_kll(tdigest: list[dict], kll: list[dict], kll_k: int) -> None:  # type: ignore[type-arg]
+    """The t-digest sketch lane and the kll window's query, same run, side by side."""
+
+    def medians(progress: list[dict]) -> tuple[float, float, float, int]:  # type: ignore[type-arg]
+        seconds = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
+        rates = [p["numInputRows"] / max(p["durationMs"]["triggerExecution"], 1) * 1000
+                 for p in progress]  # fmt: skip
+        if not progress:
+            return float("nan"), float("nan"), float("nan"), 0
+        # A lane that falls behind reads bigger batches, which amortise fixed per-batch costs:
+        # rows over total batch time compares the work better than batch durations do.
+        overall = sum(p["numInputRows"] for p in progress) / max(sum(seconds), 1e-9)
+        return statistics.median(seconds), statistics.median(rates), overall, len(progress)
+
+    t_batch, t_rate, t_all, t_n = medians(tdigest)
+    k_batch, k_rate, k_all, k_n = medians(kll)
+    print(f"same load, same run: t-digest sketch lane (bench.w.sketches, {t_n} batches) vs "
+          f"quantiles: kll window (bench.wk, k {kll_k}, {k_n} batches), medians")  # fmt: skip
+    print(f"{'measure':<32}{'t-digest lane':>15}{'kll window':>12}{'ratio':>8}")
+    print(f"{'micro-batch duration (s)':<32}{t_batch:>15.2f}{k_batch:>12.2f}"
+          f"{t_batch / k_batch:>7.1f}x")  # fmt: skip
+    print(f"{'partial rows/s per micro-batch':<32}{t_rate:>15.0f}{k_rate:>12.0f}"
+          f"{k_rate / t_rate:>7.1f}x")  # fmt: skip
+    print(f"{'rows / total batch time':<32}{t_all:>15.0f}{k_all:>12.0f}{k_all / t_all:>7.1f}x")
+    print("(the kll window's rows/s counts every row it reads; the sketch lane's query also "
+          "reads them all and keeps the timer rows)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -163,14 +204,22 @@ def main() -> None:
     parser.add_argument("--shuffle-partitions", type=int, default=None,
                         help="state partitions (default: 2 per core)")
     parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
+    parser.add_argument("--compare-kll", action="store_true",
+                        help="with --type ms: also run the window with quantiles: kll (window wk) "
+                        "on the same load and print both lanes side by side")
     args = parser.parse_args()
+    if args.compare_kll and (args.type != "ms" or args.kind not in ("tumbling", "hopping")):
+        parser.error("--compare-kll needs --type ms and --kind tumbling or hopping")
 
     root = Path(tempfile.mkdtemp(prefix="streamgauge-bench-windows-"))
     server = EmbeddedPostgres(root, port=None)
     url = server.start()
     try:
         ResultStore(url).ensure_schema()
-        text = f"name: bench\npane: 1s\nwindows: [{WINDOWS[args.kind]}]\n"
+        windows = [WINDOWS[args.kind]]
+        if args.compare_kll:
+            windows.append(WINDOWS[args.kind].replace("name: w,", "name: wk, quantiles: kll,"))
+        text = f"name: bench\npane: 1s\nwindows: [{', '.join(windows)}]\n"
         config = parse_config(text, "bench")
         conf = {}
         if args.rocksdb:
@@ -187,7 +236,7 @@ def main() -> None:
             spark, config, paths, lambda: TimedStore(url), SystemClock(),
             trigger_interval="0.5 seconds",
         )  # fmt: skip
-        writer = Writer(paths.spool, args.series, args.seconds, args.type)
+        writer = Writer(paths.spool, args.series, args.seconds, args.type, config.kll_k)
         writer.start()
         lags, _ = freshness(url, writer, config.windows[0].watermark_delay_ms, args.seconds)
         writer.join()
@@ -195,6 +244,8 @@ def main() -> None:
         lane = "bench.w.sketches" if sketched else "bench.w"
         [measured] = [q for q in queries if q.name == lane]
         progress = [p for p in measured.recentProgress if p["numInputRows"] > 0]
+        kll_progress = [p for q in queries if q.name == "bench.wk"
+                        for p in q.recentProgress if p["numInputRows"] > 0]  # fmt: skip
         for query in queries:
             batches = query.recentProgress
             print(f"query {query.name}: {len(batches)} progress reports, "
@@ -233,6 +284,8 @@ def main() -> None:
         ))
         sustained = bool(durations) and statistics.median(durations) <= 1.0
         print(f"sustained (median batch <= 1 s of input per second): {sustained}")
+        if args.compare_kll:
+            compare_kll(progress, kll_progress, config.sketches.kll_k)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)

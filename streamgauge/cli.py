@@ -204,7 +204,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     print(yaml.safe_dump(config.to_canonical_dict(), sort_keys=False), end="")
     # As YAML comments, so the output still loads as the config it describes.
-    print("".join(f"# {line}\n" for line in describe_sketches(config.sketches)), end="")
+    described = describe_sketches(config.sketches, config.kll_windows)
+    print("".join(f"# {line}\n" for line in described), end="")
     for warning in config.warnings:
         print(f"{args.file}: warning: {warning}", file=sys.stderr)
     return 0
@@ -267,7 +268,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             max_skew_ms=round(args.max_skew * 1000), limits=limits, cardinality=cardinality,
             rcvbuf_bytes=args.rcvbuf or DEFAULT_RCVBUF_BYTES, unix_mode=int(args.unix_mode, 8),
             spool_quota_bytes=parse_byte_size(args.spool_quota, "--spool-quota"),
-            sketches=config.sketches,
+            sketches=config.sketches, kll_k=config.kll_k,
         )
     except ValueError as error:
         print(f"streamgauge ingest: {error}", file=sys.stderr)

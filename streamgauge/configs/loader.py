@@ -34,6 +34,7 @@ from streamgauge.configs.durations import parse_duration_ms
 from streamgauge.configs.model import (
     DEFAULT_PANE_MS,
     NAME_MAX_LENGTH,
+    QUANTILE_SKETCHES,
     SKETCH_KEYS,
     WINDOW_KINDS,
     AlertDraft,
@@ -41,6 +42,7 @@ from streamgauge.configs.model import (
     Loc,
     PipelineConfig,
     Problem,
+    QuantileSketch,
     SketchTargets,
     WindowDraft,
     WindowKind,
@@ -139,6 +141,7 @@ _Str = Annotated[str | None, BeforeValidator(_present)]
 _Number = Annotated[float | None, BeforeValidator(_number), BeforeValidator(_present)]
 _Duration = Annotated[int | None, BeforeValidator(_duration), BeforeValidator(_present)]
 _Kind = Annotated[WindowKind | None, BeforeValidator(_present)]
+_Quantiles = Annotated[QuantileSketch | None, BeforeValidator(_present)]
 _StrList = Annotated[list[str] | None, BeforeValidator(_present)]
 _StrMap = Annotated[dict[str, str] | None, BeforeValidator(_present)]
 
@@ -161,6 +164,7 @@ class _RawWindow(_Shape):
     allowed_lateness: _Duration = None
     metrics: _StrList = None
     group_by: _StrList = None
+    quantiles: _Quantiles = None
 
 
 class _RawAlert(_Shape):
@@ -211,6 +215,9 @@ _SYNONYMS = {
     "watermark": "watermark_delay",
     "tags": "group_by",
     "type": "kind",
+    "percentiles": "quantiles",
+    "quantile": "quantiles",
+    "sketch": "quantiles",
 }
 
 
@@ -243,6 +250,7 @@ _SKETCH_SYNONYMS = {
     "tdigest_k": "quantile_error",
     "k": "quantile_error",
     "significant_digits": "quantile_error",
+    "kll_k": "quantile_error",
     "digits": "quantile_error",
     "range": "value_range",
     "min": "value_range",
@@ -294,6 +302,13 @@ def _shape_message(error: ErrorDetails, model: type[_Shape]) -> str:
         return _unknown_key_message(str(error["loc"][-1]), model)
     if kind == "invalid_key":
         return f"key {value!r} is not a name; keys are words like size or windows"
+    if kind == "literal_error" and error["loc"][:1] == ("quantiles",):
+        sketches = ", ".join(QUANTILE_SKETCHES)
+        if isinstance(value, str):
+            guess = difflib.get_close_matches(value.lower(), QUANTILE_SKETCHES, n=1, cutoff=0.5)
+            hint = f"; did you mean {guess[0]}?" if guess else ""
+            return f"unknown quantile sketch {value!r}; one of {sketches}{hint}"
+        return f"must be one of {sketches}, not {_describe(value)}"
     if kind == "literal_error":
         kinds = ", ".join(WINDOW_KINDS)
         if isinstance(value, str):
@@ -468,6 +483,7 @@ def _draft(raw: _RawWindow, holes: _Holes, given: frozenset[str]) -> WindowDraft
         allowed_lateness_ms=raw.allowed_lateness,
         metrics=_with_holes(raw.metrics, holes.get("metrics")),
         group_by=_with_holes(raw.group_by, holes.get("group_by")),
+        quantiles=raw.quantiles,
     )
 
 
@@ -485,6 +501,7 @@ def _spec(raw: _RawWindow) -> WindowSpec:
         "allowed_lateness_ms": raw.allowed_lateness,
         "metrics": None if raw.metrics is None else tuple(raw.metrics),
         "group_by": None if raw.group_by is None else tuple(raw.group_by),
+        "quantiles": raw.quantiles,
     }
     return WindowSpec(**{k: v for k, v in values.items() if v is not None})
 

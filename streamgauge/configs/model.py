@@ -13,6 +13,7 @@ Windows are half-open ``[start, end)`` on event time. All durations are integer 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import functools
@@ -22,9 +23,16 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from streamgauge.configs.durations import format_duration_ms
-from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
+from streamgauge.sketches.accuracy import (
+    DEFAULT_KLL_K,
+    KLL_BYTES_PER_K,
+    SketchParams,
+    compile_accuracy,
+    kll_error,
+)
 
 WindowKind = Literal["tumbling", "hopping", "sliding", "session"]
+QuantileSketch = Literal["tdigest", "kll"]
 Aggregate = Literal[
     "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999", "distinct_count", "rate"
 ]  # fmt: skip
@@ -36,6 +44,15 @@ AGGREGATES: tuple[Aggregate, ...] = (
 Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
 COMPARISONS: tuple[Comparison, ...] = (">=", "<=", "==", "!=", ">", "<")
 WINDOW_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping", "sliding", "session")
+#: How a window computes the percentiles of timers, histograms and distributions:
+#: ``tdigest`` (default): t-digest + HDR histogram in the sketch lane, p50..p999 and histogram
+#: rows; ``kll``: Spark's native KLL in the native lane, p50 and p90 only (see ``kll_problem``).
+QUANTILE_SKETCHES: tuple[QuantileSketch, ...] = ("tdigest", "kll")
+#: Window kinds that compute percentiles (sessions and sliding windows store none yet).
+QUANTILE_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping")
+#: What a ``quantiles: kll`` window stores no value for: KLL's rank error is the same at every
+#: quantile (±1.33 % at k 200), so its "p99" may be anywhere between p97.7 and p100.
+KLL_UNSTORED: tuple[Aggregate, ...] = ("p99", "p999")
 
 #: Keys whose meaning depends on the kind; every other window key is valid for every kind.
 KIND_SPECIFIC_KEYS: tuple[str, ...] = ("size", "hop", "offset", "gap", "key")
@@ -56,6 +73,9 @@ DEFAULT_PANE_MS = 1_000
 DEFAULT_WATERMARK_DELAY_MS = 1_000
 DEFAULT_ALLOWED_LATENESS_MS = 0
 DEFAULT_METRICS: tuple[str, ...] = ("*",)
+#: Above this a ``quantiles: kll`` series-window costs more sketch bytes than the t-digest's
+#: and HLL's expensive thresholds (32 KiB).
+_EXPENSIVE_KLL_BYTES = 32 * 1024
 
 #: Grafana's alert scheduler ticks every 10 s (``[unified_alerting] base_interval``, not
 #: configurable since Grafana 9): a rule group's interval must be a multiple of it.
@@ -140,6 +160,7 @@ class WindowDraft:
     allowed_lateness_ms: int | None = None
     metrics: Sequence[str | None] | None = None
     group_by: Sequence[str | None] | None = None
+    quantiles: QuantileSketch | None = None
 
 
 def _not_allowed(key: str, kind: WindowKind) -> str:
@@ -227,6 +248,16 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
     if draft.key is not None and "key" in allowed and (problem := tag_problem(draft.key)):
         problems.append((("key",), problem))
 
+    if draft.quantiles == "kll" and kind is not None and kind not in QUANTILE_KINDS:
+        problems.append(
+            (
+                ("quantiles",),
+                f"a {kind} window computes no percentiles yet (only "
+                f"{' and '.join(QUANTILE_KINDS)} windows do), so quantiles: kll would change "
+                "nothing; remove it",
+            )
+        )
+
     if draft.metrics is not None:
         if not draft.metrics:
             problems.append((("metrics",), "must list at least one glob; ['*'] matches all"))
@@ -303,11 +334,17 @@ class AlertDraft:
     annotations: Mapping[str, str] | None = None
 
 
-def alert_problems(draft: AlertDraft, windows: Mapping[str, WindowDraft] | None) -> list[Problem]:
+def alert_problems(
+    draft: AlertDraft,
+    windows: Mapping[str, WindowDraft] | None,
+    kll_rank_error: float | None = None,
+) -> list[Problem]:
     """Every rule one alert breaks, locations relative to the alert.
 
     ``windows`` maps the config's readable window names to their drafts (``None``: the windows
     could not be read, so the checks that need them are skipped rather than guessed).
+    ``kll_rank_error`` is the config's compiled KLL error, for the message refusing a p99 of a
+    ``quantiles: kll`` window (``None``: the default k's).
     """
     problems: list[Problem] = []
     given = draft.given
@@ -372,6 +409,15 @@ def alert_problems(draft: AlertDraft, windows: Mapping[str, WindowDraft] | None)
             )
         )
 
+    if (
+        window is not None
+        and window.quantiles == "kll"
+        and draft.aggregate in KLL_UNSTORED
+        and window.kind in QUANTILE_KINDS
+    ):
+        message = kll_problem(draft.aggregate, draft.window, kll_rank_error)
+        problems.append((("aggregate",), message))
+
     if draft.condition is not None:
         try:
             parse_condition(draft.condition)
@@ -425,6 +471,19 @@ def alert_problems(draft: AlertDraft, windows: Mapping[str, WindowDraft] | None)
                     )
                 )
     return problems
+
+
+def kll_problem(aggregate: str, window: str | None, rank_error: float | None) -> str:
+    """Why an alert cannot watch ``aggregate`` (p99, p999) of a ``quantiles: kll`` window."""
+    error = rank_error if rank_error is not None else kll_error(DEFAULT_KLL_K)
+    q = {"p99": 0.99, "p999": 0.999}.get(aggregate, 0.99)
+    low, high = max(q - error, 0.0), min(q + error, 1.0)
+    return (
+        f"window {window!r} computes percentiles with KLL (quantiles: kll), whose rank error "
+        f"is ±{error * 100:.3g} %: its {aggregate} could be anywhere between "
+        f"p{low * 100:.4g} and p{high * 100:.4g}, so it stores none (nor histogram rows); "
+        "alert on p50 or p90, or use quantiles: tdigest for this window"
+    )
 
 
 #: The keys of the ``sketches:`` section, in the order they are documented and printed.
@@ -567,9 +626,25 @@ def sketch_warnings(params: SketchParams) -> tuple[str, ...]:
     return tuple(located)
 
 
-def describe_sketches(params: SketchParams) -> list[str]:
-    """What the compiled sketches are and the error they buy, one line each (for ``validate``)."""
+def describe_sketches(params: SketchParams, kll_windows: Sequence[str] = ()) -> list[str]:
+    """What the compiled sketches are and the error they buy, one line each (for ``validate``).
+
+    ``kll_windows``: the names of the ``quantiles: kll`` windows (the KLL lines only show then).
+    """
     low, high = (format_threshold(v) for v in params.value_range)
+    kll_lines = []
+    if kll_windows:
+        error = params.kll_rank_error * 100
+        kll_lines = [
+            f"  timers in {', '.join(kll_windows)} (quantiles: kll): KLL k {params.kll_k}, "
+            f"~{-(-KLL_BYTES_PER_K * params.kll_k // 1024)} KiB; merged by Spark natively (no "
+            "sketch-lane query);",
+            f"    rank error ±{error:.3g} % at any quantile (99 % confidence): p50 is a value "
+            f"between p{50 - error:.4g} and p{50 + error:.4g}, p90 between p{90 - error:.4g} "
+            f"and p{90 + error:.4g};",
+            f"    p99 and p999 not stored (a p99 would be anywhere in p{99 - error:.4g}.."
+            f"p{min(99 + error, 100):.4g}), no HDR histogram rows",
+        ]
     return [
         "sketches, compiled (what the targets cost per series and window):",
         f"  sets: HLL lgK {params.hll_lg_k}, up to {2**params.hll_lg_k // 1024} KiB; distinct "
@@ -580,18 +655,22 @@ def describe_sketches(params: SketchParams) -> list[str]:
         f"values within ±{params.hdr_relative_error * 100:g} % for values in [{low}, {high}] "
         f"(outside: clamped and counted; scale {params.value_scale:g}, "
         f"highest {params.hdr_highest})",
+        *kll_lines,
     ]
 
 
 def _targets_for(params: SketchParams) -> SketchTargets:
     """Targets that compile to ``params``' choices, for params built in Python without any."""
     default = compile_accuracy()
-    quantile_choice = (params.tdigest_k, params.hdr_significant_digits)
+    quantile_choice = (params.tdigest_k, params.hdr_significant_digits, params.kll_k)
+    # Each choice is made for a range of targets (t-digest k: [its error, the next smaller
+    # k's), HDR digits: [10^-d, 10^-(d-1)), KLL k: [kll_error(k), kll_error(k - 1))); a
+    # target all three were compiled from lies in each range, so the largest lower end does.
     return SketchTargets(
         distinct_error=None if params.hll_lg_k == default.hll_lg_k else params.distinct_error,
         quantile_error=None
-        if quantile_choice == (default.tdigest_k, default.hdr_significant_digits)
-        else max(params.quantile_rank_error, params.hdr_relative_error),
+        if quantile_choice == (default.tdigest_k, default.hdr_significant_digits, default.kll_k)
+        else max(params.quantile_rank_error, params.hdr_relative_error, params.kll_rank_error),
         value_range=None if params.value_range == default.value_range else params.value_range,
     )
 
@@ -622,10 +701,15 @@ def config_problems(
             if draft is not None and draft.name is not None:
                 by_name.setdefault(draft.name, draft)
     first_seen: dict[str, int] = {}
+    kll_rank_error: float | None = None
+    if sketches is not None and sketches.quantile_error is not None:
+        # An impossible target is reported by sketch_problems; the default k's error meanwhile.
+        with contextlib.suppress(ValueError):
+            kll_rank_error = sketches.compile().kll_rank_error
     for index, alert in enumerate(alerts):
         if alert is None:
             continue
-        for loc, message in alert_problems(alert, by_name):
+        for loc, message in alert_problems(alert, by_name, kll_rank_error):
             problems.append((("alerts", index, *loc), message))
         if alert.name is None:
             continue
@@ -718,8 +802,14 @@ class WindowSpec:
     allowed_lateness_ms: int = DEFAULT_ALLOWED_LATENESS_MS
     metrics: tuple[str, ...] = DEFAULT_METRICS
     group_by: tuple[str, ...] = ()
+    quantiles: QuantileSketch = "tdigest"
 
     def __post_init__(self) -> None:
+        if self.quantiles not in QUANTILE_SKETCHES:
+            raise ValueError(
+                f"invalid window {self.name!r}: quantiles: {self.quantiles!r} is not one of "
+                f"{', '.join(QUANTILE_SKETCHES)}"
+            )
         if self.kind not in WINDOW_KINDS:
             raise ValueError(
                 f"invalid window {self.name!r}: kind: {self.kind!r} is not one of "
@@ -748,6 +838,8 @@ class WindowSpec:
         )
         if self.offset_ms != 0:
             given.add("offset")
+        if self.quantiles != "tdigest":
+            given.add("quantiles")
         return WindowDraft(
             given=frozenset(given),
             name=self.name,
@@ -761,7 +853,13 @@ class WindowSpec:
             allowed_lateness_ms=self.allowed_lateness_ms,
             metrics=self.metrics,
             group_by=self.group_by,
+            quantiles=self.quantiles,
         )
+
+    @property
+    def uses_kll(self) -> bool:
+        """Whether this window's timers, histograms and distributions go through KLL."""
+        return self.quantiles == "kll"
 
     def matches(self, metric: str) -> bool:
         """Whether ``metric`` falls in this window's ``metrics`` globs.
@@ -790,6 +888,8 @@ class WindowSpec:
         out["allowed_lateness"] = format_duration_ms(self.allowed_lateness_ms)
         out["metrics"] = list(self.metrics)
         out["group_by"] = list(self.group_by)
+        if self.kind in QUANTILE_KINDS:
+            out["quantiles"] = self.quantiles
         return out
 
 
@@ -914,7 +1014,26 @@ class PipelineConfig:
     @property
     def warnings(self) -> tuple[str, ...]:
         """Expensive choices the config makes, located like errors (``validate`` shows them)."""
-        return sketch_warnings(self.sketches)
+        warnings = sketch_warnings(self.sketches)
+        kll_bytes = KLL_BYTES_PER_K * self.sketches.kll_k
+        if self.kll_k is not None and kll_bytes > _EXPENSIVE_KLL_BYTES:
+            warnings += (
+                f"sketches.quantile_error: {self.sketch_targets.quantile_error} needs KLL k "
+                f"{self.sketches.kll_k} in the quantiles: kll windows: "
+                f"about {kll_bytes // 1024} KiB per timer series per window",
+            )
+        return warnings
+
+    @property
+    def kll_windows(self) -> tuple[str, ...]:
+        """The names of the windows with ``quantiles: kll``."""
+        return tuple(window.name for window in self.windows if window.uses_kll)
+
+    @property
+    def kll_k(self) -> int | None:
+        """The k of the KLL sketch every timer/histogram/distribution pane partial carries, or
+        ``None`` when no window reads one (ingest then builds none: it costs drain time)."""
+        return self.sketches.kll_k if self.kll_windows else None
 
     def evaluation_interval_ms(self, window_name: str) -> int:
         """The rule-group interval for alerts on ``window_name`` (a multiple of 10 s)."""

@@ -95,11 +95,15 @@ class PaneCombiner:
     synced_ms: np.ndarray
     capacity: int
 
-    def __init__(self, pane_ms: int, sketches: SketchParams | None = None) -> None:
+    def __init__(
+        self, pane_ms: int, sketches: SketchParams | None = None, kll_k: int | None = None
+    ) -> None:
+        """``kll_k``: also give timer/histogram/distribution partials a KLL sketch of that k
+        (``PipelineConfig.kll_k``: a window of the config has ``quantiles: kll``)."""
         if pane_ms <= 0:
             raise ValueError(f"pane_ms must be positive, got {pane_ms}")
         self._pane_ms = pane_ms
-        self._sketches = PaneSketches(sketches or compile_accuracy())
+        self._sketches = PaneSketches(sketches or compile_accuracy(), kll_k)
         # Fast-lane values of sketched series, (pane, slots, values) per wake-up, grouped by
         # series only when needed (drain, or before a slot is freed).
         self._fast_sketched: list[tuple[int, np.ndarray, np.ndarray]] = []

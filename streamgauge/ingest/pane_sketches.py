@@ -13,7 +13,11 @@ Columns produced (``SEGMENT_SCHEMA``):
   compact HLL_8 of the members (Spark's ``hll_union_agg`` reads it); NULL otherwise;
 - ``hdr_bucket``/``hdr_count``: timers/histograms/distributions: the HDR histogram of the
   values as sparse rows (sorted bucket indices, counts); NULL otherwise. Values outside the
-  layout's range are clamped into its end buckets (their exact value still shows in min/max).
+  layout's range are clamped into its end buckets (their exact value still shows in min/max);
+- ``kll``: timers/histograms/distributions, only when built with ``kll_k`` (a window of the
+  config has ``quantiles: kll``): a serialized ``kll_doubles_sketch(kll_k)`` of the values,
+  the DataSketches binary format Spark's ``kll_merge_agg_double`` reads; NULL otherwise.
+  Built like the t-digest, one C call per partial (about 5 µs for 10 values).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pyarrow as pa
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import new_hll, serialize_hll
+from streamgauge.sketches.kll import new_kll, serialize_kll
 from streamgauge.sketches.tdigest import new_tdigest, serialize_tdigest
 
 SKETCHED_TYPES = ("d", "h", "ms")
@@ -38,8 +43,9 @@ PartialKey = tuple[SeriesKey, int]  # series, pane start
 class PaneSketches:
     """Raw values and set members per partial, turned into sketch columns at drain time."""
 
-    def __init__(self, params: SketchParams) -> None:
+    def __init__(self, params: SketchParams, kll_k: int | None = None) -> None:
         self._params = params
+        self._kll_k = kll_k
         self._layout = HdrLayout.from_params(params)
         self._values: defaultdict[PartialKey, list[np.ndarray]] = defaultdict(list)
         self._scalars: defaultdict[PartialKey, list[float]] = defaultdict(list)
@@ -69,13 +75,14 @@ class PaneSketches:
         self._scalars.clear()
         return taken
 
-    def columns(self, keys: list[PartialKey]) -> tuple[pa.Array, pa.Array, pa.Array]:
-        """``sketch``, ``hdr_bucket``, ``hdr_count`` for the partials ``keys`` (in row order),
-        taking every held value; partials without values get NULLs."""
+    def columns(self, keys: list[PartialKey]) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
+        """``sketch``, ``hdr_bucket``, ``hdr_count``, ``kll`` for the partials ``keys`` (in row
+        order), taking every held value; partials without values get NULLs."""
         values = self._take_values()
         members, self._members = self._members, defaultdict(list)
         n = len(keys)
         sketches: list[bytes | None] = [None] * n
+        klls: list[bytes | None] = [None] * n
         rows: list[int] = []
         arrays: list[np.ndarray] = []
         for row, key in enumerate(keys):
@@ -84,6 +91,10 @@ class PaneSketches:
                 digest = new_tdigest(self._params.tdigest_k)
                 digest.update(array)
                 sketches[row] = serialize_tdigest(digest)
+                if self._kll_k is not None:
+                    kll = new_kll(self._kll_k)
+                    kll.update(array)
+                    klls[row] = serialize_kll(kll)
                 rows.append(row)
                 arrays.append(array)
                 continue
@@ -94,7 +105,7 @@ class PaneSketches:
                     hll.update(member)
                 sketches[row] = serialize_hll(hll)
         bucket, count = self._hdr_lists(n, rows, arrays)
-        return pa.array(sketches, pa.binary()), bucket, count
+        return pa.array(sketches, pa.binary()), bucket, count, pa.array(klls, pa.binary())
 
     def _hdr_lists(
         self, n: int, rows: list[int], arrays: list[np.ndarray]

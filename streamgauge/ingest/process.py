@@ -69,6 +69,9 @@ class IngestSettings:
     #: The config's compiled sketch accuracy: pane sketches must use the layout (HDR buckets)
     #: and sizes (HLL lgK, t-digest k) the window job merges them with.
     sketches: SketchParams = field(default_factory=compile_accuracy)
+    #: ``PipelineConfig.kll_k``: the k of the KLL sketch timer/histogram/distribution partials
+    #: carry for ``quantiles: kll`` windows; ``None``: no window reads one, none is built.
+    kll_k: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -167,7 +170,7 @@ def run_ingest(
             depth=settings.write_queue_depth,
             quota_bytes=settings.spool_quota_bytes,
         ),
-        PaneCombiner(settings.pane_ms, sketches=settings.sketches),
+        PaneCombiner(settings.pane_ms, sketches=settings.sketches, kll_k=settings.kll_k),
         clock or SystemClock(),
         roll_ms=settings.roll_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,

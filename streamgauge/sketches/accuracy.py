@@ -40,6 +40,14 @@ median. So the default k=200 meets issue 5's 0.015 mid-range target on smooth da
 an empty gap at the median (0.019). (With the library's own ``get_quantile`` the k=200 mid-range
 error measured 0.015-0.022 on smooth data and 0.030 with the gap; see tdigest.py.)
 
+**quantile_error → KLL k** (windows with ``quantiles: kll`` only). The same number read as a
+*rank* error, which is the only error KLL has: k is the smallest whose DataSketches a-priori
+normalized rank error (``kll_doubles_sketch.get_normalized_rank_error(k, False)``: single
+quantile, 99 % confidence, any merge of sketches) is ≤ the target; unset, k = 200 (±1.33 %, the
+library's and Spark's default). Unlike the t-digest's, KLL's rank error is the same at every
+quantile: at k = 200 a "p99" may be anywhere between p97.7 and p100, so kll windows store p50
+and p90 only. A sketch holds about 3k values (k = 200: 614 values, 5 000 bytes at 10^6 samples).
+
 **value_range → HDR scale and range.** ``(low, high)`` in the metric's units (ms): ``high`` is the
 largest value recorded unclamped, ``low`` the smallest that must get the relative error bound.
 ``value_scale`` is the smallest power of ten with ``low * value_scale >= 10^d`` (the HDR
@@ -52,7 +60,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from datasketches import hll_sketch
+from datasketches import hll_sketch, kll_doubles_sketch
 from hdrh.histogram import HdrHistogram
 
 from streamgauge.sketches.hdr import HdrLayout
@@ -61,11 +69,13 @@ from streamgauge.sketches.tdigest import DEFAULT_K
 
 __all__ = [
     "DEFAULT_HDR_SIGNIFICANT_DIGITS",
+    "DEFAULT_KLL_K",
     "DEFAULT_VALUE_RANGE",
     "TDIGEST_RANK_ERROR",
     "SketchParams",
     "compile_accuracy",
     "hll_error",
+    "kll_error",
 ]
 
 DEFAULT_HDR_SIGNIFICANT_DIGITS = 2
@@ -86,6 +96,15 @@ TDIGEST_RANK_ERROR: dict[int, float] = {
     2000: 0.0001,
 }
 """k → worst measured mid-range rank error, gap case included (table in the module docstring)."""
+
+DEFAULT_KLL_K = 200
+"""DataSketches' and Spark's default: ±1.33 % normalized rank error."""
+MIN_KLL_K = 8
+MAX_KLL_K = 65_535
+"""Spark's ``kll_merge_agg_double`` accepts k in 8..65535."""
+KLL_BYTES_PER_K = 25
+"""Serialized KLL doubles bytes per unit of k once a sketch has compacted (k 200: 5 000 bytes
+at 10^6 samples, k 2000: 44 632)."""
 
 _UNION_SIGMAS = 2
 # Above these a series-window costs more than 32 KiB of sketch bytes (HLL_8: 2^lgK; t-digest:
@@ -115,6 +134,10 @@ class SketchParams:
     """Worst measured mid-range t-digest rank error at ``tdigest_k`` (tails are far better)."""
     hdr_relative_error: float = 0.01
     """HDR quantile relative value error bound for values in ``value_range``."""
+    kll_k: int = DEFAULT_KLL_K
+    """KLL sketch size of ``quantiles: kll`` windows (pane partials and their merges)."""
+    kll_rank_error: float = 0.0
+    """A-priori normalized rank error of one KLL quantile at ``kll_k`` (99 % confidence)."""
     warnings: tuple[str, ...] = ()
 
 
@@ -124,6 +147,31 @@ def hll_error(lg_k: int, num_std_devs: int = _UNION_SIGMAS) -> float:
         abs(float(hll_sketch.get_rel_err(upper, True, lg_k, num_std_devs)))
         for upper in (True, False)
     )
+
+
+def kll_error(k: int) -> float:
+    """A-priori normalized rank error of a single KLL quantile at ``k`` (99 % confidence)."""
+    return float(kll_doubles_sketch.get_normalized_rank_error(k, False))
+
+
+def _compile_kll_k(quantile_error: float | None) -> int:
+    """The smallest k meeting ``quantile_error`` in rank (bisection: the error falls with k).
+
+    Every target the t-digest accepts (>= 0.0001) is met below ``MAX_KLL_K`` (0.0001 needs
+    k = 30 565), so this never refuses one on its own.
+    """
+    if quantile_error is None:
+        return DEFAULT_KLL_K
+    low, high = MIN_KLL_K, MAX_KLL_K
+    if kll_error(high) > quantile_error:
+        return high
+    while low < high:
+        middle = (low + high) // 2
+        if kll_error(middle) <= quantile_error:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -216,7 +264,7 @@ def compile_accuracy(
 ) -> SketchParams:
     """Sketch parameters meeting the targets; ``None`` means the documented default.
 
-    Defaults: HLL lgK 12, t-digest k 200, HDR 2 significant digits over 0.1 ms .. 1 h.
+    Defaults: HLL lgK 12, t-digest k 200, HDR 2 significant digits over 0.1 ms .. 1 h, KLL k 200.
     """
     warnings: list[str] = []
     if quantile_error is not None:
@@ -238,6 +286,8 @@ def compile_accuracy(
         distinct_error=hll_error(lg_k),
         quantile_rank_error=TDIGEST_RANK_ERROR.get(k, float("nan")),
         hdr_relative_error=10.0**-digits,
+        kll_k=(kll_k := _compile_kll_k(quantile_error)),
+        kll_rank_error=kll_error(kll_k),
         warnings=tuple(warnings),
     )
     HdrLayout.from_params(params)  # validates the combination once more, in one place

@@ -35,6 +35,12 @@ HDR buckets in a stateful operator (``sketch_windows``: Spark has no t-digest ag
 Each lane commits its own rows under its own query name and watermark, and the store scopes
 emission and finality to the lane's metric types. Session and sliding windows run one query of
 their own operator for every type (count, sum, min, max, last; no percentiles yet).
+
+A ``quantiles: kll`` window has no sketch lane: its native lane takes every type, merges the
+pane partials' KLL sketches with Spark's ``kll_merge_agg_double`` and reads p50 and p90 from
+the merge (p99/p999 NULL, no histogram rows: KLL's ±1.33 % rank error makes a p99 anywhere in
+p97.7..p100). Its late rows ride in that one query (``kll_lane_with_late_rows``), so the
+window is one streaming query instead of two.
 """
 
 from __future__ import annotations
@@ -104,6 +110,8 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
         shape += [window.gap_ms, window.key]
     elif window.kind != "sliding":
         shape += [_LANE_LAYOUT]
+        if window.uses_kll:  # appended only here: tdigest windows keep their checkpoints
+            shape += ["kll", sketch_params(config).kll_k]
     fingerprint = json.dumps(shape)
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
     return paths.checkpoints / config.name / f"{window.name}-{digest}"
@@ -117,6 +125,8 @@ def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
         found.append(checkpoint)
         if window.kind in ("session", "sliding"):
             found.append(checkpoint.with_name(checkpoint.name + ".late"))
+        elif window.uses_kll:  # one query: late rows ride in it (kll_lane_with_late_rows)
+            continue
         else:  # late rows ride in the sketch lane (sketch_lane_with_late_rows)
             found.append(sketch_checkpoint(checkpoint, sketch_params(config)))
     return found
@@ -386,12 +396,21 @@ def sessionized_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     )
 
 
-def aggregate_windows(assigned: DataFrame) -> DataFrame:
+def aggregate_windows(assigned: DataFrame, kll_k: int | None = None) -> DataFrame:
     """Merge partials per (window, metric, tags): the one definition streaming and replay use.
 
     ``assigned`` has ``window_end_ts`` (timestamp), ``window_start_ms`` and ``tags`` columns
-    (see ``assign_windows``).
+    (see ``assign_windows``). ``kll_k`` (a ``quantiles: kll`` window): timers, histograms and
+    distributions are merged here too, their pane KLLs by ``kll_merge_agg_double(kll, k)``;
+    p50/p90 come from the merge and ``sketch`` holds it. Without it (every other window) the
+    plan is exactly what it was before KLL existed, so running checkpoints stay valid.
     """
+    extra: list[Column] = []
+    if kll_k is not None:
+        # k passed explicitly: without it the merge adopts the first input's k.
+        extra.append(
+            F.kll_merge_agg_double(F.when(is_sketched(), F.col("kll")), F.lit(kll_k)).alias("kll")
+        )
     grouped = assigned.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
         F.min("metric_type").alias("metric_type"),
         F.sum("count").alias("count"),
@@ -403,7 +422,10 @@ def aggregate_windows(assigned: DataFrame) -> DataFrame:
         F.hll_union_agg(
             F.when(F.col("metric_type") == "s", F.col("sketch")), F.lit(True)
         ).alias("sketch"),
+        *extra,
     )
+    if kll_k is not None:
+        return _with_kll_quantiles(grouped)
     return grouped.select(
         "metric",
         "tags",
@@ -421,12 +443,61 @@ def aggregate_windows(assigned: DataFrame) -> DataFrame:
     )
 
 
+#: The percentiles a ``quantiles: kll`` window stores (``configs.model.KLL_UNSTORED``: not more).
+KLL_QUANTILES = (("p50", 0.5), ("p90", 0.9))
+
+
+def _with_kll_quantiles(grouped: DataFrame) -> DataFrame:
+    """``aggregate_windows``' output for a kll window: p50/p90 from the merged KLL.
+
+    A group without any KLL (a counter, or timers from segments written before ingest built
+    KLLs) merges to an *empty* sketch, whose quantile fails the query
+    (``KLL_INVALID_INPUT_SKETCH_BUFFER``): such rows get NULL percentiles and no sketch.
+    """
+    has_kll = F.coalesce(F.kll_sketch_get_n_double("kll"), F.lit(0)) > 0
+    ranks = F.array(*(F.lit(q) for _, q in KLL_QUANTILES))
+    quantiles = F.when(has_kll, F.kll_sketch_get_quantile_double("kll", ranks))
+    # hll_union_agg of no sets is an empty HLL, not NULL: only sets keep theirs.
+    is_set = F.col("metric_type") == "s"
+    distinct = F.when(is_set, F.hll_sketch_estimate("sketch").cast("double"))
+    return grouped.select(
+        "metric",
+        "tags",
+        "metric_type",
+        "window_start_ms",
+        F.unix_millis("window_end_ts").alias("window_end_ms"),
+        "count",
+        "sum",
+        "min",
+        "max",
+        "last",
+        *(quantiles[i].alias(name) for i, (name, _) in enumerate(KLL_QUANTILES)),
+        distinct.alias("distinct_count"),
+        # Sets keep their HLL; timers/histograms/distributions get the merged KLL.
+        F.when(is_set, F.col("sketch")).when(has_kll, F.col("kll")).alias("sketch"),
+    )
+
+
+def kll_lane_with_late_rows(source: DataFrame, window: WindowSpec, kll_k: int) -> DataFrame:
+    """A ``quantiles: kll`` window as one query: every type merged natively (``change`` =
+    ``upsert``) and the window's late partials (``late``), as the sketch lane carries them for
+    t-digest windows (``sketch_lane_with_late_rows``): no third query, no sketch lane."""
+    lane = aggregate_windows(_on_time(source, window), kll_k).withColumn(
+        "change", F.lit("upsert")
+    )
+    late = late_partials(source, window).select(*_LATE_COLUMNS).withColumn(
+        "change", F.lit("late")
+    )
+    return lane.unionByName(late, allowMissingColumns=True)
+
+
 def late_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     """Rows that are late for ``window``: a stateless query, so nothing is dropped on the way.
 
-    Tumbling/hopping windows carry these rows in the sketch lane's query; session and sliding
-    windows run them as a query of their own. Either way the checkpoint sits beside the
-    window's own: both restart together when the window's definition changes.
+    Tumbling/hopping windows carry these rows in the sketch lane's query (``quantiles: kll``
+    windows: in their one query); session and sliding windows run them as a query of their
+    own. Either way the checkpoint sits beside the window's own (or is it): both restart
+    together when the window's definition changes.
     """
     return assign_windows(source, window).where(
         # A partial can only be late if it is older than the heartbeat before its segment.
@@ -548,7 +619,13 @@ def to_result_rows(
 
 
 NATIVE_LANE_TYPES = ("c", "g", "s")
-"""Metric types of a tumbling/hopping window's native lane; the sketch lane has the rest."""
+"""Metric types of a tumbling/hopping window's native lane; the sketch lane has the rest
+(a ``quantiles: kll`` window has no sketch lane: its one query has every type)."""
+
+_KLL_RESULT_COLUMNS = (
+    "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "count", "sum", "min",
+    "max", "last", *(name for name, _ in KLL_QUANTILES), "distinct_count", "sketch",
+)  # fmt: skip
 
 
 class WindowBatchWriter:
@@ -697,6 +774,26 @@ class SketchBatchWriter(WindowBatchWriter):
             )  # fmt: skip
 
 
+class KllBatchWriter(WindowBatchWriter):
+    """``foreachBatch`` of a ``quantiles: kll`` window: its only query, every metric type
+    (``lane_types`` None), upserts and late partials in one commit; no histogram rows."""
+
+    lane_types = None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        table = batch.toArrow()
+        change = table.column("change")
+        late = table.filter(pc.equal(change, "late"))
+        changed = table.filter(pc.equal(change, "upsert")).select(list(_KLL_RESULT_COLUMNS))
+        late_rows = to_late_rows(late, self._config, self._window) if late.num_rows else None
+        self._commit(changed, batch_id, late=late_rows)
+        if late_rows is not None:
+            log.warning(
+                "%s batch %d: %d late partial(s) recorded in late_events",
+                self._name, batch_id, late_rows.num_rows,
+            )  # fmt: skip
+
+
 def to_histogram_rows(
     changed: pa.Table,
     config: PipelineConfig,
@@ -793,6 +890,10 @@ def start_window_queries(
         elif window.kind == "sliding":
             writer = SessionBatchWriter(config, window, store_factory(), checkpoint, clock)
             changes = slid_partials(_read_spool(spark, paths), window, pane_ms=config.pane_ms)
+        elif window.uses_kll:
+            writer = KllBatchWriter(config, window, store_factory(), checkpoint, clock)
+            kll_k = sketch_params(config).kll_k
+            changes = kll_lane_with_late_rows(_read_spool(spark, paths), window, kll_k)
         else:
             writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
             changes = windowed_partials(_read_spool(spark, paths), window)

@@ -11,6 +11,9 @@ counted on the session they reached), and replay skips them with a warning. Reco
 session means re-running the merge over the whole series, and a correction may merge
 stored sessions, so it needs retractions too; that is the next step.
 
+A ``quantiles: kll`` window is recomputed like its streaming query: one native aggregation of
+every type, p50/p90 from the merged KLL (``aggregate_windows(..., kll_k)``), no histogram rows.
+
 Only final windows are replayed (``window_end + allowed_lateness <= watermark`` of the
 window's query, as stored in ``pipeline_state``): open windows still belong to the streaming
 job, whose revisions must keep increasing.
@@ -104,9 +107,12 @@ def replay(
             skipped = f"{window.kind} windows are not replayed yet"
             report.append(ReplayedWindow(window.name, None, 0, 0, 0, skipped=skipped))
             continue
-        # Both lanes' watermarks: a window is final for replay only once final in each.
+        # Both lanes' watermarks: a window is final for replay only once final in each (a
+        # quantiles: kll window has one query; a sketch lane's state left from before it
+        # became one must not hold it back).
+        prefixes = ["watermark_ms"] + ([] if window.uses_kll else ["watermark_ms.sketches"])
         lanes = [store.read_state(config.name, f"{prefix}:{window.name}")
-                 for prefix in ("watermark_ms", "watermark_ms.sketches")]  # fmt: skip
+                 for prefix in prefixes]  # fmt: skip
         known = [w for w in lanes if w is not None]
         watermark_ms = min(known) if known else None
         if watermark_ms is None:
@@ -118,11 +124,28 @@ def replay(
             & (F.col("window_end_ms") > F.lit(from_ms))
             & (F.col("window_end_ms") + F.lit(window.allowed_lateness_ms) <= F.lit(watermark_ms))
         )
+        params = sketch_params(config)
+        if window.uses_kll:  # every type in one aggregation, as the streaming query does
+            rows = to_result_rows(
+                aggregate_windows(
+                    assigned.withColumn("window_end_ts", F.timestamp_millis("window_end_ms")),
+                    params.kll_k,
+                ).toArrow(),
+                config, window, revision=1, watermark_ms=watermark_ms,
+                emitted_at_ms=clock.now_ms(),
+            )  # fmt: skip
+            outcome = store.publish_corrections(rows, lock_name=query_name(config, window))
+            report.append(
+                ReplayedWindow(
+                    window.name, watermark_ms, rows.num_rows, outcome.rows_upserted,
+                    outcome.rows_finalized,
+                )
+            )  # fmt: skip
+            continue
         native = aggregate_windows(
             assigned.where(~is_sketched())
             .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
         ).toArrow()
-        params = sketch_params(config)
         sketched = (
             assigned.where(is_sketched())
             .groupBy("window_start_ms", "window_end_ms", "metric", "tags")

@@ -93,7 +93,7 @@ SOURCE_DDL = (
     "metric string, metric_type string, tags string, pane_start_ms bigint, count bigint, "
     "sum double, min double, max double, last double, last_event_ms bigint, "
     "first_recv_ms bigint, last_recv_ms bigint, "
-    "sketch binary, hdr_bucket array<int>, hdr_count array<bigint>, "
+    "sketch binary, hdr_bucket array<int>, hdr_count array<bigint>, kll binary, "
     "receiver string, segment_heartbeat_ms bigint, prior_heartbeat_ms bigint"
 )
 _ADDED_COLUMNS = 3

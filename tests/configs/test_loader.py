@@ -123,6 +123,7 @@ def test_reference_uses_every_key() -> None:
         "allowed_lateness",
         "metrics",
         "group_by",
+        "quantiles",
     }
 
 
@@ -170,6 +171,7 @@ def test_defaults() -> None:
                 "allowed_lateness": "0s",
                 "metrics": ["*"],
                 "group_by": [],
+                "quantiles": "tdigest",
             }
         ],
     }
@@ -199,6 +201,7 @@ def test_hop_equal_to_size_is_canonicalised_to_tumbling() -> None:
             "allowed_lateness": "2s",
             "metrics": ["*"],
             "group_by": [],
+            "quantiles": "tdigest",
         }
     ]
 
@@ -270,7 +273,8 @@ windows:
 """
 
 WINDOW_KEYS = (
-    "name, kind, size, hop, offset, gap, key, watermark_delay, allowed_lateness, metrics, group_by"
+    "name, kind, size, hop, offset, gap, key, watermark_delay, allowed_lateness, metrics, "
+    "group_by, quantiles"
 )
 
 

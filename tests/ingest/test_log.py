@@ -228,3 +228,20 @@ def test_a_write_error_removes_the_temporary_and_reuses_the_sequence(tmp_path: P
         writer.append(bad, Heartbeat(1_000, False))
     assert not list((tmp_path / "udp-0").iterdir())
     assert writer.append(_batch([b"a:1|c"], 1_000), Heartbeat(1_000, False)).sequence == 0
+
+
+def test_a_segment_written_before_the_kll_column_reads_back_with_nulls(tmp_path: Path) -> None:
+    """Segment columns are only ever appended: a spool written before ``kll`` existed still
+    reads, in today's schema (Spark's source reads it through the same ``read_segment``)."""
+    today = _batch([b"t:5|ms", b"a:1|c"], 1_000)
+    older_schema = pa.schema([f for f in SEGMENT_SCHEMA if f.name != "kll"])
+    older = pa.RecordBatch.from_arrays(
+        [today.column(f.name) for f in older_schema], schema=older_schema
+    )
+    path = tmp_path / "000000000000.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, older_schema) as writer:
+        writer.write_batch(older)
+    (batch,) = list(read_segment(path))
+    assert batch.schema == SEGMENT_SCHEMA
+    assert batch.column("kll").to_pylist() == [None, None]
+    assert batch.column("metric").to_pylist() == today.column("metric").to_pylist()
