@@ -437,10 +437,15 @@ def aggregate_windows(assigned: DataFrame, kll_k: int | None = None) -> DataFram
         "min",
         "max",
         "last",
-        F.when(F.col("sketch").isNotNull(), F.hll_sketch_estimate("sketch").cast("double"))
-        .alias("distinct_count"),
-        "sketch",
+        # hll_union_agg of no sets is an empty HLL, not NULL: only sets keep theirs (a
+        # counter's distinct_count is NULL, not 0). After the aggregation: state unchanged.
+        F.when(_is_set(), F.hll_sketch_estimate("sketch").cast("double")).alias("distinct_count"),
+        F.when(_is_set(), F.col("sketch")).alias("sketch"),
     )
+
+
+def _is_set() -> Column:
+    return F.col("metric_type") == "s"
 
 
 #: The percentiles a ``quantiles: kll`` window stores (``configs.model.KLL_UNSTORED``: not more).
@@ -458,8 +463,7 @@ def _with_kll_quantiles(grouped: DataFrame) -> DataFrame:
     ranks = F.array(*(F.lit(q) for _, q in KLL_QUANTILES))
     quantiles = F.when(has_kll, F.kll_sketch_get_quantile_double("kll", ranks))
     # hll_union_agg of no sets is an empty HLL, not NULL: only sets keep theirs.
-    is_set = F.col("metric_type") == "s"
-    distinct = F.when(is_set, F.hll_sketch_estimate("sketch").cast("double"))
+    distinct = F.when(_is_set(), F.hll_sketch_estimate("sketch").cast("double"))
     return grouped.select(
         "metric",
         "tags",
@@ -474,7 +478,7 @@ def _with_kll_quantiles(grouped: DataFrame) -> DataFrame:
         *(quantiles[i].alias(name) for i, (name, _) in enumerate(KLL_QUANTILES)),
         distinct.alias("distinct_count"),
         # Sets keep their HLL; timers/histograms/distributions get the merged KLL.
-        F.when(is_set, F.col("sketch")).when(has_kll, F.col("kll")).alias("sketch"),
+        F.when(_is_set(), F.col("sketch")).when(has_kll, F.col("kll")).alias("sketch"),
     )
 
 

@@ -95,6 +95,7 @@ def test_timer_percentiles_histograms_and_set_distinct_counts(
         per_receiver[i % 2].append((Sample("users", "s", 1.0, 1.0, (), member=user), i % 4000))
     for i, user in enumerate(users_big):
         per_receiver[i % 2].append((Sample("visitors", "s", 1.0, 1.0, (), member=user), i % 4000))
+    per_receiver[0].append((Sample("requests", "c", 3.0, 1.0, ()), 100))
     spool = tmp_path / "spool"
     for receiver, samples in per_receiver.items():
         _write(spool, f"udp-{receiver}", samples, beat_ms=10_000)
@@ -135,3 +136,6 @@ def test_timer_percentiles_histograms_and_set_distinct_counts(
     assert abs(big["distinct_count"] - len(users_big)) <= 0.0319 * len(users_big)
     # Spark's hll_sketch_estimate rounds to an integer; the stored sketch is the same union.
     assert abs(estimate(bytes(big["sketch"])).estimate - big["distinct_count"]) <= 0.5
+    # A counter in the same lane has no distinct count and no sketch (not an empty HLL, 0).
+    counter = results[("requests", 0)]
+    assert (counter["sum"], counter["distinct_count"], counter["sketch"]) == (3.0, None, None)
