@@ -3,7 +3,8 @@ computed from what was sent, not from what the store holds.
 
 DogStatsD lines with ``|T`` client timestamps fix each sample's event time, so the expected
 value of every window and every dashboard bucket follows from the lines alone. The run covers
-ten minutes of event time (60 windows of 10 s, two hosts), sent in a few seconds:
+ten minutes of event time (60 windows of 10 s, two hosts), sent in a few seconds to two
+receivers (``--receivers 2``, one UDP port shared with SO_REUSEPORT):
 
     event time   S ............................................ S + 10 min      now - 1 min
     windows      [S, S+10) [S+10, S+20) ...  (per host: 5 counter lines, 20 timer values,
@@ -32,6 +33,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,7 @@ import pytest
 
 from streamgauge.configs import PipelineConfig, parse_config
 from streamgauge.grafana import alerts, dashboards, queries
+from streamgauge.ingest.log import list_receivers, list_segments, read_segment
 from streamgauge.sinks.store import run_sql
 from streamgauge.sketches.hdr import HdrLayout
 from tests.e2e.harness import Daemon, daemon_for, wait_until
@@ -131,13 +134,27 @@ def _workload(start_s: int) -> tuple[Sent, list[str]]:
 
 
 def _send(port: int, datagrams: list[str], sent: Sent) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+    """From eight source ports in turn: SO_REUSEPORT hashes them over both receivers."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(8)]
+    try:
         for i, datagram in enumerate(datagrams):
-            sock.sendto(datagram.encode(), ("127.0.0.1", port))
+            sockets[i % len(sockets)].sendto(datagram.encode(), ("127.0.0.1", port))
             sent.datagrams += 1
             sent.lines += datagram.count("\n") + 1
             if i % 20 == 19:
                 time.sleep(0.005)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _receivers_with(prefix: str, spool: Path) -> list[str]:
+    """The receiver streams of the log holding partials of metrics named ``prefix...``."""
+    return sorted(
+        receiver for receiver in list_receivers(spool)
+        if any(name.startswith(prefix) for info in list_segments(spool, receiver)
+               for batch in read_segment(info.path) for name in batch.column("metric").to_pylist())
+    )  # fmt: skip
 
 
 @dataclass
@@ -190,7 +207,7 @@ def _rank_bounds(values: list[float], q: float) -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def run_data() -> Iterator[tuple[Daemon, Sent, float]]:
-    with daemon_for(CONFIG, "boards", "--max-skew", "900") as daemon:
+    with daemon_for(CONFIG, "boards", "--max-skew", "900", "--receivers", "2") as daemon:
         daemon.start()
         start_s = math.ceil((time.time() - 720) / BUCKET_S) * BUCKET_S
         sent, datagrams = _workload(start_s)
@@ -229,6 +246,7 @@ def run_data() -> Iterator[tuple[Daemon, Sent, float]]:
             f"select coalesce(sum(sum), 0) = {sent.datagrams} as ok from window_results "
             "where window_name = 'per_10s' and metric = 'streamgauge.ingest.datagrams'",
         )
+        assert _receivers_with("api.", daemon.data_dir / "spool") == ["udp-0", "udp-1"]
         yield daemon, sent, sending_started
 
 
