@@ -84,11 +84,13 @@ matters for the "late for a final window" decisions.
 
 Cost: a pane lies in up to ``size / p`` windows, so a series with data in every pane updates
 that many windows (and output rows) per pane, as in Kafka; finding them scans the panes held
-(about ``(size + L + delay) / p`` per series). With sketches that is also ``size / p`` digest
-merges per partial (~0.1-0.7 ms each), and the state holds a sketch per pane and per window:
-for a timer with data in every pane about ``2 (2 size + L + delay) / p`` sketches of up to
-~17 KB (a 1 min window of 1 s panes: ~240 sketches, ~4 MB per series). Keep ``size / pane``
-small for sketched metrics (or use hopping windows, whose panes merge once per window).
+(about ``(size + L + delay) / p`` per series). With sketches that is also ``size / p`` sketch
+merges per partial (~0.1 ms each: digest ~20 µs, HDR buckets ~80 µs) and as many window rows
+with quantiles and HdrHistogram encodings, and the state holds a sketch per pane and per
+window. Measured, a 1 min window of 1 s panes, one timer series with 100 lognormal values in
+every pane: 1.8 MB of state (121 panes, 0.34 MB; 121 windows, 1.4 MB) and ~24 ms per pane.
+Keep ``size / pane`` small for sketched metrics (or use hopping windows, whose panes merge
+once per window).
 Several receivers: the spool source holds a fast receiver's segments back until the slowest
 open receiver catches up (``source.py``), so Spark's watermark never runs past partials a
 lagging receiver still sends.
