@@ -337,7 +337,8 @@ _WINDOW_KEY_FIELDS = [
 ]
 RETRACTION_SCHEMA = pa.schema(_WINDOW_KEY_FIELDS)
 """The Arrow schema of ``commit_batch(retractions=...)``: windows superseded by this batch
-(a session that grew or merged), deleted from ``window_results`` and ``window_pending``."""
+(a session that grew or merged), deleted from ``window_results`` and ``window_pending``, and
+their bucket rows from ``window_histograms``."""
 
 _RETRACT_STAGING = "sg_retract_staging"
 _RETRACT_STAGING_DDL = _staging_ddl(_RETRACT_STAGING, RETRACTION_SCHEMA)
@@ -568,8 +569,9 @@ class ResultStore:
         ``pipeline_state`` in the same transaction, so state never runs ahead of results.
 
         ``retractions`` (``RETRACTION_SCHEMA``): windows this batch supersedes (a session that
-        grew or merged), deleted from ``window_results`` and ``window_pending`` before the
-        upsert, so no reader ever sees both the old and the new session. ``late``
+        grew or merged), deleted from ``window_results`` and ``window_pending`` (and their
+        ``window_histograms`` rows) before the upsert, so no reader ever sees both the old and
+        the new session. ``late``
         (``LATE_SCHEMA``): late partials the window query found itself (a partial reaching
         into a final session), recorded in ``late_events`` under ``late_query_name``.
         """
@@ -599,6 +601,9 @@ class ResultStore:
                     for target in ("window_results", "window_pending"):
                         cur.execute(_RETRACT.format(table=target), {"revision": revision})
                         retracted += max(cur.rowcount, 0)
+                    # Their buckets too (counted as rows of no window: not in ``retracted``).
+                    cur.execute(_RETRACT.format(table="window_histograms"),
+                                {"revision": revision})  # fmt: skip
                 recorded = 0
                 if late_rows is not None and late_rows.num_rows:
                     _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, late_rows)

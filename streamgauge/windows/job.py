@@ -34,7 +34,8 @@ native lane (counters, gauges, sets) merges partials with Spark's own aggregates
 HDR buckets in a stateful operator (``sketch_windows``: Spark has no t-digest aggregate).
 Each lane commits its own rows under its own query name and watermark, and the store scopes
 emission and finality to the lane's metric types. Session and sliding windows run one query of
-their own operator for every type (count, sum, min, max, last; no percentiles yet).
+their own operator for every type, which merges the sketches too (``window_sketches``:
+percentiles, histograms and distinct counts as in the two lanes).
 
 A ``quantiles: kll`` window has no sketch lane: its native lane takes every type, merges the
 pane partials' KLL sketches with Spark's ``kll_merge_agg_double`` and reads p50 and p90 from
@@ -368,16 +369,19 @@ def sketched_window_partials(
 _SESSION_INPUT = (
     "metric", "tags", "metric_type", "event_ms", "event_ts", "count", "sum", "min", "max", "last",
     "last_event_ms", "first_recv_ms", "last_recv_ms", "receiver", "pane_start_ms",
-    "segment_heartbeat_ms", "prior_heartbeat_ms",
+    "segment_heartbeat_ms", "prior_heartbeat_ms", "sketch", "hdr_bucket", "hdr_count",
 )  # fmt: skip
 
 
-def sessionized_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+def sessionized_partials(
+    source: DataFrame, window: WindowSpec, params: SketchParams | None = None
+) -> DataFrame:
     """On-time partials of ``window`` → session changes per series (``session_windows``).
 
-    Output rows have a ``change`` column: ``upsert`` (a session created or changed),
-    ``retract`` (a session superseded by a longer or merged one) or ``late`` (a partial that
-    reaches into a session already final).
+    Output rows have a ``change`` column: ``upsert`` (a session created or changed, with its
+    quantiles, distinct count and sketches: ``window_sketches``), ``retract`` (a session
+    superseded by a longer or merged one) or ``late`` (a partial that reaches into a session
+    already final). ``params``: the config's sketch accuracy (the defaults when None).
     """
     on_time = (
         assign_windows(source, window)
@@ -388,7 +392,7 @@ def sessionized_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
         .select(*_SESSION_INPUT)
     )
     return on_time.groupBy("metric", "tags").applyInPandasWithState(
-        session_state_function(window),
+        session_state_function(window, params or compile_accuracy()),
         OUTPUT_DDL,
         STATE_DDL,
         "Update",
@@ -832,16 +836,31 @@ def to_histogram_rows(
 
 
 class SessionBatchWriter(WindowBatchWriter):
-    """``foreachBatch`` of a session query: upserts, retractions and late partials, one commit.
+    """``foreachBatch`` of a session (or sliding) query: upserts, retractions and late
+    partials, one commit.
 
     One query covers every metric type of a session window (``lane_types`` None).
 
     The operator's rows are split by ``change``; retractions of superseded sessions are
-    deleted in the same transaction that writes the sessions replacing them, so the table
-    never shows overlapping sessions of a series.
+    deleted in the same transaction that writes the sessions replacing them, with their
+    ``window_histograms`` rows, so the tables never show overlapping sessions of a series nor
+    buckets of a session that no longer exists. Upserted windows of timers, histograms and
+    distributions bring their bucket rows (``to_histogram_rows``), replaced as a set per window
+    like the sketch lane's.
     """
 
     lane_types = None
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        window: WindowSpec,
+        store: ResultStore,
+        checkpoint: Path,
+        clock: Clock,
+    ) -> None:
+        super().__init__(config, window, store, checkpoint, clock)
+        self._layout = HdrLayout.from_params(sketch_params(config))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
@@ -861,11 +880,17 @@ class SessionBatchWriter(WindowBatchWriter):
                 }
             )  # fmt: skip
         late_rows = to_late_rows(late, self._config, self._window) if late.num_rows else None
-        result_columns = ("metric", "tags", "metric_type", "window_start_ms", "window_end_ms",
-                          "count", "sum", "min", "max", "last")  # fmt: skip
-        self._commit(
-            upserts.select(list(result_columns)), batch_id, retractions=retractions, late=late_rows
+        histograms = to_histogram_rows(
+            upserts, self._config, self._window, revision=self.revision(batch_id),
+            layout=self._layout,
         )
+        result_columns = ("metric", "tags", "metric_type", "window_start_ms", "window_end_ms",
+                          "count", "sum", "min", "max", "last", *_QUANTILE_COLUMNS, "sketch",
+                          "hdr_histogram")  # fmt: skip
+        self._commit(
+            upserts.select(list(result_columns)), batch_id, retractions=retractions,
+            late=late_rows, histograms=histograms,
+        )  # fmt: skip
 
 
 def start_window_queries(
@@ -890,10 +915,13 @@ def start_window_queries(
             writer: WindowBatchWriter = SessionBatchWriter(
                 config, window, store_factory(), checkpoint, clock
             )
-            changes = sessionized_partials(_read_spool(spark, paths), window)
+            changes = sessionized_partials(_read_spool(spark, paths), window, sketch_params(config))
         elif window.kind == "sliding":
             writer = SessionBatchWriter(config, window, store_factory(), checkpoint, clock)
-            changes = slid_partials(_read_spool(spark, paths), window, pane_ms=config.pane_ms)
+            changes = slid_partials(
+                _read_spool(spark, paths), window, pane_ms=config.pane_ms,
+                params=sketch_params(config),
+            )  # fmt: skip
         elif window.uses_kll:
             writer = KllBatchWriter(config, window, store_factory(), checkpoint, clock)
             kll_k = sketch_params(config).kll_k

@@ -31,16 +31,32 @@ t + p)``). Otherwise it is kept, and for every window the kept partials define (
 of each) that holds ``t``: a final one (same measure) records it as late with its bounds, an
 open one is created (from every kept partial inside it) or has it added. Then ``t``'s own
 right window is created if a kept partial lies in it.
+
+Sketches (``window_sketches``): every window also merges its partials' t-digests, HDR buckets
+and HLLs with the operators' own ``SketchMerger``, one partial (or pane, or absorbed session) at
+a time and in the operators' order: within a segment, partials in ``session_windows.LOG_ORDER``
+(event time, then every other column as a tie-break); a new session starts from its partial and
+absorbs the sessions it touches by start; a sliding pane merges its partials, and a new sliding
+window merges the panes inside it in time order. So for one receiver whose heartbeats strictly
+increase (each segment sorts after the previous one in the operators' order too) a session or
+sliding window's digest and HLL are byte for byte the operators'; otherwise (several receivers,
+equal heartbeats, and tumbling/hopping windows, whose sketch lane merges a micro-batch's
+partials at once) the digest merge order differs and quantiles agree within the t-digest's rank
+error. HDR buckets add per index and the HLL union keeps the maximum per register, so bucket
+rows and distinct counts agree exactly whatever the order.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamgauge.configs import PipelineConfig, WindowSpec
+from streamgauge.windows.session_windows import LOG_ORDER
 from streamgauge.windows.source import receivers_heartbeat_ms
+from streamgauge.windows.window_sketches import OUTPUT_COLUMNS, Sketches, SketchMerger
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +75,16 @@ class PanePartial:
     last_event_ms: int
     first_recv_ms: int
     last_recv_ms: int
+    sketch: bytes | None = None
+    hdr_bucket: Sequence[int] | None = None
+    hdr_count: Sequence[int] | None = None
+
+
+def merge_key(partial: PanePartial, event_ms: int) -> tuple[Any, ...]:
+    """The operators' order of the partials of one segment (``LOG_ORDER`` after the receiver,
+    then the sketch bytes): event time, then every other column."""
+    after_receiver = LOG_ORDER[LOG_ORDER.index("receiver") + 1 :]
+    return (event_ms, *(getattr(partial, name) for name in after_receiver), partial.sketch or b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +107,26 @@ class WindowState:
     max: float = float("-inf")
     last: float = 0.0
     last_event_ms: int = -1
+    sketches: Sketches = field(default_factory=Sketches)
 
-    def add(self, partial: PanePartial) -> None:
-        self.count += partial.count
-        self.sum += partial.sum
-        self.min = min(self.min, partial.min)
-        self.max = max(self.max, partial.max)
-        if partial.last_event_ms > self.last_event_ms:
-            self.last, self.last_event_ms = partial.last, partial.last_event_ms
+    @classmethod
+    def of(cls, partial: PanePartial, merger: SketchMerger) -> WindowState:
+        """One partial's aggregates and sketches (what the operators merge into windows)."""
+        state = cls(partial.metric_type, partial.count, partial.sum, partial.min, partial.max,
+                    partial.last, partial.last_event_ms)  # fmt: skip
+        merger.add(state.sketches, partial.metric_type, partial.sketch, partial.hdr_bucket,
+                   partial.hdr_count)  # fmt: skip
+        return state
+
+    def merge(self, other: WindowState, merger: SketchMerger) -> None:
+        self.metric_type = min(self.metric_type, other.metric_type)
+        self.count += other.count
+        self.sum += other.sum
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        if other.last_event_ms > self.last_event_ms:
+            self.last, self.last_event_ms = other.last, other.last_event_ms
+        merger.absorb(self.sketches, other.sketches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +141,15 @@ class StoredWindow:
     last: float | None
     is_final: bool
     late_events: int
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+    distinct_count: float | None = None
+    sketch: bytes | None = None
+    hdr_histogram: str | None = None
+    histogram: tuple[tuple[int, int], ...] = ()
+    """The ``window_histograms`` rows: (bucket, count) per non-empty bucket, by bucket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,12 +208,16 @@ class ReferenceWindower:
     _heartbeats: dict[str, tuple[int, bool]] = field(default_factory=dict)
     # Session windows: the sessions of each (window name, metric, tags), never evicted.
     sessions: dict[tuple[str, str, str], list[SessionState]] = field(default_factory=dict)
-    # Sliding windows, per (window name, metric, tags): every kept partial with its event
-    # time, and the windows by start; never evicted.
-    slid_partials: dict[tuple[str, str, str], list[tuple[int, PanePartial]]] = field(
+    # Sliding windows, per (window name, metric, tags): the kept partials merged per event
+    # time (panes), and the windows by start; never evicted.
+    sliding_panes: dict[tuple[str, str, str], dict[int, WindowState]] = field(
         default_factory=dict
     )
     sliding: dict[tuple[str, str, str], dict[int, WindowState]] = field(default_factory=dict)
+    merger: SketchMerger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.merger = SketchMerger(self.config.sketches)
 
     def feed_all(self, segments: Iterable[Segment]) -> None:
         for segment in segments:
@@ -179,7 +230,7 @@ class ReferenceWindower:
                 if window.kind in ("tumbling", "hopping") and window.matches(partial.metric):
                     self._assign(window, segment, prior_ms, partial)
         in_event_order = sorted(
-            segment.partials, key=lambda p: min(p.pane_start_ms, segment.heartbeat_ms)
+            segment.partials, key=lambda p: merge_key(p, min(p.pane_start_ms, segment.heartbeat_ms))
         )
         for window in self.config.windows:
             if window.kind == "session":
@@ -205,7 +256,9 @@ class ReferenceWindower:
     ) -> None:  # fmt: skip
         tags = project_tags(partial.tags, window.group_by)
         key = (window.name, partial.metric, tags, start, end)
-        self.replayed.setdefault(key, WindowState(partial.metric_type)).add(partial)
+        self.replayed.setdefault(key, WindowState(partial.metric_type)).merge(
+            WindowState.of(partial, self.merger), self.merger
+        )
         if end + window.allowed_lateness_ms <= prior_ms - window.watermark_delay_ms:
             self.late.append(
                 LatePartial(
@@ -217,7 +270,7 @@ class ReferenceWindower:
         state = self.windows.get(key)
         if state is None:
             state = self.windows[key] = WindowState(partial.metric_type)
-        state.add(partial)
+        state.merge(WindowState.of(partial, self.merger), self.merger)
 
     def _sessionize(
         self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial
@@ -244,20 +297,12 @@ class ReferenceWindower:
             first = min(final, key=lambda s: s.start)
             late(first.start, first.end)  # reaches into a final session: never reopened
             return
-        merged = SessionState(t, t + gap, WindowState(partial.metric_type))
-        merged.state.add(partial)
-        for session in touched:
+        merged = SessionState(t, t + gap, WindowState.of(partial, self.merger))
+        for session in sorted(touched, key=lambda s: s.start):  # the operator's order
             series.remove(session)
             merged.start = min(merged.start, session.start)
             merged.end = max(merged.end, session.end)
-            old = session.state
-            merged.state.count += old.count
-            merged.state.sum += old.sum
-            merged.state.min = min(merged.state.min, old.min)
-            merged.state.max = max(merged.state.max, old.max)
-            merged.state.metric_type = min(merged.state.metric_type, old.metric_type)
-            if old.last_event_ms > merged.state.last_event_ms:
-                merged.state.last, merged.state.last_event_ms = old.last, old.last_event_ms
+            merged.state.merge(session.state, self.merger)
         series.append(merged)
 
     def _slide(
@@ -269,7 +314,7 @@ class ReferenceWindower:
         t = min(partial.pane_start_ms, segment.heartbeat_ms)
         tags = project_tags(partial.tags, window.group_by)
         series = (window.name, partial.metric, tags)
-        kept = self.slid_partials.setdefault(series, [])
+        panes = self.sliding_panes.setdefault(series, {})
         windows = self.sliding.setdefault(series, {})
 
         def late(start: int) -> None:
@@ -280,27 +325,26 @@ class ReferenceWindower:
 
         def build(start: int) -> WindowState:
             state = WindowState(partial.metric_type)
-            for u, other in kept:
+            for u in sorted(panes):
                 if start <= u < start + size:
-                    state.add(other)
-                    state.metric_type = min(state.metric_type, other.metric_type)
+                    state.merge(panes[u], self.merger)
             return state
 
         if t + size <= deadline:
             late(t + pane - size)  # every window that could hold it is final
             return
-        kept.append((t, partial))
-        starts = {u + pane - size for u, _ in kept} | {u + pane for u, _ in kept}
+        own = WindowState.of(partial, self.merger)
+        panes.setdefault(t, WindowState(partial.metric_type)).merge(own, self.merger)
+        starts = {u + pane - size for u in panes} | {u + pane for u in panes}
         for start in sorted(s for s in starts if s <= t < s + size):
             if start + size <= deadline:
                 late(start)  # a final window is never changed
             elif start in windows:
-                windows[start].add(partial)
-                windows[start].metric_type = min(windows[start].metric_type, partial.metric_type)
+                windows[start].merge(own, self.merger)
             else:
                 windows[start] = build(start)
         right = t + pane
-        if right not in windows and any(right <= u < right + size for u, _ in kept):
+        if right not in windows and any(right <= u < right + size for u in panes):
             windows[right] = build(right)
 
     def watermark_ms(self, window: WindowSpec) -> int | None:
@@ -346,14 +390,24 @@ class ReferenceWindower:
                 continue  # not emitted yet: the watermark has not passed the window's end
             final = key[4] + window.allowed_lateness_ms <= watermark
             counter, gauge = state.metric_type == "c", state.metric_type == "g"
+            is_set = state.metric_type == "s"
+            columns = dict(
+                zip(OUTPUT_COLUMNS, self.merger.columns(state.sketches, state.metric_type),
+                    strict=True)
+            )  # fmt: skip
+            histogram = tuple(
+                zip(state.sketches.buckets.tolist(), state.sketches.counts.tolist(), strict=True)
+            ) if columns["hdr_buckets"] is not None else ()  # fmt: skip
             result[key] = StoredWindow(
                 metric_type=state.metric_type,
                 count=state.count,
-                sum=None if gauge else state.sum,
-                min=None if counter else state.min,
-                max=None if counter else state.max,
+                sum=None if gauge or is_set else state.sum,
+                min=None if counter or is_set else state.min,
+                max=None if counter or is_set else state.max,
                 last=state.last if gauge else None,
                 is_final=final,
                 late_events=late_samples.get(key, 0),
+                **{name: columns[name] for name in OUTPUT_COLUMNS if name != "hdr_buckets"},
+                histogram=histogram,
             )
         return result

@@ -33,18 +33,26 @@ Lateness, per partial (``W' = prior heartbeat of its segment - watermark_delay``
 
 Operator: ``applyInPandasWithState`` keyed by (metric, tags), fed the on-time partials in
 update mode. State per series = the metric type and the open (or recently final) sessions,
-packed as one binary blob of fixed-size records (DESIGN.md §9: an array field in the state
-schema crashed the Python worker, a blob works). Each call emits, per series, the sessions
-the batch created or changed (``change = 'upsert'``), the superseded ones
-(``'retract'``) and the partials late for a final session (``'late'``). Sessions are
+packed as one binary blob (DESIGN.md §9: an array field in the state schema crashed the Python
+worker, a blob works): per session a fixed-size record, then its variable-length sketches
+(``window_sketches``: t-digest and HDR buckets for ``ms h d``, HLL for ``s``; a lognormal timer
+session ~17 KB, a set session at most 4.2 KB). Each call emits, per series, the sessions
+the batch created or changed (``change = 'upsert'``, with p50/p90/p99/p999, the merged digest,
+the HdrHistogram encoding and bucket rows, or the distinct count and merged HLL), the
+superseded ones (``'retract'``: the store deletes their rows and bucket rows) and the partials
+late for a final session (``'late'``). A merged session starts from the partial that bridges
+them and absorbs the sessions it touches by start, so its sketches depend on the partials
+alone, not on the order sessions sit in the state. Sessions are
 dropped from state once Spark's watermark passes their end: Spark's watermark trails ours by
 ``gap + allowed_lateness`` at least (see ``session_horizon_ms``), so by then the session is
 final and no on-time partial can reach it. An event-time timeout at the newest session end
 makes Spark call back for idle series so their state is freed.
 
 Within a micro-batch the partials of a series are applied in log order as far as the rows
-tell it: by prior heartbeat, then segment heartbeat, then event time. For one receiver this
-is exactly the order of the log, so the result does not depend on how Spark cuts batches.
+tell it: by prior heartbeat, then segment heartbeat, then event time (then every other column,
+``LOG_ORDER``, so a replayed batch merges sums and digests in the same order). For one receiver
+with strictly increasing heartbeats this is exactly the order of the log, so the result does
+not depend on how Spark cuts batches.
 With several receivers feeding the same series in one batch, the order between receivers is
 by heartbeat; it only matters for the "late for a final session" decision, whose own
 watermark is per receiver anyway.
@@ -54,14 +62,18 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from streamgauge.configs import WindowSpec
+from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.windows import window_sketches
+from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
-#: One session in the state blob: start, end, count, sum, min, max, last, last_event_ms.
+#: One session in the state blob: start, end, count, sum, min, max, last, last_event_ms; its
+#: sketches follow it (``window_sketches.pack_records``).
 _RECORD = struct.Struct("<qqqddddq")
 
 STATE_DDL = "metric_type string, sessions binary"
@@ -70,9 +82,27 @@ OUTPUT_DDL = (
     "change string, metric string, tags string, metric_type string, "
     "window_start_ms bigint, window_end_ms bigint, count bigint, sum double, min double, "
     "max double, last double, receiver string, pane_start_ms bigint, first_recv_ms bigint, "
-    "last_recv_ms bigint, prior_heartbeat_ms bigint"
+    f"last_recv_ms bigint, prior_heartbeat_ms bigint, {window_sketches.OUTPUT_DDL}"
 )
 OUTPUT_COLUMNS = tuple(part.split()[0] for part in OUTPUT_DDL.split(", "))
+
+LOG_ORDER = (
+    "prior_heartbeat_ms", "segment_heartbeat_ms", "event_ms", "receiver", "pane_start_ms",
+    "count", "sum", "min", "max", "last", "last_event_ms", "first_recv_ms", "last_recv_ms",
+)  # fmt: skip
+"""How the partials of a series within one micro-batch are ordered before they are merged: log
+order as far as the rows tell it (prior heartbeat, segment heartbeat, event time), then every
+other column, ending with the sketch bytes (``sort_in_log_order``). The tail only breaks ties
+between partials that differ in nothing the log order sees (two hosts' partials of one pane,
+projected onto one series): floating-point sums and t-digest merges depend on the order, and
+Spark's shuffle does not fix the order of a group's rows, so a replayed batch must not either."""
+
+
+def sort_in_log_order(batch: pd.DataFrame) -> pd.DataFrame:
+    """``batch`` in ``LOG_ORDER``, then by sketch bytes (a total order of what is merged)."""
+    keyed = batch.assign(_sketch_key=batch["sketch"].map(lambda b: b"" if b is None else bytes(b)))
+    ordered = keyed.sort_values([*LOG_ORDER, "_sketch_key"], kind="stable")
+    return ordered.drop(columns="_sketch_key")
 
 
 def session_horizon_ms(window: WindowSpec) -> int:
@@ -97,8 +127,9 @@ class Session:
     max: float = float("-inf")
     last: float = 0.0
     last_event_ms: int = -1
+    sketches: Sketches = field(default_factory=Sketches)
 
-    def absorb(self, other: Session) -> None:
+    def absorb(self, other: Session, merger: SketchMerger) -> None:
         self.start = min(self.start, other.start)
         self.end = max(self.end, other.end)
         self.count += other.count
@@ -107,24 +138,33 @@ class Session:
         self.max = max(self.max, other.max)
         if other.last_event_ms > self.last_event_ms:
             self.last, self.last_event_ms = other.last, other.last_event_ms
+        merger.absorb(self.sketches, other.sketches)
 
     def values(self) -> tuple[Any, ...]:
         return (self.start, self.end, self.count, self.sum, self.min, self.max, self.last,
                 self.last_event_ms)  # fmt: skip
 
 
-def pack_sessions(sessions: list[Session]) -> bytes:
-    return b"".join(_RECORD.pack(*s.values()) for s in sessions)
+def pack_sessions(sessions: list[Session], merger: SketchMerger) -> bytes:
+    return window_sketches.pack_records(
+        [(_RECORD.pack(*s.values()), s.sketches) for s in sessions], merger.fingerprint
+    )
 
 
-def unpack_sessions(blob: bytes) -> list[Session]:
-    return [Session(*fields) for fields in _RECORD.iter_unpack(bytes(blob))]
+def unpack_sessions(blob: bytes, merger: SketchMerger) -> list[Session]:
+    sessions = []
+    for fields, sketches in window_sketches.unpack_records(blob, _RECORD, merger.fingerprint):
+        session = Session(*fields)
+        session.sketches = sketches
+        sessions.append(session)
+    return sessions
 
 
-def session_state_function(window: WindowSpec) -> Any:
+def session_state_function(window: WindowSpec, params: SketchParams) -> Any:
     """The ``applyInPandasWithState`` function for ``window`` (picklable closure)."""
     assert window.gap_ms is not None
     gap, lateness, delay = window.gap_ms, window.allowed_lateness_ms, window.watermark_delay_ms
+    merger = SketchMerger(params)
 
     def update_sessions(
         key: tuple[str, str], frames: Iterator[pd.DataFrame], state: Any
@@ -133,15 +173,13 @@ def session_state_function(window: WindowSpec) -> Any:
         metric_type, sessions = None, []
         if state.exists:
             metric_type, blob = state.get
-            sessions = unpack_sessions(blob)
+            sessions = unpack_sessions(blob, merger)
         before = {(s.start, s.end): s.values() for s in sessions}
         superseded: set[tuple[int, int]] = set()
         out: list[tuple[Any, ...]] = []
+        no_sketches = (None,) * len(window_sketches.OUTPUT_COLUMNS)
         if not state.hasTimedOut:
-            batch = pd.concat(list(frames), ignore_index=True)
-            batch = batch.sort_values(
-                ["prior_heartbeat_ms", "segment_heartbeat_ms", "event_ms"], kind="stable"
-            )
+            batch = sort_in_log_order(pd.concat(list(frames), ignore_index=True))
             types = batch["metric_type"].tolist()
             metric_type = min([*types, metric_type] if metric_type else types)
             for row in batch.itertuples(index=False):
@@ -156,34 +194,39 @@ def session_state_function(window: WindowSpec) -> Any:
                          int(row.count), float(row.sum), float(row.min), float(row.max),
                          float(row.last), row.receiver, int(row.pane_start_ms),
                          int(row.first_recv_ms), int(row.last_recv_ms),
-                         int(row.prior_heartbeat_ms))
+                         int(row.prior_heartbeat_ms), *no_sketches)
                     )  # fmt: skip
                     continue
                 merged = Session(
                     t, t + gap, int(row.count), float(row.sum), float(row.min), float(row.max),
                     float(row.last), int(row.last_event_ms),
                 )  # fmt: skip
-                for session in touched:
-                    merged.absorb(session)
+                merger.add(merged.sketches, row.metric_type, row.sketch, row.hdr_bucket,
+                           row.hdr_count)  # fmt: skip
+                # By start, not by the state's list order (which depends on batch cuts): the
+                # sketch merge order must be a function of the partials alone.
+                for session in sorted(touched, key=lambda s: s.start):
+                    merged.absorb(session, merger)
                     sessions.remove(session)
                     superseded.add((session.start, session.end))
                 sessions.append(merged)
         sessions.sort(key=lambda s: s.start)
         current = {(s.start, s.end) for s in sessions}
         for start, end in sorted((superseded & set(before)) - current):
-            out.append(("retract", metric, tags, metric_type, start, end, *[None] * 10))
+            out.append(("retract", metric, tags, metric_type, start, end, *[None] * 10,
+                        *no_sketches))  # fmt: skip
         for session in sessions:
             if before.get((session.start, session.end)) != session.values():
                 out.append(
                     ("upsert", metric, tags, metric_type, session.start, session.end,
                      session.count, session.sum, session.min, session.max, session.last,
-                     *[None] * 5)
+                     *[None] * 5, *merger.columns(session.sketches, metric_type or ""))
                 )  # fmt: skip
         # Free what no on-time partial can reach any more (see session_horizon_ms).
         watermark = state.getCurrentWatermarkMs()
         sessions = [s for s in sessions if s.end > watermark]
         if sessions:
-            state.update((metric_type, pack_sessions(sessions)))
+            state.update((metric_type, pack_sessions(sessions, merger)))
             state.setTimeoutTimestamp(max(s.end for s in sessions))
         else:
             state.remove()

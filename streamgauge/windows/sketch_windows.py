@@ -36,7 +36,7 @@ Python worker, a blob works — DESIGN.md §9)::
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +129,35 @@ def unpack_buckets(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
+def merge_digest(digest: bytes, blobs: Iterable[bytes | None], k: int) -> bytes:
+    """``digest`` (serialized; ``b""`` for none yet) with the serialized pane digests ``blobs``
+    merged in, in order, serialized again (NULL blobs skipped). The one t-digest merge of every
+    window kind: a function of its inputs, so a replayed batch gives the same bytes."""
+    merged = deserialize_tdigest(digest) if digest else new_tdigest(k)
+    for blob in blobs:
+        if blob is not None:
+            merged.merge(deserialize_tdigest(blob))
+    return bytes(merged.serialize())
+
+
+def merge_hdr(
+    buckets: np.ndarray,
+    counts: np.ndarray,
+    index_lists: Iterable[Any],
+    count_lists: Iterable[Any],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sparse HDR rows (int32 indices, int64 counts) with the partials' lists added (NULL lists
+    skipped): counts add per bucket index, so the order of the partials does not matter."""
+    parts_i = [buckets.astype(np.int64)]
+    parts_c = [counts]
+    for index_list, count_list in zip(index_lists, count_lists, strict=True):
+        if index_list is not None:
+            parts_i.append(np.asarray(index_list, dtype=np.int64))
+            parts_c.append(np.asarray(count_list, dtype=np.int64))
+    merged, summed = merge(np.concatenate(parts_i), np.concatenate(parts_c))
+    return merged.astype(np.int32), summed
+
+
 def merge_rows(window: SketchWindow, rows: pd.DataFrame, k: int) -> None:
     """Fold pane partials (``INPUT_COLUMNS`` rows of this window) into ``window``."""
     window.count += int(rows["count"].sum())
@@ -139,31 +168,26 @@ def merge_rows(window: SketchWindow, rows: pd.DataFrame, k: int) -> None:
     if int(rows["last_event_ms"].iloc[newest]) >= window.last_event_ms:
         window.last = float(rows["last"].iloc[newest])
         window.last_event_ms = int(rows["last_event_ms"].iloc[newest])
-    digest = deserialize_tdigest(window.digest) if window.digest else new_tdigest(k)
-    for blob in rows["sketch"]:
-        if blob is not None:
-            digest.merge(deserialize_tdigest(blob))
-    window.digest = bytes(digest.serialize())
-    parts_i = [window.buckets.astype(np.int64)]
-    parts_c = [window.counts]
-    for index_list, count_list in zip(rows["hdr_bucket"], rows["hdr_count"], strict=True):
-        if index_list is not None:
-            parts_i.append(np.asarray(index_list, dtype=np.int64))
-            parts_c.append(np.asarray(count_list, dtype=np.int64))
-    buckets, counts = merge(np.concatenate(parts_i), np.concatenate(parts_c))
-    window.buckets, window.counts = buckets.astype(np.int32), counts
+    window.digest = merge_digest(window.digest, rows["sketch"], k)
+    window.buckets, window.counts = merge_hdr(
+        window.buckets, window.counts, rows["hdr_bucket"], rows["hdr_count"]
+    )
+
+
+def digest_quantiles(digest: bytes) -> list[float | None]:
+    """p50/p90/p99/p999 (``QUANTILES``) of a serialized digest; NULLs without one (a window
+    whose partials came without digests: an old log)."""
+    tdigest = deserialize_tdigest(digest) if digest else None
+    if tdigest is None or tdigest.is_empty():
+        return [None] * len(QUANTILES)
+    return [float(v) for v in quantiles(tdigest, QUANTILES)]
 
 
 def output_row(
     metric: str, tags: str, metric_type: str, window: SketchWindow, layout: HdrLayout
 ) -> tuple[Any, ...]:
     """One ``OUTPUT_DDL`` row: the window's values, quantiles and encodings."""
-    digest = deserialize_tdigest(window.digest) if window.digest else None
-    p: list[float | None]
-    if digest is not None and not digest.is_empty():
-        p = [float(v) for v in quantiles(digest, QUANTILES)]
-    else:
-        p = [None] * len(QUANTILES)  # a window whose partials came without digests (old log)
+    p = digest_quantiles(window.digest)
     encoded = layout.encode(window.buckets, window.counts) if len(window.buckets) else None
     return (
         metric, tags, metric_type, window.start, window.end, window.count, window.sum,

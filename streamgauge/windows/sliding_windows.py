@@ -66,7 +66,11 @@ the operator emits ``upsert`` and ``late`` rows but no ``retract``.
 Operator: ``applyInPandasWithState`` keyed by (metric, tags), fed the partials that are not
 entirely late, in update mode, like ``session_windows``. State per series = the metric type,
 the panes (merged per event time) and the windows (by start), each packed as a blob of
-fixed-size records (DESIGN.md §9: array fields in the state schema crash the Python worker).
+fixed-size records each followed by its sketches (``window_sketches``; DESIGN.md §9: array
+fields in the state schema crash the Python worker). Every window row carries, like a
+session's, p50/p90/p99/p999, the merged digest, the HdrHistogram encoding and bucket rows
+(``ms h d``) or the distinct count and merged HLL (``s``). A new window merges the panes inside
+it in time order; an existing one merges each partial that reaches it.
 A new window starts as the sum of the panes held inside it: with one receiver every one of
 them was on time for it (``W'`` never goes back, and the window is open now). Per call it
 emits the windows the batch created or changed. A pane is kept while a window it defines can
@@ -80,16 +84,23 @@ matters for the "late for a final window" decisions.
 
 Cost: a pane lies in up to ``size / p`` windows, so a series with data in every pane updates
 that many windows (and output rows) per pane, as in Kafka; finding them scans the panes held
-(about ``(size + L + delay) / p`` per series). Several receivers: the spool source holds a
-fast receiver's segments back until the slowest open receiver catches up (``source.py``), so
-Spark's watermark never runs past partials a lagging receiver still sends.
+(about ``(size + L + delay) / p`` per series). With sketches that is also ``size / p`` sketch
+merges per partial (~0.1 ms each: digest ~20 µs, HDR buckets ~80 µs) and as many window rows
+with quantiles and HdrHistogram encodings, and the state holds a sketch per pane and per
+window. Measured, a 1 min window of 1 s panes, one timer series with 100 lognormal values in
+every pane: 1.8 MB of state (121 panes, 0.34 MB; 121 windows, 1.4 MB) and ~24 ms per pane.
+Keep ``size / pane`` small for sketched metrics (or use hopping windows, whose panes merge
+once per window).
+Several receivers: the spool source holds a fast receiver's segments back until the slowest
+open receiver catches up (``source.py``), so Spark's watermark never runs past partials a
+lagging receiver still sends.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -97,9 +108,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from streamgauge.configs import WindowSpec
+from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
+from streamgauge.windows import window_sketches
+from streamgauge.windows.session_windows import sort_in_log_order
+from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
 #: One pane or window in a state blob: time (pane event time or window start), count, sum,
-#: min, max, last, last_event_ms.
+#: min, max, last, last_event_ms; its sketches follow it (``window_sketches.pack_records``).
 _RECORD = struct.Struct("<qqddddq")
 
 STATE_DDL = "metric_type string, panes binary, windows binary"
@@ -109,14 +124,14 @@ OUTPUT_DDL = (
     "change string, metric string, tags string, metric_type string, "
     "window_start_ms bigint, window_end_ms bigint, count bigint, sum double, min double, "
     "max double, last double, receiver string, pane_start_ms bigint, first_recv_ms bigint, "
-    "last_recv_ms bigint, prior_heartbeat_ms bigint"
+    f"last_recv_ms bigint, prior_heartbeat_ms bigint, {window_sketches.OUTPUT_DDL}"
 )
 OUTPUT_COLUMNS = tuple(part.split()[0] for part in OUTPUT_DDL.split(", "))
 
 _INPUT_COLUMNS = (
     "metric", "tags", "metric_type", "event_ms", "event_ts", "count", "sum", "min", "max", "last",
     "last_event_ms", "first_recv_ms", "last_recv_ms", "receiver", "pane_start_ms",
-    "segment_heartbeat_ms", "prior_heartbeat_ms",
+    "segment_heartbeat_ms", "prior_heartbeat_ms", "sketch", "hdr_bucket", "hdr_count",
 )  # fmt: skip
 
 
@@ -143,26 +158,35 @@ class Partial:
     max: float = float("-inf")
     last: float = 0.0
     last_event_ms: int = -1
+    sketches: Sketches = field(default_factory=Sketches)
 
-    def merge(self, other: Partial) -> None:
+    def merge(self, other: Partial, merger: SketchMerger) -> None:
         self.count += other.count
         self.sum += other.sum
         self.min = min(self.min, other.min)
         self.max = max(self.max, other.max)
         if other.last_event_ms > self.last_event_ms:
             self.last, self.last_event_ms = other.last, other.last_event_ms
+        merger.absorb(self.sketches, other.sketches)
 
     def values(self) -> tuple[Any, ...]:
         return (self.at, self.count, self.sum, self.min, self.max, self.last,
                 self.last_event_ms)  # fmt: skip
 
 
-def pack(records: dict[int, Partial]) -> bytes:
-    return b"".join(_RECORD.pack(*records[at].values()) for at in sorted(records))
+def pack(records: dict[int, Partial], merger: SketchMerger) -> bytes:
+    return window_sketches.pack_records(
+        [(_RECORD.pack(*records[at].values()), records[at].sketches) for at in sorted(records)],
+        merger.fingerprint,
+    )
 
 
-def unpack(blob: bytes) -> dict[int, Partial]:
-    return {fields[0]: Partial(*fields) for fields in _RECORD.iter_unpack(bytes(blob))}
+def unpack(blob: bytes, merger: SketchMerger) -> dict[int, Partial]:
+    records = {}
+    for fields, sketches in window_sketches.unpack_records(blob, _RECORD, merger.fingerprint):
+        records[fields[0]] = record = Partial(*fields)
+        record.sketches = sketches
+    return records
 
 
 def reached_starts(t: int, panes: dict[int, Partial], size: int, pane_ms: int) -> set[int]:
@@ -178,18 +202,20 @@ def reached_starts(t: int, panes: dict[int, Partial], size: int, pane_ms: int) -
     return starts
 
 
-def sum_panes(start: int, panes: dict[int, Partial], size: int) -> Partial:
+def sum_panes(start: int, panes: dict[int, Partial], size: int, merger: SketchMerger) -> Partial:
+    """A new window: the panes inside it merged in time order (sketches too)."""
     window = Partial(start)
     for at in sorted(panes):
         if start <= at < start + size:
-            window.merge(panes[at])
+            window.merge(panes[at], merger)
     return window
 
 
-def sliding_state_function(window: WindowSpec, pane_ms: int) -> Any:
+def sliding_state_function(window: WindowSpec, pane_ms: int, params: SketchParams) -> Any:
     """The ``applyInPandasWithState`` function for ``window`` (picklable closure)."""
     assert window.size_ms is not None
     size, lateness, delay = window.size_ms, window.allowed_lateness_ms, window.watermark_delay_ms
+    merger = SketchMerger(params)
 
     def update_sliding(
         key: tuple[str, str], frames: Iterator[pd.DataFrame], state: Any
@@ -200,14 +226,12 @@ def sliding_state_function(window: WindowSpec, pane_ms: int) -> Any:
         windows: dict[int, Partial] = {}
         if state.exists:
             metric_type, pane_blob, window_blob = state.get
-            panes, windows = unpack(pane_blob), unpack(window_blob)
+            panes, windows = unpack(pane_blob, merger), unpack(window_blob, merger)
         before = {start: w.values() for start, w in windows.items()}
         out: list[tuple[Any, ...]] = []
+        no_sketches = (None,) * len(window_sketches.OUTPUT_COLUMNS)
         if not state.hasTimedOut:
-            batch = pd.concat(list(frames), ignore_index=True)
-            batch = batch.sort_values(
-                ["prior_heartbeat_ms", "segment_heartbeat_ms", "event_ms"], kind="stable"
-            )
+            batch = sort_in_log_order(pd.concat(list(frames), ignore_index=True))
             types = batch["metric_type"].tolist()
             metric_type = min([*types, metric_type] if metric_type else types)
             for row in batch.itertuples(index=False):
@@ -217,11 +241,13 @@ def sliding_state_function(window: WindowSpec, pane_ms: int) -> Any:
                     t, int(row.count), float(row.sum), float(row.min), float(row.max),
                     float(row.last), int(row.last_event_ms),
                 )  # fmt: skip
+                merger.add(partial.sketches, row.metric_type, row.sketch, row.hdr_bucket,
+                           row.hdr_count)  # fmt: skip
                 if t in panes:
-                    panes[t].merge(partial)
+                    panes[t].merge(partial, merger)
                 else:
                     panes[t] = Partial(t)
-                    panes[t].merge(partial)
+                    panes[t].merge(partial, merger)
                 for start in sorted(reached_starts(t, panes, size, pane_ms)):
                     if start + size + lateness <= closed_before:
                         # Final: never changed; the partial is recorded against it instead.
@@ -230,30 +256,31 @@ def sliding_state_function(window: WindowSpec, pane_ms: int) -> Any:
                              int(row.count), float(row.sum), float(row.min), float(row.max),
                              float(row.last), row.receiver, int(row.pane_start_ms),
                              int(row.first_recv_ms), int(row.last_recv_ms),
-                             int(row.prior_heartbeat_ms))
+                             int(row.prior_heartbeat_ms), *no_sketches)
                         )  # fmt: skip
                     elif start in windows:
-                        windows[start].merge(partial)
+                        windows[start].merge(partial, merger)
                     else:
-                        windows[start] = sum_panes(start, panes, size)
+                        windows[start] = sum_panes(start, panes, size, merger)
                 # Its own right window (later data only): ends after every window holding t,
                 # so it is open whenever the partial is not entirely late.
                 right = t + pane_ms
                 if right not in windows and any(right <= at < right + size for at in panes):
-                    windows[right] = sum_panes(right, panes, size)
+                    windows[right] = sum_panes(right, panes, size, merger)
         for start in sorted(windows):
             if before.get(start) != windows[start].values():
                 w = windows[start]
                 out.append(
                     ("upsert", metric, tags, metric_type, start, start + size, w.count, w.sum,
-                     w.min, w.max, w.last, *[None] * 5)
+                     w.min, w.max, w.last, *[None] * 5,
+                     *merger.columns(w.sketches, metric_type or ""))
                 )  # fmt: skip
         # Free what no partial Spark still lets through can reach (see sliding_horizon_ms).
         watermark = state.getCurrentWatermarkMs()
         panes = {at: p for at, p in panes.items() if at + pane_ms + size > watermark}
         windows = {start: w for start, w in windows.items() if start + size > watermark}
         if panes or windows:
-            state.update((metric_type, pack(panes), pack(windows)))
+            state.update((metric_type, pack(panes, merger), pack(windows, merger)))
             reach = [at + pane_ms + size for at in panes] + [s + size for s in windows]
             state.setTimeoutTimestamp(max(reach))
         else:
@@ -264,7 +291,9 @@ def sliding_state_function(window: WindowSpec, pane_ms: int) -> Any:
     return update_sliding
 
 
-def slid_partials(source: DataFrame, window: WindowSpec, *, pane_ms: int) -> DataFrame:
+def slid_partials(
+    source: DataFrame, window: WindowSpec, *, pane_ms: int, params: SketchParams | None = None
+) -> DataFrame:
     """Partials of ``window`` → sliding-window changes per series (``upsert`` and ``late``).
 
     The same output columns as ``job.sessionized_partials``, so ``SessionBatchWriter`` commits
@@ -287,7 +316,7 @@ def slid_partials(source: DataFrame, window: WindowSpec, *, pane_ms: int) -> Dat
         .select(*_INPUT_COLUMNS)
     )
     return on_time.groupBy("metric", "tags").applyInPandasWithState(
-        sliding_state_function(window, pane_ms),
+        sliding_state_function(window, pane_ms, params or compile_accuracy()),
         OUTPUT_DDL,
         STATE_DDL,
         "Update",

@@ -555,6 +555,41 @@ def test_retraction_never_deletes_a_newer_revision(store: ResultStore, clean_sto
     assert [r["revision"] for r in stored(clean_store)] == [5]
 
 
+def test_retractions_delete_the_superseded_sessions_bucket_rows(
+    store: ResultStore, clean_store: str
+) -> None:
+    """Sessions [0, 1) and [1, 2) with bucket rows; a batch merges them into [0, 2) with its
+    own: only the merged session's buckets remain (a newer revision's are never deleted)."""
+    first = pa.concat_tables([histogram_rows(0, {3: 1}, 1), histogram_rows(1, {4: 2}, 1)])
+    store.commit_batch("q", 1, table(window(0, revision=1), window(1, revision=1)), [],
+                       revision=1, histograms=first)  # fmt: skip
+    assert set(stored_buckets(clean_store)) == {(0, 3), (1, 4)}
+    merged = histogram_rows(0, {3: 1, 4: 2}, 2).set_column(
+        5, "window_end_ms", pa.array([T0 + 2 * MINUTE] * 2, pa.int64())
+    )
+    retractions = pa.Table.from_pylist(
+        [_retraction(T0, T0 + MINUTE), _retraction(T0 + MINUTE, T0 + 2 * MINUTE)]
+    )
+    outcome = store.commit_batch(
+        "q", 2, table(row(window_start_ms=T0, window_end_ms=T0 + 2 * MINUTE, revision=2)), [],
+        revision=2, retractions=retractions, histograms=merged,
+    )  # fmt: skip
+    assert outcome.rows_retracted == 2  # window rows; their buckets are not counted
+    _, rows = run_sql(
+        clean_store,
+        "SELECT ((extract(epoch FROM window_end) * 1000)::bigint - %s) / %s, bucket, count,"
+        " revision FROM window_histograms ORDER BY 2",
+        [T0, MINUTE],
+    )
+    assert rows == [(2, 3, 1, 2), (2, 4, 2, 2)]
+    # An older batch's retraction leaves the newer revision's buckets alone.
+    older = store.commit_batch("q-other", 7, table(), [], revision=1,
+                               retractions=pa.Table.from_pylist(
+                                   [_retraction(T0, T0 + 2 * MINUTE)]))  # fmt: skip
+    assert not older.already_committed and older.rows_retracted == 0
+    assert len(stored_buckets(clean_store)) == 2
+
+
 def test_late_rows_of_a_window_batch_are_counted_on_their_window(
     store: ResultStore, clean_store: str
 ) -> None:

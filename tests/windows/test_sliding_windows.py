@@ -28,6 +28,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from streamgauge.clock import ManualClock
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sinks.store import ResultStore, run_sql
+from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.windows.job import (
     JobPaths,
     LateBatchWriter,
@@ -45,10 +46,14 @@ from streamgauge.windows.sliding_windows import (
     sliding_state_function,
 )
 from streamgauge.windows.source import SOURCE_NAME
+from streamgauge.windows.window_sketches import OUTPUT_COLUMNS as SKETCH_COLUMNS
 from tests.windows.test_transcripts import (
     HERE,
     check_expectations,
+    check_sketches,
+    reference_sketches,
     reference_state,
+    stored_sketches,
     stored_state,
 )
 from tests.windows.transcript import T0, Transcript, load_transcript
@@ -102,6 +107,7 @@ class OperatorRun:
 
     window: WindowSpec
     pane_ms: int
+    params: SketchParams = field(default_factory=compile_accuracy)
     states: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     timeouts: dict[tuple[str, str], int] = field(default_factory=dict)
     windows: dict[tuple[str, str, int], tuple[Any, ...]] = field(default_factory=dict)
@@ -116,7 +122,7 @@ class OperatorRun:
         window = self.window
         assert window.size_ms is not None
         watermark = max(0, self.max_event_ms - sliding_horizon_ms(window, self.pane_ms))
-        function = sliding_state_function(window, self.pane_ms)
+        function = sliding_state_function(window, self.pane_ms, self.params)
         by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for partial in rows:
             if not window.matches(partial.metric):
@@ -140,7 +146,8 @@ class OperatorRun:
                 "last_event_ms": partial.last_event_ms, "first_recv_ms": partial.first_recv_ms,
                 "last_recv_ms": partial.last_recv_ms, "receiver": receiver,
                 "pane_start_ms": partial.pane_start_ms, "segment_heartbeat_ms": heartbeat_ms,
-                "prior_heartbeat_ms": prior_ms,
+                "prior_heartbeat_ms": prior_ms, "sketch": partial.sketch,
+                "hdr_bucket": partial.hdr_bucket, "hdr_count": partial.hdr_count,
             }  # fmt: skip
             by_key.setdefault((partial.metric, tags), []).append(row)
             self.max_event_ms = max(self.max_event_ms, t)
@@ -157,6 +164,7 @@ class OperatorRun:
                     if row.change == "upsert":
                         self.windows[(row.metric, row.tags, row.window_start_ms)] = (
                             row.window_end_ms, row.count, row.sum, row.min, row.max, row.last,
+                            *(getattr(row, c) for c in SKETCH_COLUMNS),
                         )  # fmt: skip
                     else:
                         assert row.change == "late", row.change  # never "retract"
@@ -192,7 +200,9 @@ def random_transcript(seed: int) -> Transcript:
             at = max(0, heartbeat - rng.randint(0, back))
             # host y goes quiet halfway: its state must be freed by the event-time timeout
             host = rng.choice(["x", "y"]) if index < count // 2 else "x"
-            samples.append(f'{{at: {at}, line: "a:{rng.randint(1, 50)}|c|#host:{host}"}}')
+            metric, kind = rng.choice([("a", "c"), ("t", "ms"), ("u", "s")])
+            value = f"m{rng.randint(1, 30)}" if kind == "s" else rng.randint(1, 50)
+            samples.append(f'{{at: {at}, line: "{metric}:{value}|{kind}|#host:{host}"}}')
         lines.append(
             f"  - {{receiver: r0, heartbeat: {heartbeat}, samples: [{', '.join(samples)}]}}"
         )
@@ -214,11 +224,13 @@ def test_operator_matches_the_reference_batch_by_batch(seed: int) -> None:
         reference.feed(segment)
         # Every window the reference holds and the operator still could change must agree;
         # windows the operator evicted are final and were last emitted with these values.
+        # Sketch columns too, exactly: one batch per segment merges in the reference's order.
         expected = {
-            (metric, tags, start): (start + window.size_ms, w.count, w.sum, w.min, w.max, w.last)
+            (metric, tags, start): (start + window.size_ms, w.count, w.sum, w.min, w.max, w.last,
+                                    *reference.merger.columns(w.sketches, w.metric_type))
             for (_, metric, tags), by_start in reference.sliding.items()
             for start, w in by_start.items()
-        }
+        }  # fmt: skip
         assert run.windows == expected
         assert sorted(run.late) == sorted(
             (x.metric, x.tags, x.window_start_ms, x.count) for x in reference.late
@@ -298,6 +310,9 @@ def test_spark_sliding_windows_store_what_the_reference_computes(
     assert stored == reference
     assert stored_late == reference_late
     check_expectations(transcript, stored)
+    check_sketches(
+        transcript, stored_sketches(clean_store, transcript.config), reference_sketches(transcript)
+    )
 
 
 def test_spark_sliding_batch_by_batch(
@@ -318,6 +333,9 @@ def test_spark_sliding_batch_by_batch(
                 target.write_bytes(source.read_bytes())
         run_sliding(spark, clean_store, spool, transcript.config)
     assert stored_state(clean_store, transcript.config) == reference_state(transcript)
+    check_sketches(
+        transcript, stored_sketches(clean_store, transcript.config), reference_sketches(transcript)
+    )
     _, rows = run_sql(
         clean_store,
         "select (extract(epoch from window_start) * 1000)::bigint - %s, revision "

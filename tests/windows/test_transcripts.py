@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from streamgauge.clock import ManualClock
 from streamgauge.configs import PipelineConfig
 from streamgauge.sinks.store import ResultStore, run_sql
+from streamgauge.sketches.tdigest import deserialize_tdigest
 from streamgauge.windows.job import JobPaths, start_window_queries
 from streamgauge.windows.reference import ReferenceWindower
 from streamgauge.windows.replay import parse_time_ms, replay
@@ -28,6 +29,7 @@ from tests.windows.transcript import (
     Transcript,
     TranscriptError,
     canonical_tags,
+    expected_sketches,
     expected_state,
     load_transcript,
 )
@@ -94,6 +96,115 @@ def stored_state(url: str, config: PipelineConfig) -> State:
     return state, late
 
 
+_SKETCH_COLUMNS = ("p50", "p90", "p99", "p999", "distinct_count", "sketch", "hdr_histogram")
+_QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+
+
+def reference_sketches(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
+    """The reference's sketch columns and ``window_histograms`` rows per stored window."""
+    windower = ReferenceWindower(transcript.config)
+    windower.feed_all(transcript.segments)
+    return {
+        (name, metric, canonical_tags(tags), start - T0): {
+            **{column: getattr(w, column) for column in _SKETCH_COLUMNS},
+            "histogram": list(w.histogram),
+            "type": w.metric_type,
+        }
+        for (name, metric, tags, start, _end), w in windower.stored().items()
+    }
+
+
+def stored_sketches(url: str, config: PipelineConfig) -> dict[StateKey, dict[str, Any]]:
+    """The same from PostgreSQL; fails if a bucket row belongs to no stored window (a
+    retracted session's, say): every histogram row must describe a window that exists."""
+    columns, rows = run_sql(
+        url,
+        f"select window_name, metric, tags, (extract(epoch from window_start) * 1000)::bigint"
+        f" - %s as start, {', '.join(_SKETCH_COLUMNS)} from window_results"
+        " where config_name = %s",
+        [T0, config.name],
+    )
+    state: dict[StateKey, dict[str, Any]] = {}
+    for row in rows:
+        r = dict(zip(columns, row, strict=True))
+        key = (r["window_name"], r["metric"], canonical_tags(r["tags"]), r["start"])
+        sketch = None if r["sketch"] is None else bytes(r["sketch"])
+        state[key] = {**{c: r[c] for c in _SKETCH_COLUMNS}, "sketch": sketch, "histogram": []}
+    _, buckets = run_sql(
+        url,
+        "select h.window_name, h.metric, h.tags, "
+        "(extract(epoch from h.window_start) * 1000)::bigint - %s, h.bucket, h.count, "
+        "w.window_name is not null or p.window_name is not null "
+        "from window_histograms h "
+        "left join window_results w using (config_name, window_name, metric, tags, "
+        "window_start, window_end) "
+        "left join window_pending p using (config_name, window_name, metric, tags, "
+        "window_start, window_end) "
+        "where h.config_name = %s order by 1, 2, 3, 4, 5",
+        [T0, config.name],
+    )
+    for name, metric, tags, start, bucket, count, exists in buckets:
+        assert exists, f"stale bucket rows of {name} {metric} {tags} at {start}"
+        key = (str(name), str(metric), canonical_tags(tags), int(str(start)))
+        if key in state:  # else pending: not compared
+            state[key]["histogram"].append((bucket, count))
+    return state
+
+
+def same_merge_order(transcript: Transcript) -> bool:
+    """Whether the operators merge every session/sliding window's partials in the reference's
+    order whatever Spark's batches: one receiver whose heartbeats strictly increase, so the
+    operators' ``LOG_ORDER`` (prior heartbeat first) sorts segment by segment, as the reference
+    feeds them (within a segment both use the same order)."""
+    beats = [s.heartbeat_ms for s in transcript.segments]
+    receivers = {s.receiver for s in transcript.segments}
+    return len(receivers) == 1 and all(a < b for a, b in zip(beats, beats[1:], strict=False))
+
+
+def check_sketches(
+    transcript: Transcript,
+    stored: dict[StateKey, dict[str, Any]],
+    reference: dict[StateKey, dict[str, Any]],
+) -> None:
+    """Spark's sketch columns against the reference's (and the transcript's expectations).
+
+    - Always exact: ``window_histograms`` rows, the HdrHistogram encoding and distinct counts
+      (HDR counts add per bucket, HLL unions take the maximum per register: order-free).
+    - Session and sliding windows when ``same_merge_order``: quantiles and the digest/HLL
+      bytes exactly (same merge code, same order).
+    - Otherwise (tumbling/hopping: the sketch lane merges a micro-batch's partials at once;
+      several receivers or repeated heartbeats: the operators' order across segments differs
+      from the feed order): each stored quantile's rank in the reference's digest is within
+      the digest's rank error of its ``q``, and both digests hold the same weight.
+    """
+    assert set(stored) == set(reference)
+    exact_kinds = ("session", "sliding") if same_merge_order(transcript) else ()
+    rank_error = transcript.config.sketches.quantile_rank_error
+    for key, ref in reference.items():
+        got = stored[key]
+        kind = transcript.config.window(key[0]).kind
+        assert got["histogram"] == ref["histogram"], key
+        assert got["hdr_histogram"] == ref["hdr_histogram"], key
+        # Not for counters/gauges of the native lane: its hll_union_agg over no set rows stores
+        # 0.0 instead of NULL when Spark merges aggregation buffers (several_receivers).
+        if kind in ("session", "sliding") or ref["type"] == "s":
+            assert got["distinct_count"] == ref["distinct_count"], key
+        if kind in exact_kinds:
+            assert {c: got[c] for c in _SKETCH_COLUMNS} == {c: ref[c] for c in _SKETCH_COLUMNS}
+            continue
+        if ref["p50"] is None:
+            assert got["p50"] is None, key
+            continue
+        digest = deserialize_tdigest(ref["sketch"])
+        weight = digest.get_total_weight()
+        assert deserialize_tdigest(got["sketch"]).get_total_weight() == weight, key
+        for column, q in _QUANTILES.items():
+            rank = digest.get_rank(got[column])
+            assert abs(rank - q) <= rank_error + 1 / weight, (key, column, got[column], rank)
+    for key, fields in expected_sketches(transcript).items():
+        assert {name: reference[key][name] for name in fields} == fields, key
+
+
 def run_spark(spark: SparkSession, url: str, spool: Path, config: PipelineConfig) -> None:
     paths = JobPaths(spool=spool, checkpoints=spool.parent / "checkpoints")
     queries = start_window_queries(
@@ -117,6 +228,9 @@ def test_reference_windower_meets_the_transcript(path: Path) -> None:
     transcript = _load(path)
     state, late = reference_state(transcript)
     check_expectations(transcript, state)
+    sketches = reference_sketches(transcript)
+    for key, fields in expected_sketches(transcript).items():
+        assert {name: sketches[key][name] for name in fields} == fields, key
     if transcript.expected_late is not None:
         expected_late = sorted(
             (x["window"], x["metric"], canonical_tags(x.get("tags")), x["start"], x["count"])
@@ -140,6 +254,9 @@ def test_spark_job_stores_what_the_reference_computes(
     assert stored == reference
     assert stored_late == reference_late
     check_expectations(transcript, stored)
+    check_sketches(
+        transcript, stored_sketches(clean_store, transcript.config), reference_sketches(transcript)
+    )
 
 
 _OVERLAPPING = """
@@ -165,13 +282,13 @@ def overlapping_sessions(url: str, config: PipelineConfig) -> list[tuple[Any, ..
 @pytest.mark.parametrize(
     "name",
     ["stragglers_beyond_lateness", "session_straggler_merges", "session_straggler_extends",
-     "session_beyond_lateness"],
+     "session_beyond_lateness", "session_sketches"],
 )  # fmt: skip
 def test_batching_does_not_change_the_result(
     name: str, spark: SparkSession, clean_store: str, tmp_path: Path
 ) -> None:
     """One micro-batch per segment; for sessions, every commit that grows or merges one
-    must retract the rows it supersedes (checked after each batch)."""
+    must retract the rows it supersedes, bucket rows included (checked after each batch)."""
     transcript = _load(HERE / f"{name}.yaml")
     spool = tmp_path / "spool"
     for count in range(1, len(transcript.segments) + 1):
@@ -188,8 +305,12 @@ def test_batching_does_not_change_the_result(
                 target.write_bytes(source.read_bytes())
         run_spark(spark, clean_store, spool, transcript.config)
         assert overlapping_sessions(clean_store, transcript.config) == [], count
+        stored_sketches(clean_store, transcript.config)  # fails on stale bucket rows
     stored, stored_late = stored_state(clean_store, transcript.config)
     assert (stored, stored_late) == reference_state(transcript)
+    check_sketches(
+        transcript, stored_sketches(clean_store, transcript.config), reference_sketches(transcript)
+    )
     _, revisions = run_sql(
         clean_store,
         "select max(revision) from window_results where config_name = %s",

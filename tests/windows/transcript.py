@@ -20,7 +20,9 @@ A transcript is YAML::
 
 Times are integer milliseconds after ``T0``; ``end`` (optional) is the window's exclusive end,
 worth listing for session windows, whose end moves as they grow. Listed window fields other than
-``window/metric/start`` are compared; ``tags`` defaults to ``{}``. The loader is strict:
+``window/metric/start`` are compared; ``tags`` defaults to ``{}``; ``p50``/``p90``/``p99``/
+``p999``/``distinct_count`` may be listed too. The segments carry the combiner's sketch columns
+(t-digest, HDR buckets, HLL), as a receiver writes them. The loader is strict:
 unknown keys, heartbeats going backwards, unparsable lines or expectations naming an unknown
 window are refused with every problem listed.
 """
@@ -44,6 +46,8 @@ from streamgauge.windows.reference import PanePartial, Segment
 T0 = 1_700_000_000_000
 _PARTIAL_FIELDS = frozenset(field.name for field in fields(PanePartial))
 WINDOW_FIELDS = {"count", "sum", "min", "max", "last", "final", "late_events", "type", "end"}
+SKETCH_FIELDS = {"p50", "p90", "p99", "p999", "distinct_count"}
+"""Expectable sketch columns (compared by ``test_transcripts.check_sketches``' rules)."""
 
 
 class TranscriptError(ValueError):
@@ -70,7 +74,6 @@ class Transcript:
 
 
 def _partials_batch(partials: tuple[PanePartial, ...]) -> pa.RecordBatch:
-    # Sketch columns (not part of PanePartial: the windower compares plain aggregates) are NULL.
     columns = {
         field.name: [getattr(p, field.name, None) for p in partials] for field in SEGMENT_SCHEMA
     }
@@ -149,7 +152,8 @@ def load_transcript(text: str, source: str) -> Transcript:
     expected_windows = []
     for index, row in enumerate(expect.get("windows") or []):
         where = f"expect.windows[{index}]"
-        _check_keys(where, row, {"window", "metric", "start", "tags"} | WINDOW_FIELDS, problems)
+        _check_keys(where, row, {"window", "metric", "start", "tags"} | WINDOW_FIELDS
+                    | SKETCH_FIELDS, problems)  # fmt: skip
         if row.get("window") not in names:
             problems.append(f"{where}.window: {row.get('window')!r} is not a window of the config")
         expected_windows.append(row)
@@ -186,4 +190,13 @@ def expected_state(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
     for row in transcript.expected_windows:
         key = (row["window"], row["metric"], canonical_tags(row.get("tags")), row["start"])
         state[key] = {k: v for k, v in row.items() if k in WINDOW_FIELDS}
+    return state
+
+
+def expected_sketches(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
+    """The sketch columns the transcript's expectations name, per window."""
+    state = {}
+    for row in transcript.expected_windows:
+        key = (row["window"], row["metric"], canonical_tags(row.get("tags")), row["start"])
+        state[key] = {k: v for k, v in row.items() if k in SKETCH_FIELDS}
     return state
