@@ -45,7 +45,7 @@ def _pane_columns(kind: str, panes: int, per_pane: int, seed: int) -> list[tuple
                 sketches.add_member(key, f"m{member}")
         else:
             sketches.add_values(key, rng.lognormal(3.0, 0.8, per_pane))
-    sketch, bucket, count = sketches.columns(keys)
+    sketch, bucket, count, _kll = sketches.columns(keys)
     return list(zip(sketch.to_pylist(), bucket.to_pylist(), count.to_pylist(), strict=True))
 
 
