@@ -158,8 +158,24 @@ def merge_hdr(
     return merged.astype(np.int32), summed
 
 
+#: A total order of a window's partials within one call (ties: identical rows, whose merge
+#: order does not matter). Spark's shuffle does not fix the order of a group's rows, and
+#: floating-point sums and t-digest merges depend on it: a replayed micro-batch (or replay)
+#: must give the same bytes.
+MERGE_ORDER = ("last_event_ms", "count", "sum", "min", "max", "last")
+
+
+def _in_merge_order(rows: pd.DataFrame) -> pd.DataFrame:
+    if len(rows) < 2:
+        return rows
+    keyed = rows.assign(_sketch_key=rows["sketch"].map(lambda b: b"" if b is None else bytes(b)))
+    return keyed.sort_values([*MERGE_ORDER, "_sketch_key"], kind="stable")
+
+
 def merge_rows(window: SketchWindow, rows: pd.DataFrame, k: int) -> None:
-    """Fold pane partials (``INPUT_COLUMNS`` rows of this window) into ``window``."""
+    """Fold pane partials (``INPUT_COLUMNS`` rows of this window) into ``window``, in
+    ``MERGE_ORDER``."""
+    rows = _in_merge_order(rows)
     window.count += int(rows["count"].sum())
     window.sum += float(rows["sum"].sum())
     window.min = min(window.min, float(rows["min"].min()))
