@@ -430,26 +430,31 @@ def aggregate_windows(assigned: DataFrame, kll_k: int | None = None) -> DataFram
     )
     if kll_k is not None:
         return _with_kll_quantiles(grouped)
-    return grouped.select(
-        "metric",
-        "tags",
-        "metric_type",
-        "window_start_ms",
-        F.unix_millis("window_end_ts").alias("window_end_ms"),
-        "count",
-        "sum",
-        "min",
-        "max",
-        "last",
-        # hll_union_agg of no sets is an empty HLL, not NULL: only sets keep theirs (a
-        # counter's distinct_count is NULL, not 0). After the aggregation: state unchanged.
-        F.when(_is_set(), F.hll_sketch_estimate("sketch").cast("double")).alias("distinct_count"),
-        F.when(_is_set(), F.col("sketch")).alias("sketch"),
+    return _window_rows(
+        grouped, _set_distinct_count(), F.when(_is_set(), F.col("sketch")).alias("sketch")
     )
+
+
+def _window_rows(grouped: DataFrame, *values: Column) -> DataFrame:
+    """A window aggregation's output row: key, the plain aggregates, then ``values``."""
+    return grouped.select(
+        "metric", "tags", "metric_type", "window_start_ms",
+        F.unix_millis("window_end_ts").alias("window_end_ms"),
+        "count", "sum", "min", "max", "last", *values,
+    )  # fmt: skip
 
 
 def _is_set() -> Column:
     return F.col("metric_type") == "s"
+
+
+def _set_distinct_count() -> Column:
+    """``hll_union_agg`` of no sets is an empty HLL, not NULL: only sets keep theirs (a
+    counter's ``distinct_count`` is NULL, not 0). Applied after the aggregation: the state
+    schema, and so running checkpoints, do not change."""
+    return F.when(_is_set(), F.hll_sketch_estimate("sketch").cast("double")).alias(
+        "distinct_count"
+    )
 
 
 #: The percentiles a ``quantiles: kll`` window stores (``configs.model.KLL_UNSTORED``: not more).
@@ -466,21 +471,10 @@ def _with_kll_quantiles(grouped: DataFrame) -> DataFrame:
     has_kll = F.coalesce(F.kll_sketch_get_n_double("kll"), F.lit(0)) > 0
     ranks = F.array(*(F.lit(q) for _, q in KLL_QUANTILES))
     quantiles = F.when(has_kll, F.kll_sketch_get_quantile_double("kll", ranks))
-    # hll_union_agg of no sets is an empty HLL, not NULL: only sets keep theirs.
-    distinct = F.when(_is_set(), F.hll_sketch_estimate("sketch").cast("double"))
-    return grouped.select(
-        "metric",
-        "tags",
-        "metric_type",
-        "window_start_ms",
-        F.unix_millis("window_end_ts").alias("window_end_ms"),
-        "count",
-        "sum",
-        "min",
-        "max",
-        "last",
+    return _window_rows(
+        grouped,
         *(quantiles[i].alias(name) for i, (name, _) in enumerate(KLL_QUANTILES)),
-        distinct.alias("distinct_count"),
+        _set_distinct_count(),
         # Sets keep their HLL; timers/histograms/distributions get the merged KLL.
         F.when(_is_set(), F.col("sketch")).when(has_kll, F.col("kll")).alias("sketch"),
     )

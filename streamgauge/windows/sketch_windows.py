@@ -93,8 +93,25 @@ def pack_windows(windows: list[SketchWindow]) -> bytes:
     for w in windows:
         parts.append(_HEADER.pack(w.start, w.end, w.count, w.sum, w.min, w.max, w.last,
                                   w.last_event_ms, len(w.digest), len(w.buckets)))  # fmt: skip
-        parts += [w.digest, w.buckets.astype("<i4").tobytes(), w.counts.astype("<i8").tobytes()]
+        parts.append(pack_digest_and_buckets(w.digest, w.buckets, w.counts))
     return b"".join(parts)
+
+
+def pack_digest_and_buckets(digest: bytes, buckets: np.ndarray, counts: np.ndarray) -> bytes:
+    """A digest and HDR buckets as state bytes (their lengths go in the caller's header)."""
+    return digest + buckets.astype("<i4").tobytes() + counts.astype("<i8").tobytes()
+
+
+def unpack_digest_and_buckets(
+    data: bytes, offset: int, n_digest: int, n_buckets: int
+) -> tuple[bytes, np.ndarray, np.ndarray, int]:
+    """``pack_digest_and_buckets``' bytes at ``offset``, and the offset after them."""
+    digest = data[offset : offset + n_digest]
+    offset += n_digest
+    buckets = np.frombuffer(data, "<i4", n_buckets, offset).astype(np.int32)
+    offset += 4 * n_buckets
+    counts = np.frombuffer(data, "<i8", n_buckets, offset).astype(np.int64)
+    return digest, buckets, counts, offset + 8 * n_buckets
 
 
 def unpack_windows(blob: bytes) -> list[SketchWindow]:
@@ -104,13 +121,9 @@ def unpack_windows(blob: bytes) -> list[SketchWindow]:
         start, end, count, total, lo, hi, last, last_ms, n_digest, n_buckets = (
             _HEADER.unpack_from(data, offset)
         )
-        offset += _HEADER.size
-        digest = data[offset : offset + n_digest]
-        offset += n_digest
-        buckets = np.frombuffer(data, "<i4", n_buckets, offset).astype(np.int32)
-        offset += 4 * n_buckets
-        counts = np.frombuffer(data, "<i8", n_buckets, offset).astype(np.int64)
-        offset += 8 * n_buckets
+        digest, buckets, counts, offset = unpack_digest_and_buckets(
+            data, offset + _HEADER.size, n_digest, n_buckets
+        )
         windows.append(SketchWindow(start, end, count, total, lo, hi, last, last_ms, digest,
                                     buckets, counts))  # fmt: skip
     return windows

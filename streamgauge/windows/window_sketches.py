@@ -64,6 +64,8 @@ from streamgauge.windows.sketch_windows import (
     merge_digest,
     merge_hdr,
     pack_buckets,
+    pack_digest_and_buckets,
+    unpack_digest_and_buckets,
 )
 
 _HEADER = struct.Struct("<?III")
@@ -102,21 +104,16 @@ class Sketches:
     def pack(self) -> bytes:
         return b"".join((
             _HEADER.pack(self.complete, len(self.digest), len(self.buckets), len(self.hll)),
-            self.digest, self.buckets.astype("<i4").tobytes(),
-            self.counts.astype("<i8").tobytes(), self.hll,
+            pack_digest_and_buckets(self.digest, self.buckets, self.counts), self.hll,
         ))  # fmt: skip
 
     @classmethod
     def unpack_from(cls, data: bytes, offset: int) -> tuple[Sketches, int]:
         """The sketches packed at ``offset`` of ``data``, and the offset after them."""
         complete, n_digest, n_buckets, n_hll = _HEADER.unpack_from(data, offset)
-        offset += _HEADER.size
-        digest = data[offset : offset + n_digest]
-        offset += n_digest
-        buckets = np.frombuffer(data, "<i4", n_buckets, offset).astype(np.int32)
-        offset += 4 * n_buckets
-        counts = np.frombuffer(data, "<i8", n_buckets, offset).astype(np.int64)
-        offset += 8 * n_buckets
+        digest, buckets, counts, offset = unpack_digest_and_buckets(
+            data, offset + _HEADER.size, n_digest, n_buckets
+        )
         hll = data[offset : offset + n_hll]
         return cls(digest, buckets, counts, hll, bool(complete)), offset + n_hll
 
