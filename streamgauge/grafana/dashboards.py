@@ -33,6 +33,14 @@ from streamgauge.grafana.uids import dashboard_uid, health_dashboard_uid
 
 #: Panel units for the aggregates (values are whatever the client sent: no unit is assumed).
 _UNITS: dict[Aggregate, str] = {"count": "short", "rate": "reqps"}
+#: What a percentile column is, per the window's ``quantiles`` option (panel descriptions).
+_PERCENTILE_NOTE = (
+    " The window's own t-digest percentile (rank error about 0.001 at p99); windows with "
+    "quantiles: kll store p50 and p90 from KLL (rank error ±1.33 % at k 200) and no p99/p999. "
+    "For percentiles over the range, read the histogram panels."
+)
+_DISTINCT_NOTE = " Windows merged by their HyperLogLog registers (±3.2 % at 2 sigma by default)."
+
 _TITLES: dict[Aggregate, str] = {
     "count": "Samples per window (count)",
     "sum": "Sum",
@@ -102,6 +110,8 @@ def _aggregate_panel(config: PipelineConfig, aggregate: Aggregate, ds: str) -> t
         .description(
             f"{aggregate} of $metric in window $window; dashed orange points: buckets holding "
             "a window that is not final yet (stragglers may still change it)."
+            + (_PERCENTILE_NOTE if aggregate in ("p50", "p90", "p99", "p999") else "")
+            + (_DISTINCT_NOTE if aggregate == "distinct_count" else "")
         )
         .datasource(_ref(ds))
         .interval(_min_interval(config))
