@@ -165,6 +165,7 @@ class _RawWindow(_Shape):
     metrics: _StrList = None
     group_by: _StrList = None
     quantiles: _Quantiles = None
+    early_every: _Duration = None
 
 
 class _RawAlert(_Shape):
@@ -218,6 +219,11 @@ _SYNONYMS = {
     "percentiles": "quantiles",
     "quantile": "quantiles",
     "sketch": "quantiles",
+    "early": "early_every",
+    "early_firing": "early_every",
+    "early_firings": "early_every",
+    "emit_every": "early_every",
+    "update_every": "early_every",
 }
 
 
@@ -484,6 +490,7 @@ def _draft(raw: _RawWindow, holes: _Holes, given: frozenset[str]) -> WindowDraft
         metrics=_with_holes(raw.metrics, holes.get("metrics")),
         group_by=_with_holes(raw.group_by, holes.get("group_by")),
         quantiles=raw.quantiles,
+        early_every_ms=raw.early_every,
     )
 
 
@@ -502,6 +509,7 @@ def _spec(raw: _RawWindow) -> WindowSpec:
         "metrics": None if raw.metrics is None else tuple(raw.metrics),
         "group_by": None if raw.group_by is None else tuple(raw.group_by),
         "quantiles": raw.quantiles,
+        "early_every_ms": raw.early_every,
     }
     return WindowSpec(**{k: v for k, v in values.items() if v is not None})
 

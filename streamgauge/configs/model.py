@@ -161,6 +161,7 @@ class WindowDraft:
     metrics: Sequence[str | None] | None = None
     group_by: Sequence[str | None] | None = None
     quantiles: QuantileSketch | None = None
+    early_every_ms: int | None = None
 
 
 def _not_allowed(key: str, kind: WindowKind) -> str:
@@ -172,6 +173,14 @@ def _not_allowed(key: str, kind: WindowKind) -> str:
         # here those are hopping windows, and sliding means Kafka Streams' SlidingWindows.
         message += "; for fixed windows that advance by hop, use kind: hopping"
     return message
+
+
+_EARLY_SESSION = (
+    "not supported on a session window: a session's end moves with every event, so each "
+    "time it grows it is a new window row, and early rows would be re-emitted at every "
+    "micro-batch instead of once per early_every; a session appears when the watermark "
+    "passes its end (use a tumbling or hopping window for running values)"
+)
 
 
 def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
@@ -203,7 +212,8 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
 
     def usable(key: str, value: int | None, *, positive: bool) -> int | None:
         """The value if later rules may rely on it; reports it if it is out of range."""
-        if value is None or key not in allowed | {"watermark_delay", "allowed_lateness"}:
+        if value is None or key not in allowed | {"watermark_delay", "allowed_lateness",
+                                                  "early_every"}:
             return None
         if positive and value <= 0:
             problems.append(((key,), f"must be greater than 0, not {_show(value)}"))
@@ -219,6 +229,18 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
     gap = usable("gap", draft.gap_ms, positive=True)
     usable("watermark_delay", draft.watermark_delay_ms, positive=False)
     usable("allowed_lateness", draft.allowed_lateness_ms, positive=False)
+    early = usable("early_every", draft.early_every_ms, positive=True)
+    if early is not None and kind == "session":
+        problems.append((("early_every",), _EARLY_SESSION))
+        early = None
+    if early is not None and size is not None and early >= size:
+        problems.append(
+            (
+                ("early_every",),
+                f"early_every {_show(early)} must be smaller than size {_show(size)}; the "
+                "emission at the window's end is the on-time one, not an early one",
+            )
+        )
 
     if offset is not None and size is not None and offset >= size:
         problems.append(
@@ -239,7 +261,8 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
     if pane_ms is not None:
         # Windows are unions of panes; a boundary inside a pane would need data the ingest
         # tier has already summed away.
-        for key, value in (("size", size), ("hop", hop), ("offset", offset), ("gap", gap)):
+        for key, value in (("size", size), ("hop", hop), ("offset", offset), ("gap", gap),
+                           ("early_every", early)):
             if value is not None and value % pane_ms:
                 problems.append(
                     ((key,), f"{_show(value)} is not a multiple of the pane {_show(pane_ms)}")
@@ -803,6 +826,9 @@ class WindowSpec:
     metrics: tuple[str, ...] = DEFAULT_METRICS
     group_by: tuple[str, ...] = ()
     quantiles: QuantileSketch = "tdigest"
+    early_every_ms: int | None = None
+    """Publish the open window's running value every this much watermark progress (event
+    time) before its end; None: first emission when the watermark passes the end."""
 
     def __post_init__(self) -> None:
         if self.quantiles not in QUANTILE_SKETCHES:
@@ -840,6 +866,8 @@ class WindowSpec:
             given.add("offset")
         if self.quantiles != "tdigest":
             given.add("quantiles")
+        if self.early_every_ms is not None:
+            given.add("early_every")
         return WindowDraft(
             given=frozenset(given),
             name=self.name,
@@ -854,6 +882,7 @@ class WindowSpec:
             metrics=self.metrics,
             group_by=self.group_by,
             quantiles=self.quantiles,
+            early_every_ms=self.early_every_ms,
         )
 
     @property
@@ -890,6 +919,8 @@ class WindowSpec:
         out["group_by"] = list(self.group_by)
         if self.kind in QUANTILE_KINDS:
             out["quantiles"] = self.quantiles
+        if self.early_every_ms is not None:
+            out["early_every"] = format_duration_ms(self.early_every_ms)
         return out
 
 

@@ -540,6 +540,13 @@ def alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
 
     One string column per ``group_by`` tag of the window: Grafana turns string columns of a
     time-series result into labels, so each tag group is its own alert instance (``host=a``).
+
+    Early rows (``early_as_of`` set: a window's ``early_every`` running value) are skipped: a
+    window the watermark has not passed is incomplete, and its end can already lie inside the
+    look-back (the watermark trails the clock by ``watermark_delay``), so a partial count
+    would fire a "below" rule or a partial maximum clear an "above" one. The window is
+    evaluated from its on-time row on. Unconditional, so a rule exported before a window got
+    ``early_every`` stays right.
     """
     window = config.window(alert.window)
     labels = "".join(f"  tags->>{literal(tag)} AS {json.dumps(tag)},\n" for tag in window.group_by)
@@ -556,6 +563,7 @@ def alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
         f"WHERE config_name = {literal(config.name)}\n"
         f"  AND window_name = {literal(alert.window)}\n"
         f"  AND metric = {literal(alert.metric)}{tag_filter}\n"
+        "  AND early_as_of IS NULL\n"
         "  AND $__timeFilter(window_end)\n"
         "ORDER BY 1"
     )

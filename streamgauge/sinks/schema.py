@@ -686,8 +686,63 @@ COMMENT ON AGGREGATE streamgauge_hll_distinct(bytea) IS
     'streamgauge_hll_estimate(streamgauge_hll_union(hll_registers)) in one aggregate.';
 """
 
+_MIGRATION_6 = """
+-- Early emissions (a window's early_every): while a window is still open, the store publishes
+-- its running value to window_results, marked by early_as_of. window_pending keeps the
+-- window's latest value meanwhile, so an open window can be in both tables.
+ALTER TABLE window_results ADD COLUMN early_as_of timestamptz;
+COMMENT ON COLUMN window_results.early_as_of IS
+    'Set on an EARLY row: the running value of a window the watermark has not passed yet '
+    '(the window''s early_every), published when the watermark reached this instant, '
+    'window_start + k * early_every. Incomplete: more samples are expected. NULL on every row '
+    'emitted when or after the watermark passed window_end (provisional or final). Alerts and '
+    'completeness checks should keep to early_as_of IS NULL.';
+-- NOT VALID: the rows already stored have NULL, so there is nothing to check, and a large
+-- table is not scanned under an exclusive lock; the check applies to every write from now on.
+ALTER TABLE window_results ADD CONSTRAINT window_results_early_check
+    CHECK (early_as_of IS NULL OR NOT is_final) NOT VALID;
+
+-- The view gains status 'early' and early_as_of (appended: CREATE OR REPLACE VIEW keeps the
+-- existing columns). An open window in both tables: the higher revision wins, and on a tie
+-- (the batch that updated the pending row also published it early) the published row.
+CREATE OR REPLACE VIEW window_latest AS
+SELECT DISTINCT ON (config_name, window_name, metric, tags, window_start, window_end)
+    config_name, window_name, metric, tags, window_start, window_end, metric_type, count, sum,
+    min, max, last, p50, p90, p99, p999, distinct_count, revision, is_final, late_events,
+    corrections, emitted_at, status, early_as_of
+FROM (
+    SELECT r.config_name, r.window_name, r.metric, r.tags, r.window_start, r.window_end,
+           r.metric_type, r.count, r.sum, r.min, r.max, r.last, r.p50, r.p90, r.p99, r.p999,
+           r.distinct_count, r.revision, r.is_final, r.late_events, r.corrections,
+           r.emitted_at,
+           CASE WHEN r.is_final THEN 'final'
+                WHEN r.early_as_of IS NOT NULL THEN 'early'
+                ELSE 'provisional' END AS status,
+           r.early_as_of
+    FROM window_results r
+    UNION ALL
+    SELECT p.config_name, p.window_name, p.metric, p.tags, p.window_start, p.window_end,
+           p.metric_type, p.count, p.sum, p.min, p.max, p.last, p.p50, p.p90, p.p99, p.p999,
+           p.distinct_count, p.revision, false, p.late_events, 0::bigint, p.emitted_at,
+           'pending', NULL::timestamptz
+    FROM window_pending p
+) w
+ORDER BY config_name, window_name, metric, tags, window_start, window_end, revision DESC,
+         status = 'pending';
+COMMENT ON VIEW window_latest IS
+    'The latest revision of every window: window_results (status final, provisional or '
+    'early) and window_pending (status pending: the watermark has not passed its end yet). An '
+    'open window published early and changed since shows its newer pending value.';
+COMMENT ON COLUMN window_latest.status IS
+    'final (will not change), provisional (emitted once the watermark passed window_end, may '
+    'still be corrected), early (a running value published before window_end: incomplete) or '
+    'pending (not emitted yet, or changed since its last early emission).';
+COMMENT ON COLUMN window_latest.early_as_of IS
+    'window_results.early_as_of: set on early rows, NULL otherwise.';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
-    _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5,
+    _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6,
 )
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 

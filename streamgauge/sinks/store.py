@@ -158,9 +158,12 @@ _STAGED_VALUES = ", ".join(f"s.{c}" for c in (*_VALUES, *_ENCODINGS))
 
 
 def _upsert_sql(table: str, where: str) -> str:
+    # A window emitted early (early_as_of set) and changed by the time the watermark passes
+    # its end is not corrected: its on-time row is the first complete one.
     corrections = (
-        f", corrections = window_results.corrections + (CASE WHEN {_VALUES_CHANGED} "
-        "THEN 1 ELSE 0 END)"
+        ", corrections = window_results.corrections + (CASE WHEN "
+        f"window_results.early_as_of IS NULL AND {_VALUES_CHANGED} THEN 1 ELSE 0 END), "
+        "early_as_of = NULL"
         if table == "window_results"
         else ""
     )
@@ -178,11 +181,13 @@ WHERE {table}.revision < excluded.revision
 """.replace("window_results.corrections", f"{table}.corrections")
 
 
-# Which windows are held back until the watermark passes their end, per (config, window).
+# Which windows are held back until the watermark passes their end, per (config, window),
+# and how often an open one is published early (early_every_ms; NULL: never).
 _HOLD = "sg_hold"
 _HOLD_DDL = f"""
 CREATE TEMPORARY TABLE IF NOT EXISTS {_HOLD} (
-    config_name text, window_name text, watermark_ms int8, metric_types text[]
+    config_name text, window_name text, watermark_ms int8, metric_types text[],
+    early_every_ms int8
 ) ON COMMIT DELETE ROWS
 """
 _UPSERT = _upsert_sql(
@@ -204,8 +209,47 @@ SELECT {_KEY}, {", ".join((*_VALUES, *_ENCODINGS))},
        %(revision)s, false, late_events, {_ms_to_ts("%(now_ms)s")}
 FROM moved
 ON CONFLICT ({_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}
+    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}, early_as_of = NULL
 WHERE window_results.revision < excluded.revision
+"""
+
+# Early emission (a window's early_every): a window the watermark W has not passed, whose
+# start lies at least early_every behind W, is published from window_pending as an early row
+# stamped with its latest tick, start + k * early_every <= W. It replaces an earlier early
+# row only at a later tick and only if a value changed, so there is at most one early row per
+# tick and none repeating a value. Window [0 s, 10 s), early_every 2 s:
+#
+#     W:       1.5    2.3    3.1     4.0     5.2    7.9     10.0
+#     tick:     -     2      2       4       4      6        -
+#     emits:    -     early  -       early   -      early    on-time (_PROMOTE)
+#                     (2)    (same   (4, if  (same  (6, if
+#                            tick)   changed) tick) changed)
+#
+# Event time, so the same heartbeats give the same rows on every run; the on-time row, the
+# stragglers' revisions and finality are untouched (early_as_of is reset by the upserts,
+# _PROMOTE and _FINALIZE). window_pending keeps the row: it still receives the window's
+# changes, and _PROMOTE moves it when W passes the end.
+_EARLY = f"""
+INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)}, early_as_of)
+SELECT {", ".join(f"p.{c}" for c in _KEY.split(", "))},
+       {", ".join(f"p.{c}" for c in (*_VALUES, *_ENCODINGS))},
+       %(revision)s, false, p.late_events, {_ms_to_ts("%(now_ms)s")}, {_ms_to_ts("tick.ms")}
+FROM window_pending p
+JOIN {_HOLD} h ON p.config_name = h.config_name AND p.window_name = h.window_name
+CROSS JOIN LATERAL (
+    SELECT (extract(epoch FROM p.window_start) * 1000)::int8 AS ms) start
+CROSS JOIN LATERAL (
+    SELECT start.ms + (h.watermark_ms - start.ms) / h.early_every_ms * h.early_every_ms
+        AS ms) tick
+WHERE h.early_every_ms IS NOT NULL
+  AND (h.metric_types IS NULL OR p.metric_type = ANY(h.metric_types))
+  AND p.window_end > {_ms_to_ts("h.watermark_ms")}
+  AND h.watermark_ms - start.ms >= h.early_every_ms
+ON CONFLICT ({_KEY}) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}, early_as_of = excluded.early_as_of
+WHERE window_results.early_as_of < excluded.early_as_of
+  AND window_results.revision < excluded.revision
+  AND {_VALUES_CHANGED}
 """
 
 # Corrections from `streamgauge replay`: a recomputed final window replaces the stored one
@@ -246,7 +290,8 @@ _LOCK_WINDOW = "SELECT pg_advisory_xact_lock(hashtext(%s))"
 # touched, and a replayed batch never gets this far (sink_batches).
 _FINALIZE = f"""
 UPDATE window_results
-SET is_final = true, revision = %(revision)s, emitted_at = {_ms_to_ts("%(now_ms)s")}
+SET is_final = true, revision = %(revision)s, emitted_at = {_ms_to_ts("%(now_ms)s")},
+    early_as_of = NULL
 WHERE config_name = %(config_name)s
   AND window_name = %(window_name)s
   AND (%(metric_types)s::text[] IS NULL OR metric_type = ANY(%(metric_types)s::text[]))
@@ -471,6 +516,8 @@ class BatchOutcome:
     rows_finalized: int
     rows_retracted: int = 0
     late_recorded: int = 0
+    rows_early: int = 0
+    """Of ``rows_upserted``: windows published early (``early_every``)."""
 
 
 class ResultStoreUnavailable(RuntimeError):
@@ -560,6 +607,7 @@ class ResultStore:
         late_query_name: str | None = None,
         lane_types: Sequence[str] | None = None,
         histograms: pa.Table | None = None,
+        early_every: Mapping[tuple[str, str], int] = _NO_STATE,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
 
@@ -574,6 +622,10 @@ class ResultStore:
         the new session. ``late``
         (``LATE_SCHEMA``): late partials the window query found itself (a partial reaching
         into a final session), recorded in ``late_events`` under ``late_query_name``.
+
+        ``early_every`` maps ``(config_name, window_name)`` of a held window (``hold_after``)
+        to its ``early_every`` in ms: its open windows of the lane are published early
+        (``early_as_of``, see ``_EARLY``) once the watermark is that far past their start.
         """
         table = _with_hll_registers(_conform(results))
         retracted_rows = None if retractions is None else _conform(retractions, RETRACTION_SCHEMA)
@@ -591,8 +643,9 @@ class ResultStore:
                 cur.execute(_HOLD_DDL)
                 if hold_after:
                     cur.executemany(
-                        f"INSERT INTO {_HOLD} VALUES (%s, %s, %s, %s)",
-                        [(cfg, win, int(ms), None if lane_types is None else list(lane_types))
+                        f"INSERT INTO {_HOLD} VALUES (%s, %s, %s, %s, %s)",
+                        [(cfg, win, int(ms), None if lane_types is None else list(lane_types),
+                          early_every.get((cfg, win)))
                          for (cfg, win), ms in hold_after.items()],  # fmt: skip
                     )
                 retracted = 0
@@ -617,9 +670,14 @@ class ResultStore:
                     _copy_into(cur, _HISTOGRAM_STAGING_DDL, _HISTOGRAM_STAGING, histogram_rows)
                     cur.execute(_REPLACE_HISTOGRAMS)
                     cur.execute(_INSERT_HISTOGRAMS)
+                early = 0
                 if hold_after:
                     cur.execute(_PROMOTE, {"revision": revision, "now_ms": now_ms})
                     upserted += max(cur.rowcount, 0)
+                    if early_every:
+                        cur.execute(_EARLY, {"revision": revision, "now_ms": now_ms})
+                        early = max(cur.rowcount, 0)
+                        upserted += early
                 finalized = 0
                 for fin in finalizations:
                     cur.execute(
@@ -648,7 +706,7 @@ class ResultStore:
                 )
             return BatchOutcome(
                 already_committed=False, rows_upserted=upserted, rows_finalized=finalized,
-                rows_retracted=retracted, late_recorded=recorded,
+                rows_retracted=retracted, late_recorded=recorded, rows_early=early,
             )  # fmt: skip
 
         outcome = self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)

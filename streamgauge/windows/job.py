@@ -20,6 +20,17 @@ Emission and revisions (this slice; corrections and replay deepen it):
   offset (``batch_heartbeats``): ``W = min over open receivers(heartbeat) - watermark_delay``.
   A window ``[start, end)`` is final once ``end + allowed_lateness <= W``; the store marks such
   rows final in the same transaction.
+- ``early_every`` (tumbling, hopping, sliding): while the watermark has not passed a window's
+  end, the store also publishes the window's pending row to ``window_results`` as an *early*
+  row (``early_as_of`` = the tick ``start + k * early_every`` the watermark reached), at most
+  once per tick and only when a value changed since the last early row (``store._EARLY``).
+  It is decided from the batch's watermark alone, in the store, so it needs no Spark state
+  (changing it keeps the checkpoint), fires while input is idle (heartbeats move the
+  watermark) and a replayed batch makes the same decision. Window ``[0, 10)``, every 2 s::
+
+      W     2     4     6     8     10          10 + lateness
+            e     e     e     e     on-time     final          (e: early, if changed)
+
 - Spark's own watermark (``delay + lateness`` behind the newest pane) only bounds its state:
   it evicts a window once no straggler may still change it.
 
@@ -722,12 +733,16 @@ class WindowBatchWriter:
         # Until the watermark passes a window's end, its row waits in window_pending.
         hold = {(self._config.name, self._window.name): NO_WATERMARK_MS
                 if watermark_ms is None else watermark_ms}  # fmt: skip
+        # ... and while it does not, the store publishes it early every early_every of
+        # watermark progress (event time: the same heartbeats give the same early rows).
+        early = {} if self._window.early_every_ms is None else {
+            (self._config.name, self._window.name): self._window.early_every_ms}  # fmt: skip
         outcome = self._store.commit_batch(
             self._name, batch_id, rows, finalizations, revision=revision, state=state,
             lock_name=query_name(self._config, self._window),  # one lock per window: both lanes
             hold_after=hold, retractions=retractions, late=late,
             late_query_name=late_query_name(self._config, self._window),
-            lane_types=self.lane_types, histograms=histograms,
+            lane_types=self.lane_types, histograms=histograms, early_every=early,
         )  # fmt: skip
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
 

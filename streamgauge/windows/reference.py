@@ -44,13 +44,25 @@ equal heartbeats, and tumbling/hopping windows, whose sketch lane merges a micro
 partials at once) the digest merge order differs and quantiles agree within the t-digest's rank
 error. HDR buckets add per index and the HLL union keeps the maximum per register, so bucket
 rows and distinct counts agree exactly whatever the order.
+
+Early emission (``early_every``, the store's ``_EARLY``): each ``feed`` is one micro-batch.
+After it, with watermark ``W``, a window ``[start, end)`` with ``W < end`` and ``W - start >=
+early_every`` is published early at its tick ``start + k * early_every <= W`` when it was not
+published yet, or when its early row is of an earlier tick and a value changed since. A window
+with ``end <= W`` is published as the store keeps it (provisional, then final). ``emissions``
+lists, per ``feed``, the rows whose revision that batch changed; ``stored()`` shows an open
+window's early row as published. Which early rows appear depends on which watermarks the
+batches see, so the Spark job is compared with it one micro-batch per segment::
+
+    window [0, 10), early_every 2 s, feeds at W = 2.2, 2.8, 4.1, 6.1, 10
+    emits            early@2  -   early@4 (changed)  - (unchanged)  on-time
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamgauge.configs import PipelineConfig, WindowSpec
@@ -150,6 +162,14 @@ class StoredWindow:
     hdr_histogram: str | None = None
     histogram: tuple[tuple[int, int], ...] = ()
     """The ``window_histograms`` rows: (bucket, count) per non-empty bucket, by bucket."""
+    early_as_of: int | None = None
+    """An early row's tick (``window_results.early_as_of``); None on every other row."""
+
+    def same_values(self, other: StoredWindow) -> bool:
+        """Whether the store would see no change of value (``_VALUES``, not finality, late
+        events or early marks)."""
+        neutral = {"is_final": False, "late_events": 0, "early_as_of": None}
+        return replace(self, **neutral) == replace(other, **neutral)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +235,17 @@ class ReferenceWindower:
     )
     sliding: dict[tuple[str, str, str], dict[int, WindowState]] = field(default_factory=dict)
     merger: SketchMerger = field(init=False)
+    # Early emission: what window_results holds per window as the batches publish it, and the
+    # rows each feed (micro-batch) gave a new revision. Tracked when a window has early_every
+    # (or when asked): it needs the rows after every feed.
+    track_emissions: bool = False
+    published: dict[WindowKey, StoredWindow] = field(default_factory=dict)
+    emissions: list[dict[WindowKey, StoredWindow]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.merger = SketchMerger(self.config.sketches)
+        if any(w.early_every_ms is not None for w in self.config.windows):
+            self.track_emissions = True
 
     def feed_all(self, segments: Iterable[Segment]) -> None:
         for segment in segments:
@@ -242,6 +270,40 @@ class ReferenceWindower:
                     if window.matches(partial.metric):
                         self._slide(window, segment, prior_ms, partial)
         self._heartbeats[segment.receiver] = (segment.heartbeat_ms, segment.closed)
+        if self.track_emissions:
+            self.emissions.append(self._publish())
+
+    def _publish(self) -> dict[WindowKey, StoredWindow]:
+        """The store's commit of one batch: on-time, final and early rows; what changed."""
+        emitted: dict[WindowKey, StoredWindow] = {}
+        late_samples = self._late_samples()
+        states = self._states()
+        for key in [k for k in self.published if k not in states]:
+            del self.published[key]  # a retracted session
+        for key, state in states.items():
+            window = self.config.window(key[0])
+            watermark = self.watermark_ms(window)
+            if watermark is None:
+                continue
+            before = self.published.get(key)
+            start, end = key[3], key[4]
+            if end <= watermark:
+                final = end + window.allowed_lateness_ms <= watermark
+                row = self._row(key, state, final, late_samples)
+                self.published[key] = row
+                if (before is None or before.early_as_of is not None
+                        or before.is_final != final or not before.same_values(row)):  # fmt: skip
+                    emitted[key] = row
+                continue
+            every = window.early_every_ms
+            if every is None or watermark - start < every:
+                continue
+            tick = start + (watermark - start) // every * every
+            row = replace(self._row(key, state, False, late_samples), early_as_of=tick)
+            if before is None or (before.early_as_of is not None and before.early_as_of < tick
+                                  and not before.same_values(row)):  # fmt: skip
+                self.published[key] = emitted[key] = row
+        return emitted
 
     def _assign(
         self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial
@@ -362,21 +424,9 @@ class ReferenceWindower:
         ``after_replay``: as after `streamgauge replay` over all time, final windows include
         their late partials (and windows made only of late partials exist).
         """
-        late_samples: dict[WindowKey, int] = {}
-        for late in self.late:
-            key = (late.window_name, late.metric, late.tags, late.window_start_ms,
-                   late.window_end_ms)  # fmt: skip
-            late_samples[key] = late_samples.get(key, 0) + late.count
+        late_samples = self._late_samples()
         result: dict[WindowKey, StoredWindow] = {}
-        states = dict(self.windows)
-        for (name, metric, tags), series in self.sessions.items():
-            for session in series:
-                states[(name, metric, tags, session.start, session.end)] = session.state
-        for (name, metric, tags), by_start in self.sliding.items():
-            size = self.config.window(name).size_ms
-            assert size is not None
-            for start, state in by_start.items():
-                states[(name, metric, tags, start, start + size)] = state
+        states = self._states()
         if after_replay:
             for key, state in self.replayed.items():
                 window = self.config.window(key[0])
@@ -387,27 +437,57 @@ class ReferenceWindower:
             window = self.config.window(key[0])
             watermark = self.watermark_ms(window)
             if watermark is None or key[4] > watermark:
-                continue  # not emitted yet: the watermark has not passed the window's end
+                early = self.published.get(key)
+                if early is not None and early.early_as_of is not None:
+                    result[key] = early  # an open window published early: as it was then
+                continue  # else not emitted yet: the watermark has not passed its end
             final = key[4] + window.allowed_lateness_ms <= watermark
-            counter, gauge = state.metric_type == "c", state.metric_type == "g"
-            is_set = state.metric_type == "s"
-            columns = dict(
-                zip(OUTPUT_COLUMNS, self.merger.columns(state.sketches, state.metric_type),
-                    strict=True)
-            )  # fmt: skip
-            histogram = tuple(
-                zip(state.sketches.buckets.tolist(), state.sketches.counts.tolist(), strict=True)
-            ) if columns["hdr_buckets"] is not None else ()  # fmt: skip
-            result[key] = StoredWindow(
-                metric_type=state.metric_type,
-                count=state.count,
-                sum=None if gauge or is_set else state.sum,
-                min=None if counter or is_set else state.min,
-                max=None if counter or is_set else state.max,
-                last=state.last if gauge else None,
-                is_final=final,
-                late_events=late_samples.get(key, 0),
-                **{name: columns[name] for name in OUTPUT_COLUMNS if name != "hdr_buckets"},
-                histogram=histogram,
-            )
+            result[key] = self._row(key, state, final, late_samples)
         return result
+
+    def _late_samples(self) -> dict[WindowKey, int]:
+        late_samples: dict[WindowKey, int] = {}
+        for late in self.late:
+            key = (late.window_name, late.metric, late.tags, late.window_start_ms,
+                   late.window_end_ms)  # fmt: skip
+            late_samples[key] = late_samples.get(key, 0) + late.count
+        return late_samples
+
+    def _states(self) -> dict[WindowKey, WindowState]:
+        """Every window's current state (tumbling, hopping, sessions, sliding)."""
+        states = dict(self.windows)
+        for (name, metric, tags), series in self.sessions.items():
+            for session in series:
+                states[(name, metric, tags, session.start, session.end)] = session.state
+        for (name, metric, tags), by_start in self.sliding.items():
+            size = self.config.window(name).size_ms
+            assert size is not None
+            for start, state in by_start.items():
+                states[(name, metric, tags, start, start + size)] = state
+        return states
+
+    def _row(
+        self, key: WindowKey, state: WindowState, final: bool, late_samples: dict[WindowKey, int]
+    ) -> StoredWindow:
+        """The ``window_results`` row of a window (NULLs by type)."""
+        counter, gauge = state.metric_type == "c", state.metric_type == "g"
+        is_set = state.metric_type == "s"
+        columns = dict(
+            zip(OUTPUT_COLUMNS, self.merger.columns(state.sketches, state.metric_type),
+                strict=True)
+        )  # fmt: skip
+        histogram = tuple(
+            zip(state.sketches.buckets.tolist(), state.sketches.counts.tolist(), strict=True)
+        ) if columns["hdr_buckets"] is not None else ()  # fmt: skip
+        return StoredWindow(
+            metric_type=state.metric_type,
+            count=state.count,
+            sum=None if gauge or is_set else state.sum,
+            min=None if counter or is_set else state.min,
+            max=None if counter or is_set else state.max,
+            last=state.last if gauge else None,
+            is_final=final,
+            late_events=late_samples.get(key, 0),
+            **{name: columns[name] for name in OUTPUT_COLUMNS if name != "hdr_buckets"},
+            histogram=histogram,
+        )

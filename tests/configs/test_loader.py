@@ -124,6 +124,7 @@ def test_reference_uses_every_key() -> None:
         "metrics",
         "group_by",
         "quantiles",
+        "early_every",
     }
 
 
@@ -206,6 +207,20 @@ def test_hop_equal_to_size_is_canonicalised_to_tumbling() -> None:
     ]
 
 
+def test_early_every_on_tumbling_hopping_and_sliding_windows() -> None:
+    config = parse_config(
+        "windows:\n"
+        "  - {name: t, kind: tumbling, size: 1h, early_every: 1m}\n"
+        "  - {name: h, kind: hopping, size: 10s, hop: 5s, early_every: 2s}\n"
+        "  - {name: s, kind: sliding, size: 10s, early_every: 3s}\n"
+        "  - {name: n, kind: tumbling, size: 10s}\n",
+        "<text>",
+    )
+    assert [w.early_every_ms for w in config.windows] == [60_000, 2_000, 3_000, None]
+    printed = config.to_canonical_dict()["windows"]
+    assert [w.get("early_every") for w in printed] == ["1m", "2s", "3s", None]
+
+
 def test_hopping_window_with_a_smaller_hop_stays_hopping() -> None:
     window = parse_config(one_window("name: w\nkind: hopping\nsize: 1m\nhop: 15s"), "t").window("w")
     assert (window.kind, window.size_ms, window.hop_ms) == ("hopping", 60_000, 15_000)
@@ -274,7 +289,7 @@ windows:
 
 WINDOW_KEYS = (
     "name, kind, size, hop, offset, gap, key, watermark_delay, allowed_lateness, metrics, "
-    "group_by, quantiles"
+    "group_by, quantiles, early_every"
 )
 
 
@@ -505,6 +520,41 @@ SINGLE_WINDOW_MISTAKES = [
                 "'user id' is not a tag name; tag names contain no whitespace, ':', ',' or '|'",
             )
         ],
+    ),
+    (
+        "name: w\nkind: tumbling\nsize: 10s\nearly_every: 10s",
+        [
+            (
+                "windows[0].early_every",
+                "early_every 10s must be smaller than size 10s; the emission at the window's "
+                "end is the on-time one, not an early one",
+            )
+        ],
+    ),
+    (
+        "name: w\nkind: hopping\nsize: 10s\nhop: 5s\nearly_every: 2500ms",
+        [("windows[0].early_every", "2500ms is not a multiple of the pane 1s")],
+    ),
+    (
+        "name: w\nkind: tumbling\nsize: 10s\nearly_every: 0s",
+        [("windows[0].early_every", "must be greater than 0, not 0s")],
+    ),
+    (
+        "name: w\nkind: session\ngap: 5s\nkey: user\nearly_every: 1s",
+        [
+            (
+                "windows[0].early_every",
+                "not supported on a session window: a session's end moves with every event, "
+                "so each time it grows it is a new window row, and early rows would be "
+                "re-emitted at every micro-batch instead of once per early_every; a session "
+                "appears when the watermark passes its end (use a tumbling or hopping window "
+                "for running values)",
+            )
+        ],
+    ),
+    (
+        "name: w\nkind: tumbling\nsize: 10s\nearly: 2s",
+        [("windows[0].early", "unknown key; did you mean early_every?")],
     ),
     (
         "name: w\nkind: sliding\nsize: 5s\nslide: 1s",

@@ -78,6 +78,7 @@ def test_every_column_of_every_table_and_view_is_commented(database: str) -> Non
     assert ("window_pending", "p999") not in undocumented
     assert not {(t, c) for t, c in undocumented if t in ("window_histograms", "pipeline_metrics")}
     assert ("window_latest", "status") not in undocumented
+    assert ("window_latest", "early_as_of") not in undocumented
     _, functions = run_sql(
         database,
         "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
@@ -133,6 +134,39 @@ def test_window_latest_labels_final_provisional_and_pending(database: str) -> No
         database, "SELECT count, revision, status FROM window_latest ORDER BY window_start"
     )
     assert rows == [(1, 3, "final"), (2, 4, "provisional"), (5, 5, "pending")]
+
+
+def test_window_latest_labels_early_rows_and_prefers_them_on_a_revision_tie(
+    database: str,
+) -> None:
+    """Migration 6: an open window published early is in both tables; the view shows the
+    early row unless the pending one is newer."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        ensure_schema(conn)
+    values = (
+        "(config_name, window_name, metric, window_start, window_end, metric_type, count,"
+        " revision, is_final, emitted_at{}) VALUES"
+    )
+    run_sql(
+        database,
+        f"INSERT INTO window_results {values.format(', early_as_of')}"
+        " ('c', 'w', 'a', '2024-01-01 00:00:00', '2024-01-01 00:00:10', 'c', 1, 4, false, now(),"
+        "  '2024-01-01 00:00:02'),"
+        " ('c', 'w', 'b', '2024-01-01 00:00:00', '2024-01-01 00:00:10', 'c', 2, 4, false, now(),"
+        "  '2024-01-01 00:00:02')",
+    )
+    run_sql(
+        database,
+        f"INSERT INTO window_pending {values.format('')}"
+        " ('c', 'w', 'a', '2024-01-01 00:00:00', '2024-01-01 00:00:10', 'c', 1, 4, false, now()),"
+        " ('c', 'w', 'b', '2024-01-01 00:00:00', '2024-01-01 00:00:10', 'c', 3, 5, false, now())",
+    )
+    _, rows = run_sql(
+        database,
+        "SELECT metric, count, revision, status, early_as_of IS NOT NULL FROM window_latest"
+        " ORDER BY metric",
+    )
+    assert rows == [("a", 1, 4, "early", True), ("b", 3, 5, "pending", False)]
 
 
 def test_pipeline_metrics_one_row_per_name_labels_and_time(database: str) -> None:

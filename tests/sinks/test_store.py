@@ -611,3 +611,118 @@ def test_late_rows_of_a_window_batch_are_counted_on_their_window(
     assert counted == [(4,)]
     _, recorded = run_sql(clean_store, "SELECT query_name, batch_id FROM late_events")
     assert recorded == [("q.late", 2)]
+
+
+# -- early emission (a window's early_every) ----------------------------------------------------
+
+SECOND = 1_000
+
+
+def early_rows(url: str) -> list[tuple[Any, ...]]:
+    """window_results as (count, revision, is_final, early_as_of - T0 in s or None,
+    corrections), by window start."""
+    _, rows = run_sql(
+        url,
+        "SELECT count, revision, is_final,"
+        " ((extract(epoch FROM early_as_of) * 1000)::bigint - %s) / 1000, corrections"
+        " FROM window_results ORDER BY window_start, metric",
+        [T0],
+    )
+    return rows
+
+
+def latest_status(url: str) -> list[tuple[Any, ...]]:
+    _, rows = run_sql(url, "SELECT count, revision, status FROM window_latest ORDER BY metric")
+    return rows
+
+
+def test_an_open_window_is_published_early_once_per_tick_and_only_when_changed(
+    store: ResultStore, clean_store: str
+) -> None:
+    """w0 = [0 s, 60 s), early_every 10 s; W is the watermark of each batch::
+
+        batch  0      1      2      3      4      5
+        W      5 s    12 s   15 s   21 s   35 s   60 s
+        rows   n=1           n=2
+        emits  -      early  -      early  -      on-time, final (lateness 0)
+                      @10 s  (tick  @20 s  (same
+                             10 s)         value)
+    """
+    hold = {("web", "1m"): 0}
+    early = {("web", "1m"): 10 * SECOND}
+
+    def commit(batch: int, watermark_s: int, *rows: dict[str, Any]) -> BatchOutcome:
+        at = T0 + watermark_s * SECOND
+        fin = Finalization("web", "1m", at, 0)
+        return store.commit_batch(
+            "q", batch, table(*rows), [fin], revision=batch + 1,
+            hold_after={k: at for k in hold}, early_every=early,
+        )  # fmt: skip
+
+    assert commit(0, 5, window(0, count=1, revision=1)).rows_early == 0
+    assert early_rows(clean_store) == []  # W - start < early_every: no tick yet
+    assert commit(1, 12).rows_early == 1
+    assert early_rows(clean_store) == [(1, 2, False, 10, 0)]
+    assert latest_status(clean_store) == [(1, 2, "early")]
+    assert commit(2, 15, window(0, count=2, revision=3)).rows_early == 0  # tick 10 s again
+    assert early_rows(clean_store) == [(1, 2, False, 10, 0)]
+    assert latest_status(clean_store) == [(2, 3, "pending")]  # changed since published
+    assert commit(3, 21).rows_early == 1
+    assert early_rows(clean_store) == [(2, 4, False, 20, 0)]
+    assert commit(4, 35).rows_early == 0  # tick 30 s, but nothing changed since 20 s
+    assert early_rows(clean_store) == [(2, 4, False, 20, 0)]
+    out = commit(5, 60)
+    assert (out.rows_early, out.rows_finalized) == (0, 1)
+    # On time and final: early_as_of cleared, no correction counted, the pending row moved.
+    assert early_rows(clean_store) == [(2, 6, True, None, 0)]
+    assert latest_status(clean_store) == [(2, 6, "final")]
+    assert run_sql(clean_store, "SELECT count(*) FROM window_pending")[1] == [(0,)]
+    # A replayed batch changes nothing (sink_batches), early rows included.
+    assert commit(3, 21).already_committed
+
+
+def test_a_change_between_the_last_early_row_and_the_end_is_not_a_correction(
+    store: ResultStore, clean_store: str
+) -> None:
+    """The batch that passes the end also changes the window: the upsert replaces the early
+    row (early_as_of cleared, corrections 0); a straggler after that is a correction."""
+    early = {("web", "1m"): 10 * SECOND}
+    at = T0 + 30 * SECOND
+    store.commit_batch("q", 0, table(window(0, count=1)), [], revision=1,
+                       hold_after={("web", "1m"): at}, early_every=early)  # fmt: skip
+    assert early_rows(clean_store) == [(1, 1, False, 30, 0)]
+    end = T0 + MINUTE
+    store.commit_batch("q", 1, table(window(0, count=5, revision=2)), [], revision=2,
+                       hold_after={("web", "1m"): end}, early_every=early)  # fmt: skip
+    assert early_rows(clean_store) == [(5, 2, False, None, 0)]
+    store.commit_batch("q", 2, table(window(0, count=6, revision=3)), [], revision=3,
+                       hold_after={("web", "1m"): end + SECOND}, early_every=early)  # fmt: skip
+    assert early_rows(clean_store) == [(6, 3, False, None, 1)]
+
+
+def test_early_rows_are_scoped_to_the_lane_and_the_configured_window(
+    store: ResultStore, clean_store: str
+) -> None:
+    """The native lane publishes its counters early, never the sketch lane's timers (their
+    own watermark decides), nor a window without early_every."""
+    at = T0 + 20 * SECOND
+    counter = window(0, metric="hits", metric_type="c")
+    timer = window(0, metric="api.latency", metric_type="ms")
+    other = window(0, metric="hits", metric_type="c", window_name="5m")
+    store.commit_batch("sketch", 0, table(timer), [], revision=1, hold_after={("web", "1m"): 0},
+                       lane_types=("d", "h", "ms"))  # fmt: skip
+    store.commit_batch("other", 0, table(other), [], revision=1,
+                       hold_after={("web", "5m"): at})  # fmt: skip
+    out = store.commit_batch(
+        "native", 0, table(counter), [], revision=1, hold_after={("web", "1m"): at},
+        lane_types=("c", "g", "s"), early_every={("web", "1m"): 10 * SECOND},
+    )  # fmt: skip
+    assert out.rows_early == 1
+    _, rows = run_sql(clean_store, "SELECT window_name, metric FROM window_results")
+    assert rows == [("1m", "hits")]
+
+
+def test_a_final_row_cannot_be_early(store: ResultStore, clean_store: str) -> None:
+    store.commit_batch("q", 0, table(window(0)), [], revision=1)
+    with pytest.raises(psycopg.errors.CheckViolation, match="window_results_early_check"):
+        run_sql(clean_store, "UPDATE window_results SET is_final = true, early_as_of = now()")

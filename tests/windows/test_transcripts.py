@@ -4,7 +4,8 @@ The Spark side writes the transcript's segments as a real segment log, runs the 
 queries (``availableNow``) into the real PostgreSQL, and the stored final state must equal
 the reference's and the transcript's expectations. ``test_batching_does_not_change_the_result``
 runs one transcript a segment at a time, one micro-batch per segment, to show the final
-state does not depend on how Spark cuts batches.
+state does not depend on how Spark cuts batches. A transcript listing ``emits`` (early
+emission, ``early_every``) runs that way too, and each batch's written rows are compared.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from streamgauge.configs import PipelineConfig
 from streamgauge.sinks.store import ResultStore, run_sql
 from streamgauge.sketches.tdigest import deserialize_tdigest
 from streamgauge.windows.job import JobPaths, start_window_queries
-from streamgauge.windows.reference import ReferenceWindower
+from streamgauge.windows.reference import ReferenceWindower, StoredWindow, WindowKey
 from streamgauge.windows.replay import parse_time_ms, replay
 from tests.windows.transcript import (
     T0,
@@ -29,6 +30,7 @@ from tests.windows.transcript import (
     Transcript,
     TranscriptError,
     canonical_tags,
+    expected_rows,
     expected_sketches,
     expected_state,
     load_transcript,
@@ -46,17 +48,33 @@ def _load(path: Path) -> Transcript:
     return load_transcript(path.read_text(), path.name)
 
 
-def reference_state(transcript: Transcript) -> State:
-    windower = ReferenceWindower(transcript.config)
+def reference_windower(transcript: Transcript) -> ReferenceWindower:
+    windower = ReferenceWindower(
+        transcript.config, track_emissions=transcript.expected_emits is not None
+    )
     windower.feed_all(transcript.segments)
-    state = {
+    return windower
+
+
+def _reference_rows(rows: dict[WindowKey, StoredWindow]) -> dict[StateKey, dict[str, Any]]:
+    return {
         (name, metric, canonical_tags(tags), start - T0): {
             "type": w.metric_type, "count": w.count, "sum": w.sum, "min": w.min, "max": w.max,
             "last": w.last, "final": w.is_final, "late_events": w.late_events,
-            "end": end - T0,
+            "end": end - T0, "early": None if w.early_as_of is None else w.early_as_of - T0,
         }
-        for (name, metric, tags, start, end), w in windower.stored().items()
+        for (name, metric, tags, start, end), w in rows.items()
     }  # fmt: skip
+
+
+def reference_emissions(transcript: Transcript) -> list[dict[StateKey, dict[str, Any]]]:
+    """The rows each segment's micro-batch writes, per the reference."""
+    return [_reference_rows(rows) for rows in reference_windower(transcript).emissions]
+
+
+def reference_state(transcript: Transcript) -> State:
+    windower = reference_windower(transcript)
+    state = _reference_rows(windower.stored())
     late = sorted(
         (x.window_name, x.metric, canonical_tags(x.tags), x.window_start_ms - T0, x.count)
         for x in windower.late
@@ -70,8 +88,10 @@ def stored_state(url: str, config: PipelineConfig) -> State:
         "select window_name, metric, tags, "
         "(extract(epoch from window_start) * 1000)::bigint - %s as start, "
         "(extract(epoch from window_end) * 1000)::bigint - %s as end, metric_type, count, "
-        "sum, min, max, last, is_final, late_events from window_results where config_name = %s",
-        [T0, T0, config.name],
+        "sum, min, max, last, is_final, late_events, "
+        "(extract(epoch from early_as_of) * 1000)::bigint - %s as early "
+        "from window_results where config_name = %s",
+        [T0, T0, T0, config.name],
     )
     state = {}
     for row in rows:
@@ -83,7 +103,7 @@ def stored_state(url: str, config: PipelineConfig) -> State:
             "end": r["end"],
             "type": r["metric_type"], "count": r["count"], "sum": r["sum"], "min": r["min"],
             "max": r["max"], "last": r["last"], "final": r["is_final"],
-            "late_events": r["late_events"],
+            "late_events": r["late_events"], "early": r["early"],
         }  # fmt: skip
     _, late_rows = run_sql(
         url,
@@ -216,11 +236,71 @@ def run_spark(spark: SparkSession, url: str, spool: Path, config: PipelineConfig
 
 
 def check_expectations(transcript: Transcript, state: dict[StateKey, dict[str, Any]]) -> None:
-    expected = expected_state(transcript)
-    assert set(state) == set(expected), "windows differ from the transcript's expectations"
+    check_rows(expected_state(transcript), state, "windows")
+
+
+def check_rows(
+    expected: dict[StateKey, dict[str, Any]], state: dict[StateKey, dict[str, Any]], what: str
+) -> None:
+    assert set(state) == set(expected), f"{what} differ from the transcript's expectations"
     for key, fields in expected.items():
         actual = {name: state[key][name] for name in fields}
-        assert actual == fields, key
+        assert actual == fields, (what, key)
+
+
+def check_emissions(
+    transcript: Transcript, emissions: list[dict[StateKey, dict[str, Any]]]
+) -> None:
+    """Each segment's batch wrote exactly the rows its ``emits`` lists."""
+    assert transcript.expected_emits is not None
+    assert len(emissions) == len(transcript.expected_emits)
+    for index, (rows, expected) in enumerate(
+        zip(emissions, transcript.expected_emits, strict=True)
+    ):
+        check_rows(expected_rows(expected), rows, f"segments[{index}].emits")
+
+
+def _revisions(url: str, config: PipelineConfig) -> dict[StateKey, int]:
+    _, rows = run_sql(
+        url,
+        "select window_name, metric, tags, "
+        "(extract(epoch from window_start) * 1000)::bigint - %s, revision "
+        "from window_results where config_name = %s",
+        [T0, config.name],
+    )
+    return {(str(w), str(m), canonical_tags(t), int(str(s))): int(str(r))
+            for w, m, t, s, r in rows}  # fmt: skip
+
+
+def append_segment(transcript: Transcript, count: int, spool: Path, staging: Path) -> None:
+    """Add the transcript's ``count``-th segment to the live ``spool``, as a receiver would."""
+    partial = Transcript(
+        transcript.name, transcript.config, transcript.segments[:count],
+        transcript.expected_windows, transcript.expected_late,
+    )  # fmt: skip
+    partial.write_spool(staging)
+    for source in sorted(staging.rglob("*.arrow")):
+        target = spool / source.parent.name / source.name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+
+
+def run_spark_per_segment(
+    spark: SparkSession, url: str, tmp_path: Path, transcript: Transcript
+) -> list[dict[StateKey, dict[str, Any]]]:
+    """One micro-batch per segment; the rows each one wrote (new or higher revision)."""
+    spool = tmp_path / "spool"
+    emissions = []
+    before: dict[StateKey, int] = {}
+    for count in range(1, len(transcript.segments) + 1):
+        append_segment(transcript, count, spool, tmp_path / f"staging-{count}")
+        run_spark(spark, url, spool, transcript.config)
+        after = _revisions(url, transcript.config)
+        state, _ = stored_state(url, transcript.config)
+        emissions.append({k: state[k] for k, r in after.items() if before.get(k) != r})
+        before = after
+    return emissions
 
 
 @pytest.mark.parametrize("path", VALID, ids=[p.stem for p in VALID])
@@ -228,6 +308,8 @@ def test_reference_windower_meets_the_transcript(path: Path) -> None:
     transcript = _load(path)
     state, late = reference_state(transcript)
     check_expectations(transcript, state)
+    if transcript.expected_emits is not None:
+        check_emissions(transcript, reference_emissions(transcript))
     sketches = reference_sketches(transcript)
     for key, fields in expected_sketches(transcript).items():
         assert {name: sketches[key][name] for name in fields} == fields, key
@@ -244,11 +326,16 @@ def test_spark_job_stores_what_the_reference_computes(
     path: Path, spark: SparkSession, clean_store: str, tmp_path: Path
 ) -> None:
     transcript = _load(path)
-    transcript.write_spool(tmp_path / "spool")
-    try:
-        run_spark(spark, clean_store, tmp_path / "spool", transcript.config)
-    except NotImplementedError as error:  # sliding, until job.py starts it
-        pytest.skip(f"{error}; tests/windows/test_sliding_windows.py runs it on Spark")
+    if transcript.expected_emits is not None:  # early rows depend on the batches' watermarks
+        emissions = run_spark_per_segment(spark, clean_store, tmp_path, transcript)
+        assert emissions == reference_emissions(transcript)
+        check_emissions(transcript, emissions)
+    else:
+        transcript.write_spool(tmp_path / "spool")
+        try:
+            run_spark(spark, clean_store, tmp_path / "spool", transcript.config)
+        except NotImplementedError as error:  # sliding, until job.py starts it
+            pytest.skip(f"{error}; tests/windows/test_sliding_windows.py runs it on Spark")
     stored, stored_late = stored_state(clean_store, transcript.config)
     reference, reference_late = reference_state(transcript)
     assert stored == reference
@@ -292,17 +379,7 @@ def test_batching_does_not_change_the_result(
     transcript = _load(HERE / f"{name}.yaml")
     spool = tmp_path / "spool"
     for count in range(1, len(transcript.segments) + 1):
-        partial = Transcript(
-            transcript.name, transcript.config, transcript.segments[:count],
-            transcript.expected_windows, transcript.expected_late,
-        )  # fmt: skip
-        partial.write_spool(tmp_path / f"staging-{count}")
-        # append only the newest segment to the live spool, as a receiver would
-        for source in sorted((tmp_path / f"staging-{count}").rglob("*.arrow")):
-            target = spool / source.parent.name / source.name
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(source.read_bytes())
+        append_segment(transcript, count, spool, tmp_path / f"staging-{count}")
         run_spark(spark, clean_store, spool, transcript.config)
         assert overlapping_sessions(clean_store, transcript.config) == [], count
         stored_sketches(clean_store, transcript.config)  # fails on stale bucket rows

@@ -12,6 +12,7 @@ A transcript is YAML::
         closed: false               # optional: the receiver shut down cleanly
         samples:                    # StatsD lines and their event time (ms after T0)
           - {at: 200, line: "a:1|c"}
+        emits: []                   # optional: the rows this segment's micro-batch writes
     expect:
       windows:                      # every window row the store must hold, and nothing else
         - {window: w, metric: a, start: 0, count: 1, sum: 1.0, final: true, late_events: 0}
@@ -21,8 +22,16 @@ A transcript is YAML::
 Times are integer milliseconds after ``T0``; ``end`` (optional) is the window's exclusive end,
 worth listing for session windows, whose end moves as they grow. Listed window fields other than
 ``window/metric/start`` are compared; ``tags`` defaults to ``{}``; ``p50``/``p90``/``p99``/
-``p999``/``distinct_count`` may be listed too. The segments carry the combiner's sketch columns
-(t-digest, HDR buckets, HLL), as a receiver writes them. The loader is strict:
+``p999``/``distinct_count`` may be listed too; ``early`` is an early row's tick
+(``early_as_of``, ms after T0; null on every other row).
+
+``emits`` (a window with ``early_every`` shows its running value there): once any segment
+lists it, each segment is run as one micro-batch and the rows whose revision its batch changed
+(early, on-time, revised, final) must be exactly those listed (none when the key is absent),
+with the same fields compared as under ``expect.windows``.
+
+The segments carry the combiner's sketch columns (t-digest, HDR buckets, HLL), as a receiver
+writes them. The loader is strict:
 unknown keys, heartbeats going backwards, unparsable lines or expectations naming an unknown
 window are refused with every problem listed.
 """
@@ -45,7 +54,9 @@ from streamgauge.windows.reference import PanePartial, Segment
 
 T0 = 1_700_000_000_000
 _PARTIAL_FIELDS = frozenset(field.name for field in fields(PanePartial))
-WINDOW_FIELDS = {"count", "sum", "min", "max", "last", "final", "late_events", "type", "end"}
+WINDOW_FIELDS = {
+    "count", "sum", "min", "max", "last", "final", "late_events", "type", "end", "early",
+}  # fmt: skip
 SKETCH_FIELDS = {"p50", "p90", "p99", "p999", "distinct_count"}
 """Expectable sketch columns (compared by ``test_transcripts.check_sketches``' rules)."""
 
@@ -61,6 +72,8 @@ class Transcript:
     segments: tuple[Segment, ...]
     expected_windows: tuple[dict[str, Any], ...]
     expected_late: tuple[dict[str, Any], ...] | None
+    expected_emits: tuple[tuple[dict[str, Any], ...], ...] | None = None
+    """Per segment, the rows its micro-batch writes (``emits``); None if no segment says."""
 
     def write_spool(self, spool: Path) -> None:
         """Write the segments as a real segment log (same writer as the ingest tier)."""
@@ -105,13 +118,22 @@ def load_transcript(text: str, source: str) -> Transcript:
         raise TranscriptError(f"{source}: config: {error}") from None
 
     segments: list[Segment] = []
+    emits: list[tuple[dict[str, Any], ...]] = []
+    any_emits = False
+    names = {w.name for w in config.windows}
     last_heartbeat: dict[str, int] = {}
     for index, raw in enumerate(document.get("segments") or []):
         where = f"segments[{index}]"
         if not isinstance(raw, dict):
             problems.append(f"{where}: must be a mapping")
             continue
-        _check_keys(where, raw, {"receiver", "heartbeat", "closed", "samples"}, problems)
+        _check_keys(where, raw, {"receiver", "heartbeat", "closed", "samples", "emits"},
+                    problems)  # fmt: skip
+        any_emits = any_emits or "emits" in raw
+        emitted = tuple(raw.get("emits") or [])
+        for emit_index, row in enumerate(emitted):
+            _check_window_row(f"{where}.emits[{emit_index}]", row, names, problems)
+        emits.append(emitted)
         receiver = str(raw.get("receiver", "r0"))
         heartbeat = raw.get("heartbeat")
         if not isinstance(heartbeat, int):
@@ -148,14 +170,9 @@ def load_transcript(text: str, source: str) -> Transcript:
 
     expect = document.get("expect") or {}
     _check_keys("expect", expect, {"windows", "late"}, problems)
-    names = {w.name for w in config.windows}
     expected_windows = []
     for index, row in enumerate(expect.get("windows") or []):
-        where = f"expect.windows[{index}]"
-        _check_keys(where, row, {"window", "metric", "start", "tags"} | WINDOW_FIELDS
-                    | SKETCH_FIELDS, problems)  # fmt: skip
-        if row.get("window") not in names:
-            problems.append(f"{where}.window: {row.get('window')!r} is not a window of the config")
+        _check_window_row(f"expect.windows[{index}]", row, names, problems)
         expected_windows.append(row)
     expected_late = None
     if "late" in expect:
@@ -171,7 +188,18 @@ def load_transcript(text: str, source: str) -> Transcript:
         tuple(segments),
         tuple(expected_windows),
         expected_late,
+        tuple(emits) if any_emits else None,
     )
+
+
+def _check_window_row(where: str, row: Any, names: set[str], problems: list[str]) -> None:
+    if not isinstance(row, dict):
+        problems.append(f"{where}: must be a mapping {{window, metric, start, ...}}")
+        return
+    _check_keys(where, row, {"window", "metric", "start", "tags"} | WINDOW_FIELDS
+                | SKETCH_FIELDS, problems)  # fmt: skip
+    if row.get("window") not in names:
+        problems.append(f"{where}.window: {row.get('window')!r} is not a window of the config")
 
 
 # -- the state both engines are compared on -------------------------------------------------
@@ -186,8 +214,13 @@ def canonical_tags(tags: Any) -> str:
 
 
 def expected_state(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
+    return expected_rows(transcript.expected_windows)
+
+
+def expected_rows(rows: tuple[dict[str, Any], ...]) -> dict[StateKey, dict[str, Any]]:
+    """Listed window rows by key, with the fields they name."""
     state = {}
-    for row in transcript.expected_windows:
+    for row in rows:
         key = (row["window"], row["metric"], canonical_tags(row.get("tags")), row["start"])
         state[key] = {k: v for k, v in row.items() if k in WINDOW_FIELDS}
     return state
