@@ -109,7 +109,8 @@ def _aggregate_panel(config: PipelineConfig, aggregate: Aggregate, ds: str) -> t
         .title(_TITLES[aggregate])
         .description(
             f"{aggregate} of $metric in window $window; dashed orange points: buckets holding "
-            "a window that is not final yet (stragglers may still change it)."
+            "a window that is not final yet (stragglers may still change it, or, with "
+            "early_every, still open: a running value)."
             + (_PERCENTILE_NOTE if aggregate in ("p50", "p90", "p99", "p999") else "")
             + (_DISTINCT_NOTE if aggregate == "distinct_count" else "")
         )
@@ -226,7 +227,11 @@ def results_dashboard(config: PipelineConfig, datasource_uid: str) -> dict[str, 
         .with_row(dash.Row("Totals"))
         .with_panel(_stat("Samples in range", queries.stat_samples_sql(config), ds))
         .with_panel(
-            _stat("Windows in range: final / provisional", queries.stat_windows_sql(config), ds)
+            _stat(
+                "Windows in range: final / provisional / early",
+                queries.stat_windows_sql(config),
+                ds,
+            )
         )
         .with_panel(_stat("Distinct count over the range", queries.stat_distinct_sql(config), ds))
         .with_row(dash.Row("Aggregates per window"))

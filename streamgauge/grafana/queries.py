@@ -217,11 +217,13 @@ def stat_samples_sql(config: PipelineConfig) -> str:
 
 
 def stat_windows_sql(config: PipelineConfig) -> str:
-    """Windows in the time range, final and provisional."""
+    """Windows in range: final, provisional (closed, stragglers may still change them) and
+    early (still open, published by ``early_every``: a running value)."""
     return (
         "SELECT\n"
         "  count(*) FILTER (WHERE is_final) AS final,\n"
-        "  count(*) FILTER (WHERE NOT is_final) AS provisional\n"
+        "  count(*) FILTER (WHERE NOT is_final AND early_as_of IS NULL) AS provisional,\n"
+        "  count(*) FILTER (WHERE early_as_of IS NOT NULL) AS early\n"
         "FROM window_results\n"
         f"WHERE {_series_filter(config)}"
     )

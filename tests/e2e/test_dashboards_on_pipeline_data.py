@@ -327,9 +327,10 @@ def test_stat_panels_and_the_metric_variable(
         [(samples,)] = board.run(queries.stat_samples_sql(board.config), metric=metric,
                                  **_data_range(sent))  # fmt: skip
         assert samples == sum(len(sent.values(metric, h, range(WINDOWS))) for h in HOSTS)
-        [(final, provisional)] = board.run(queries.stat_windows_sql(board.config), metric=metric,
-                                           **_data_range(sent))  # fmt: skip
-        assert (final, provisional) == (0, WINDOWS * len(sent.hosts(metric)))
+        [(final, provisional, early)] = board.run(
+            queries.stat_windows_sql(board.config), metric=metric, **_data_range(sent)
+        )
+        assert (final, provisional, early) == (0, WINDOWS * len(sent.hosts(metric)), 0)
     # Distinct users over the ten minutes and both hosts: 120 windows' registers merged in SQL.
     [(distinct,)] = board.run(queries.stat_distinct_sql(board.config), metric="api.users",
                               **_data_range(sent))  # fmt: skip

@@ -281,7 +281,7 @@ def test_time_filter_is_inclusive_and_on_window_start(
 
 def test_stats(store_url: str, config: PipelineConfig) -> None:
     assert run(store_url, queries.stat_samples_sql(config)) == [(9.0,)]
-    assert run(store_url, queries.stat_windows_sql(config)) == [(2.0, 3.0)]
+    assert run(store_url, queries.stat_windows_sql(config)) == [(2.0, 3.0, 0.0)]
     assert run(store_url, queries.stat_distinct_sql(config)) == [(42.0,)]
     assert run(store_url, queries.stat_samples_sql(config), window="per_1m") == [(0.0,)]
 
