@@ -17,9 +17,14 @@ A transcript is YAML::
         - {window: w, metric: a, start: 0, count: 1, sum: 1.0, final: true, late_events: 0}
       late:                         # every late partial (optional)
         - {window: w, metric: a, start: 0, count: 1}
+      after_replay:                 # optional: every window row after `streamgauge replay`
+        - {window: w, metric: a, start: 0, count: 2, sum: 11.0, final: true}
 
 Times are integer milliseconds after ``T0``; ``end`` (optional) is the window's exclusive end,
-worth listing for session windows, whose end moves as they grow. Listed window fields other than
+worth listing for session windows, whose end moves as they grow. ``after_replay`` lists the
+rows the store must hold once `streamgauge replay` has run over all time (same fields): the
+reference's ``stored(after_replay=True)`` must meet it, and so must the Spark job followed by
+``replay``. Listed window fields other than
 ``window/metric/start`` are compared; ``tags`` defaults to ``{}``; ``p50``/``p90``/``p99``/
 ``p999``/``distinct_count`` may be listed too. The segments carry the combiner's sketch columns
 (t-digest, HDR buckets, HLL), as a receiver writes them. The loader is strict:
@@ -61,6 +66,7 @@ class Transcript:
     segments: tuple[Segment, ...]
     expected_windows: tuple[dict[str, Any], ...]
     expected_late: tuple[dict[str, Any], ...] | None
+    expected_after_replay: tuple[dict[str, Any], ...] | None = None
 
     def write_spool(self, spool: Path) -> None:
         """Write the segments as a real segment log (same writer as the ingest tier)."""
@@ -147,16 +153,19 @@ def load_transcript(text: str, source: str) -> Transcript:
         segments.append(Segment(receiver, T0 + heartbeat, bool(raw.get("closed")), partials))
 
     expect = document.get("expect") or {}
-    _check_keys("expect", expect, {"windows", "late"}, problems)
+    _check_keys("expect", expect, {"windows", "late", "after_replay"}, problems)
     names = {w.name for w in config.windows}
-    expected_windows = []
-    for index, row in enumerate(expect.get("windows") or []):
-        where = f"expect.windows[{index}]"
-        _check_keys(where, row, {"window", "metric", "start", "tags"} | WINDOW_FIELDS
-                    | SKETCH_FIELDS, problems)  # fmt: skip
-        if row.get("window") not in names:
-            problems.append(f"{where}.window: {row.get('window')!r} is not a window of the config")
-        expected_windows.append(row)
+    listed: dict[str, list[dict[str, Any]]] = {"windows": [], "after_replay": []}
+    for section, expected_rows in listed.items():
+        for index, row in enumerate(expect.get(section) or []):
+            where = f"expect.{section}[{index}]"
+            _check_keys(where, row, {"window", "metric", "start", "tags"} | WINDOW_FIELDS
+                        | SKETCH_FIELDS, problems)  # fmt: skip
+            if row.get("window") not in names:
+                problems.append(
+                    f"{where}.window: {row.get('window')!r} is not a window of the config"
+                )
+            expected_rows.append(row)
     expected_late = None
     if "late" in expect:
         expected_late = tuple(expect["late"] or [])
@@ -169,8 +178,9 @@ def load_transcript(text: str, source: str) -> Transcript:
         str(document.get("name", source)),
         config,
         tuple(segments),
-        tuple(expected_windows),
+        tuple(listed["windows"]),
         expected_late,
+        tuple(listed["after_replay"]) if "after_replay" in expect else None,
     )
 
 
@@ -185,18 +195,24 @@ def canonical_tags(tags: Any) -> str:
     return json.dumps(tags or {}, sort_keys=True, separators=(",", ":"))
 
 
-def expected_state(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
+def expected_state(
+    transcript: Transcript, *, after_replay: bool = False
+) -> dict[StateKey, dict[str, Any]]:
     state = {}
-    for row in transcript.expected_windows:
+    rows = transcript.expected_after_replay if after_replay else transcript.expected_windows
+    for row in rows or ():
         key = (row["window"], row["metric"], canonical_tags(row.get("tags")), row["start"])
         state[key] = {k: v for k, v in row.items() if k in WINDOW_FIELDS}
     return state
 
 
-def expected_sketches(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
+def expected_sketches(
+    transcript: Transcript, *, after_replay: bool = False
+) -> dict[StateKey, dict[str, Any]]:
     """The sketch columns the transcript's expectations name, per window."""
     state = {}
-    for row in transcript.expected_windows:
+    rows = transcript.expected_after_replay if after_replay else transcript.expected_windows
+    for row in rows or ():
         key = (row["window"], row["metric"], canonical_tags(row.get("tags")), row["start"])
         state[key] = {k: v for k, v in row.items() if k in SKETCH_FIELDS}
     return state
