@@ -505,10 +505,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if item.watermark_ms is None:
             print(f"{config.name}.{item.window_name}: no watermark yet: nothing is final")
             continue
+        superseded = (
+            f", {item.windows_retracted} superseded session(s) removed"
+            if item.windows_retracted else ""
+        )  # fmt: skip
         print(
             f"{config.name}.{item.window_name}: {item.windows_recomputed} final window(s) "
             f"recomputed, {item.windows_corrected} corrected, "
-            f"{item.late_partials_applied} late partial(s) applied"
+            f"{item.late_partials_applied} late partial(s) applied{superseded}"
         )
     return 0
 

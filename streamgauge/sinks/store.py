@@ -278,6 +278,102 @@ WHERE l.replayed_at IS NULL
   AND {_window_key("l")} = {_staged_window_key("s")}
 """
 
+# Replay of session windows (``publish_corrections(supersede=True)``): a recomputed session
+# replaces every stored row of its series that it contains (the sessions a late partial
+# extended or bridged), in one transaction. Stored rows of a series never overlap and each
+# lies inside exactly one recomputed session (the recomputation sees a superset of its
+# partials), so "contained" finds exactly the superseded ones and never a neighbour.
+_REPLAY_PRIOR = "sg_replay_prior"
+_REPLAY_PRIOR_DDL = f"""
+CREATE TEMPORARY TABLE IF NOT EXISTS {_REPLAY_PRIOR} (
+    config_name text, window_name text, metric text, tags text, window_start_ms int8,
+    window_end_ms int8, revision int8, corrections int8, superseded int8
+) ON COMMIT DELETE ROWS
+"""
+_STAGED_KEY_COLUMNS = "config_name, window_name, metric, tags, window_start_ms, window_end_ms"
+_CONTAINED_IN_STAGED = f"""w.config_name = s.config_name AND w.window_name = s.window_name
+  AND w.metric = s.metric AND w.tags = s.tags::jsonb
+  AND w.window_start >= {_ms_to_ts("s.window_start_ms")}
+  AND w.window_end <= {_ms_to_ts("s.window_end_ms")}"""
+_SAME_KEY_AS_STAGED = f"{_window_key('w')} = {_staged_window_key('s')}"
+
+# Per staged session: the highest revision and corrections among the stored rows it covers
+# (its own key included), and how many of them it supersedes (other keys, or still pending).
+_FIND_SUPERSEDED = f"""
+INSERT INTO {_REPLAY_PRIOR}
+SELECT {", ".join(f"s.{c}" for c in _STAGED_KEY_COLUMNS.split(", "))},
+       max(w.revision), max(w.corrections),
+       count(*) FILTER (WHERE w.pending OR NOT ({_SAME_KEY_AS_STAGED}))
+FROM {_STAGING} s JOIN (
+    SELECT {_KEY}, revision, corrections, false AS pending FROM window_results
+    UNION ALL
+    SELECT {_KEY}, revision, 0, true FROM window_pending
+) w ON {_CONTAINED_IN_STAGED}
+GROUP BY {", ".join(f"s.{c}" for c in _STAGED_KEY_COLUMNS.split(", "))}
+"""
+
+_DELETE_SUPERSEDED = {
+    "window_results": f"""
+DELETE FROM window_results w USING {_STAGING} s
+WHERE {_CONTAINED_IN_STAGED} AND NOT ({_SAME_KEY_AS_STAGED})""",
+    "window_pending": f"""
+DELETE FROM window_pending w USING {_STAGING} s WHERE {_CONTAINED_IN_STAGED}""",
+    "window_histograms": f"""
+DELETE FROM window_histograms w USING {_STAGING} s
+WHERE {_CONTAINED_IN_STAGED} AND NOT ({_SAME_KEY_AS_STAGED})""",
+}
+
+# A stored session with the recomputed one's key: corrected when its values changed or when
+# it now also stands for superseded rows; revision and corrections go above all it covers.
+_UPDATE_SUPERSEDING = f"""
+UPDATE window_results w SET
+    ({", ".join((*_VALUES, *_ENCODINGS))}) = ({_STAGED_VALUES}),
+    revision = p.revision + 1, is_final = true, corrections = p.corrections + 1,
+    late_events = {_LATE_SAMPLES_OF_STAGED}, emitted_at = {_ms_to_ts("s.emitted_at_ms")}
+FROM {_STAGING} s JOIN {_REPLAY_PRIOR} p USING ({_STAGED_KEY_COLUMNS})
+WHERE {_SAME_KEY_AS_STAGED}
+  AND (p.superseded > 0
+       OR ({", ".join(f"w.{c}" for c in _VALUES)}) IS DISTINCT FROM
+          ({", ".join(f"s.{c}" for c in _VALUES)}))
+"""
+
+# A recomputed session with a new key: a correction of the rows it supersedes (revision and
+# corrections above theirs), or an insert (revision 1, corrections 0) where it covers none.
+_INSERT_SUPERSEDING = f"""
+INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)}, corrections)
+SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")}, {_STAGED_VALUES},
+       coalesce(p.revision, 0) + 1, true, {_LATE_SAMPLES_OF_STAGED},
+       {_ms_to_ts("s.emitted_at_ms")},
+       CASE WHEN p.revision IS NULL THEN 0 ELSE p.corrections + 1 END
+FROM {_STAGING} s LEFT JOIN {_REPLAY_PRIOR} p USING ({_STAGED_KEY_COLUMNS})
+WHERE NOT EXISTS (SELECT 1 FROM window_results w WHERE {_SAME_KEY_AS_STAGED})
+"""
+
+_MARK_LATE_IDS_REPLAYED = f"""
+UPDATE late_events SET replayed_at = {_ms_to_ts("%(now_ms)s")}
+WHERE id = ANY(%(ids)s) AND replayed_at IS NULL
+"""
+
+
+@dataclass(frozen=True)
+class LateRecord:
+    """A row of ``late_events`` as replay needs it: which series, when, and its id."""
+
+    id: int
+    metric: str
+    tags: str
+    """Canonical JSON text (sorted keys, no spaces), whatever order jsonb keeps them in."""
+    pane_start_ms: int
+    count: int
+
+
+_READ_LATE = """
+SELECT id, metric, tags, (extract(epoch from pane_start) * 1000)::bigint, count
+FROM late_events WHERE config_name = %s AND window_name = %s ORDER BY id
+"""
+
+
 # The window query and its late-events query write the same rows; one lock per window
 # definition serialises their transactions, so neither misses the other's rows.
 _LOCK_WINDOW = "SELECT pg_advisory_xact_lock(hashtext(%s))"
@@ -752,15 +848,31 @@ class ResultStore:
         return outcome
 
     def publish_corrections(
-        self, results: pa.Table, lock_name: str, histograms: pa.Table | None = None
+        self,
+        results: pa.Table,
+        lock_name: str,
+        histograms: pa.Table | None = None,
+        *,
+        supersede: bool = False,
+        late_ids: Sequence[int] | None = None,
     ) -> BatchOutcome:
         """Replace final windows by recomputed ones (``streamgauge replay``), atomically.
 
-        Each changed window gets the next revision; unchanged ones are left alone. Late
-        partials of the recomputed windows are marked ``replayed_at``. ``rows_upserted`` is
-        the number of windows corrected, ``rows_finalized`` the late partials applied.
+        Each changed window gets the next revision; unchanged ones are left alone; a window
+        not stored before is inserted (revision 1, ``corrections`` 0: not a correction). Late
+        partials of the recomputed windows are marked ``replayed_at``: those whose window key
+        is a recomputed window's or, given ``late_ids``, exactly those ``late_events`` ids.
+        ``rows_upserted`` is the number of windows corrected or inserted, ``rows_finalized``
+        the late partials marked, ``rows_retracted`` the superseded rows deleted.
         ``histograms``: the recomputed windows' bucket rows (their ``revision`` is ignored); a
         corrected window's set replaces the stored one at the window's new revision.
+
+        ``supersede`` (session windows): a recomputed window also replaces every stored row of
+        its series (metric, tags) that lies inside it, in ``window_results`` and
+        ``window_pending``, with their ``window_histograms`` rows: the sessions a late partial
+        extended or bridged. Its revision is one above the highest it replaces and its
+        ``corrections`` one above the most any of them had; it is written even when a stored
+        row with its own key holds the same values, as long as it supersedes others.
         """
         table = _with_hll_registers(_conform(results))
         histogram_rows = None if histograms is None else _conform(histograms, HISTOGRAM_SCHEMA)
@@ -772,17 +884,46 @@ class ResultStore:
                 if not table.num_rows:
                     return BatchOutcome(False, 0, 0)
                 _copy_into(cur, _STAGING_DDL, _STAGING, table)
-                cur.execute(_PUBLISH_CORRECTIONS)
-                corrected = max(cur.rowcount, 0)
+                retracted = 0
+                if supersede:
+                    cur.execute(_REPLAY_PRIOR_DDL)
+                    cur.execute(_FIND_SUPERSEDED)
+                    for target, sql in _DELETE_SUPERSEDED.items():
+                        cur.execute(sql)
+                        if target != "window_histograms":  # bucket rows are not windows
+                            retracted += max(cur.rowcount, 0)
+                    cur.execute(_UPDATE_SUPERSEDING)
+                    corrected = max(cur.rowcount, 0)
+                    cur.execute(_INSERT_SUPERSEDING)
+                    corrected += max(cur.rowcount, 0)
+                else:
+                    cur.execute(_PUBLISH_CORRECTIONS)
+                    corrected = max(cur.rowcount, 0)
                 if histogram_rows is not None and histogram_rows.num_rows:
                     _copy_into(cur, _HISTOGRAM_STAGING_DDL, _HISTOGRAM_STAGING, histogram_rows)
                     cur.execute(_REPLACE_REPLAYED_HISTOGRAMS)
                     cur.execute(_INSERT_REPLAYED_HISTOGRAMS)
-                cur.execute(_MARK_LATE_REPLAYED, {"now_ms": now_ms})
+                if late_ids is None:
+                    cur.execute(_MARK_LATE_REPLAYED, {"now_ms": now_ms})
+                else:
+                    cur.execute(_MARK_LATE_IDS_REPLAYED, {"now_ms": now_ms, "ids": list(late_ids)})
                 applied = max(cur.rowcount, 0)
-            return BatchOutcome(False, rows_upserted=corrected, rows_finalized=applied)
+            return BatchOutcome(False, rows_upserted=corrected, rows_finalized=applied,
+                                rows_retracted=retracted)  # fmt: skip
 
         return self._with_retry(f"publish corrections for {lock_name!r}", work)
+
+    def read_late_partials(self, config_name: str, window_name: str) -> list[LateRecord]:
+        """Every ``late_events`` row of one window definition (replayed or not), by id."""
+
+        def work(conn: psycopg.Connection[Any]) -> list[LateRecord]:
+            rows = conn.execute(_READ_LATE, (config_name, window_name)).fetchall()
+            return [
+                LateRecord(int(i), str(metric), canonical_tags_text(tags), int(t), int(n))
+                for i, metric, tags, t, n in rows
+            ]
+
+        return self._with_retry(f"read late partials of {config_name}/{window_name}", work)
 
     def prune(self, before_ms: int) -> dict[str, int]:
         """Delete windows that ended before ``before_ms`` (and batch records older than it).
@@ -930,6 +1071,13 @@ def _copy_into(cur: psycopg.Cursor[Any], ddl: str, staging: str, table: pa.Table
         copy.set_types([_PG_TYPES[f.type] for f in table.schema])
         for row in _rows(table):
             copy.write_row(row)
+
+
+def canonical_tags_text(tags: Any) -> str:
+    """Tags (a dict, or JSON text) as the window job writes them: sorted keys, no spaces,
+    non-ASCII kept (Spark's ``to_json``); jsonb reorders keys by length and adds spaces."""
+    parsed = json.loads(tags) if isinstance(tags, str) else dict(tags or {})
+    return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _error_reason(exc: psycopg.Error) -> str:

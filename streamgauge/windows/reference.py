@@ -61,7 +61,7 @@ batches see, so the Spark job is compared with it one micro-batch per segment::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -218,6 +218,66 @@ def project_tags(tags_json: str, group_by: tuple[str, ...]) -> str:
     return json.dumps(kept, separators=(",", ":"))
 
 
+def merge_session(
+    series: list[SessionState], t: int, own: WindowState, gap: int, merger: SketchMerger
+) -> None:
+    """Add an on-time partial at ``t`` to a series' sessions: it opens ``[t, t + gap)`` and
+    absorbs, by start (the operator's order), every session it touches."""
+    touched = [s for s in series if s.start - gap < t < s.end]
+    merged = SessionState(t, t + gap, own)
+    for session in sorted(touched, key=lambda s: s.start):
+        series.remove(session)
+        merged.start = min(merged.start, session.start)
+        merged.end = max(merged.end, session.end)
+        merged.state.merge(session.state, merger)
+    series.append(merged)
+
+
+def slide(
+    panes: dict[int, WindowState],
+    windows: dict[int, WindowState],
+    t: int,
+    own: WindowState,
+    *,
+    size: int,
+    pane: int,
+    deadline: int | None,
+    late: Callable[[int], None] | None,
+    merger: SketchMerger,
+) -> None:
+    """Add a partial at ``t`` to a series' sliding panes and windows. A window whose ``end <=
+    deadline`` is final: the partial is recorded ``late`` against it instead (against its left
+    window if every window that could hold it is final). ``deadline`` None: nothing is late."""
+
+    def final(end: int) -> bool:
+        return deadline is not None and end <= deadline
+
+    def build(start: int) -> WindowState:
+        state = WindowState(own.metric_type)
+        for u in sorted(panes):
+            if start <= u < start + size:
+                state.merge(panes[u], merger)
+        return state
+
+    if final(t + size):
+        assert late is not None
+        late(t + pane - size)  # every window that could hold it is final
+        return
+    panes.setdefault(t, WindowState(own.metric_type)).merge(own, merger)
+    starts = {u + pane - size for u in panes} | {u + pane for u in panes}
+    for start in sorted(s for s in starts if s <= t < s + size):
+        if final(start + size):
+            assert late is not None
+            late(start)  # a final window is never changed
+        elif start in windows:
+            windows[start].merge(own, merger)
+        else:
+            windows[start] = build(start)
+    right = t + pane
+    if right not in windows and any(right <= u < right + size for u in panes):
+        windows[right] = build(right)
+
+
 @dataclass
 class ReferenceWindower:
     config: PipelineConfig
@@ -234,6 +294,11 @@ class ReferenceWindower:
         default_factory=dict
     )
     sliding: dict[tuple[str, str, str], dict[int, WindowState]] = field(default_factory=dict)
+    # Session and sliding windows, per (window name, metric, tags): every partial, late or
+    # not, with its place in the log (``LOG_ORDER``) and event time: what replay recomputes.
+    series_log: dict[tuple[str, str, str], list[tuple[tuple[Any, ...], int, PanePartial]]] = (
+        field(default_factory=dict)
+    )
     merger: SketchMerger = field(init=False)
     # Early emission: what window_results holds per window as the batches publish it, and the
     # rows each feed (micro-batch) gave a new revision. Tracked when a window has early_every
@@ -261,6 +326,10 @@ class ReferenceWindower:
             segment.partials, key=lambda p: merge_key(p, min(p.pane_start_ms, segment.heartbeat_ms))
         )
         for window in self.config.windows:
+            if window.kind in ("session", "sliding"):
+                for partial in in_event_order:
+                    if window.matches(partial.metric):
+                        self._log_for_replay(window, segment, prior_ms, partial)
             if window.kind == "session":
                 for partial in in_event_order:
                     if window.matches(partial.metric):
@@ -359,13 +428,7 @@ class ReferenceWindower:
             first = min(final, key=lambda s: s.start)
             late(first.start, first.end)  # reaches into a final session: never reopened
             return
-        merged = SessionState(t, t + gap, WindowState.of(partial, self.merger))
-        for session in sorted(touched, key=lambda s: s.start):  # the operator's order
-            series.remove(session)
-            merged.start = min(merged.start, session.start)
-            merged.end = max(merged.end, session.end)
-            merged.state.merge(session.state, self.merger)
-        series.append(merged)
+        merge_session(series, t, WindowState.of(partial, self.merger), gap, self.merger)
 
     def _slide(
         self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial
@@ -376,8 +439,6 @@ class ReferenceWindower:
         t = min(partial.pane_start_ms, segment.heartbeat_ms)
         tags = project_tags(partial.tags, window.group_by)
         series = (window.name, partial.metric, tags)
-        panes = self.sliding_panes.setdefault(series, {})
-        windows = self.sliding.setdefault(series, {})
 
         def late(start: int) -> None:
             self.late.append(
@@ -385,29 +446,71 @@ class ReferenceWindower:
                             segment.receiver, partial.pane_start_ms, partial.count)
             )  # fmt: skip
 
-        def build(start: int) -> WindowState:
-            state = WindowState(partial.metric_type)
-            for u in sorted(panes):
-                if start <= u < start + size:
-                    state.merge(panes[u], self.merger)
-            return state
+        slide(
+            self.sliding_panes.setdefault(series, {}), self.sliding.setdefault(series, {}),
+            t, WindowState.of(partial, self.merger), size=size, pane=pane, deadline=deadline,
+            late=late, merger=self.merger,
+        )  # fmt: skip
 
-        if t + size <= deadline:
-            late(t + pane - size)  # every window that could hold it is final
-            return
-        own = WindowState.of(partial, self.merger)
-        panes.setdefault(t, WindowState(partial.metric_type)).merge(own, self.merger)
-        starts = {u + pane - size for u in panes} | {u + pane for u in panes}
-        for start in sorted(s for s in starts if s <= t < s + size):
-            if start + size <= deadline:
-                late(start)  # a final window is never changed
-            elif start in windows:
-                windows[start].merge(own, self.merger)
-            else:
-                windows[start] = build(start)
-        right = t + pane
-        if right not in windows and any(right <= u < right + size for u in panes):
-            windows[right] = build(right)
+    def _log_for_replay(
+        self, window: WindowSpec, segment: Segment, prior_ms: int, partial: PanePartial
+    ) -> None:
+        t = min(partial.pane_start_ms, segment.heartbeat_ms)
+        tags = project_tags(partial.tags, series_keys(window))
+        place = (prior_ms, segment.heartbeat_ms, t, segment.receiver, *merge_key(partial, t)[1:])
+        self.series_log.setdefault((window.name, partial.metric, tags), []).append(
+            (place, t, partial)
+        )
+
+    def _replay_series(self, states: dict[WindowKey, WindowState]) -> None:
+        """``streamgauge replay`` over all time, for session and sliding windows.
+
+        Per series with late partials, every partial (late ones included) in log order, with
+        no lateness cut. A final recomputed session holding a late partial replaces the
+        stored sessions inside it; a final recomputed sliding window is published when it
+        holds a late partial or starts just after one (``t + p``: a window only a late pane
+        defines, which holds no late partial itself).
+        """
+        late_at: dict[tuple[str, str, str], list[int]] = {}
+        for late in self.late:
+            late_at.setdefault((late.window_name, late.metric, late.tags), []).append(
+                late.pane_start_ms
+            )
+        for series, logged in self.series_log.items():
+            times = late_at.get(series)
+            window = self.config.window(series[0])
+            watermark = self.watermark_ms(window)
+            if not times or watermark is None:
+                continue
+            lateness = window.allowed_lateness_ms
+            ordered = [(t, partial) for _, t, partial in sorted(logged, key=lambda x: x[0])]
+            if window.kind == "session":
+                assert window.gap_ms is not None
+                sessions: list[SessionState] = []
+                for t, partial in ordered:
+                    merge_session(sessions, t, WindowState.of(partial, self.merger),
+                                  window.gap_ms, self.merger)  # fmt: skip
+                for r in sessions:
+                    if r.end + lateness > watermark or not any(r.start <= t < r.end for t in times):
+                        continue
+                    for key in [k for k in states if k[:3] == series and r.start <= k[3]
+                                and k[4] <= r.end]:  # fmt: skip
+                        del states[key]
+                    states[(*series, r.start, r.end)] = r.state
+                continue
+            assert window.size_ms is not None
+            size, pane = window.size_ms, self.config.pane_ms
+            panes: dict[int, WindowState] = {}
+            windows: dict[int, WindowState] = {}
+            for t, partial in ordered:
+                slide(panes, windows, t, WindowState.of(partial, self.merger), size=size,
+                      pane=pane, deadline=None, late=None, merger=self.merger)  # fmt: skip
+            for start, state in windows.items():
+                end = start + size
+                if end + lateness > watermark:
+                    continue
+                if any(start <= t < end or start == t + pane for t in times):
+                    states[(*series, start, end)] = state
 
     def watermark_ms(self, window: WindowSpec) -> int | None:
         heartbeat = receivers_heartbeat_ms(
@@ -422,7 +525,8 @@ class ReferenceWindower:
         Windows whose end the watermark has not passed are not there (``window_pending``).
 
         ``after_replay``: as after `streamgauge replay` over all time, final windows include
-        their late partials (and windows made only of late partials exist).
+        their late partials (and windows made only of late partials exist); for session and
+        sliding windows see ``_replay_series``.
         """
         late_samples = self._late_samples()
         result: dict[WindowKey, StoredWindow] = {}
@@ -433,6 +537,7 @@ class ReferenceWindower:
                 watermark = self.watermark_ms(window)
                 if watermark is not None and key[4] + window.allowed_lateness_ms <= watermark:
                     states[key] = state
+            self._replay_series(states)
         for key, state in states.items():
             window = self.config.window(key[0])
             watermark = self.watermark_ms(window)

@@ -6,10 +6,37 @@ window assignment and aggregation code as the streaming job but **without** the 
 cut, so late partials are included, and writes every window that changed with the next
 revision (``ResultStore.publish_corrections``).
 
-Session windows are not replayed yet: their late partials stay in ``late_events`` (and are
-counted on the session they reached), and replay skips them with a warning. Recomputing a
-session means re-running the merge over the whole series, and a correction may merge
-stored sessions, so it needs retractions too; that is the next step.
+Session and sliding windows are recomputed per series by their streaming operator's own
+function (``session_state_function`` / ``sliding_state_function``), called once per series
+in a batch ``groupBy(metric, tags).applyInPandas`` over **every** retained partial of the
+series (a session can chain across any span of time, so no range of the log is enough), with
+the lateness cut disabled and nothing evicted; the operator sorts them in ``LOG_ORDER``, so
+the merge order (and the sketch bytes) are the streaming job's for the same partials. Only
+series with rows in ``late_events`` are recomputed (the others cannot differ), and of their
+recomputed windows only the final ones that intersect ``[from, to)`` and that the late
+partials affect are published:
+
+- a **session** holding a late partial (``pane_start`` inside it). It replaces every stored
+  session of its series inside it (``publish_corrections(supersede=True)``): a late partial
+  may extend a session or bridge several into one. Timeline (gap 4 s, lateness 1 s)::
+
+      t (s)      0    1    2    3    4    5    6    7    8    9   10
+      stored     [0 ........... 4)      [6 ........... 10)      both final
+      late                      x  (own session [3, 7) already final: late_events)
+      replay     [0 ...................................... 10)  revision above both;
+                 rows [0, 4) and [6, 10) and their bucket rows deleted in that transaction
+
+  Whole sessions are taken: one that intersects ``[from, to)`` is recomputed and published
+  entire, even where it reaches beyond the range.
+- a **sliding** window holding a late partial, or starting just after one (``t + pane``: the
+  right window of a late pane, which exists only because of it). A window that changed is a
+  correction; one that did not exist (a window only a late pane defines) is an insert. Sliding
+  windows are never superseded: more partials only add windows.
+
+The late partials inside a published window are marked ``replayed_at`` (by id, as read
+before the log). ``late_events`` of a published row counts, as for every row, the late
+partials recorded against its exact bounds: a session merged by replay starts from 0.
+Replaying again recomputes the same bytes, so it changes nothing.
 
 A ``quantiles: kll`` window is recomputed like its streaming query: one native aggregation of
 every type, p50/p90 from the merged KLL (``aggregate_windows(..., kll_k)``), no histogram rows.
@@ -21,18 +48,23 @@ job, whose revisions must keep increasing.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streamgauge.clock import Clock
-from streamgauge.configs import PipelineConfig
-from streamgauge.sinks.store import ResultStore
+from streamgauge.configs import PipelineConfig, WindowSpec
+from streamgauge.sinks.store import LateRecord, ResultStore, canonical_tags_text
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.job import (
     aggregate_windows,
@@ -40,12 +72,18 @@ from streamgauge.windows.job import (
     is_sketched,
     metric_filter,
     query_name,
+    series_keys,
+    series_tags,
     sketch_params,
     to_histogram_rows,
     to_result_rows,
 )
+from streamgauge.windows.session_windows import LOG_ORDER, session_state_function
+from streamgauge.windows.session_windows import OUTPUT_COLUMNS as SERIES_OUTPUT_COLUMNS
+from streamgauge.windows.session_windows import OUTPUT_DDL as SERIES_OUTPUT_DDL
 from streamgauge.windows.sketch_windows import OUTPUT_DDL as SKETCH_OUTPUT_DDL
 from streamgauge.windows.sketch_windows import merge_windows_batch
+from streamgauge.windows.sliding_windows import sliding_state_function
 from streamgauge.windows.source import SOURCE_NAME
 
 log = logging.getLogger(__name__)
@@ -59,6 +97,8 @@ class ReplayedWindow:
     windows_corrected: int
     late_partials_applied: int
     skipped: str = ""
+    windows_retracted: int = 0
+    """Stored sessions superseded by a recomputed one (deleted)."""
 
 
 def parse_time_ms(text: str) -> int:
@@ -99,13 +139,11 @@ def replay(
     report = []
     for window in config.windows:
         if window.kind in ("session", "sliding"):
-            log.warning(
-                "replay: window %r is a %s window; replaying %s windows is not implemented "
-                "yet, its late partials stay in late_events", window.name, window.kind,
-                window.kind,
-            )  # fmt: skip
-            skipped = f"{window.kind} windows are not replayed yet"
-            report.append(ReplayedWindow(window.name, None, 0, 0, 0, skipped=skipped))
+            report.append(
+                replay_series_windows(
+                    log_rows, config, window, store, clock, from_ms=from_ms, to_ms=to_ms
+                )
+            )
             continue
         # Both lanes' watermarks: a window is final for replay only once final in each (a
         # quantiles: kll window has one query; a sketch lane's state left from before it
@@ -171,3 +209,139 @@ def replay(
             )
         )  # fmt: skip
     return report
+
+
+_NEVER_LATE_MS = 2**62
+"""Allowed lateness that makes no window final for the operator's own late test (replay)."""
+_NOTHING_EVICTED_MS = -(2**62)
+
+_SERIES_INPUT = (*LOG_ORDER, "metric", "tags", "metric_type", "sketch", "hdr_bucket",
+                 "hdr_count")  # fmt: skip
+_RESULT_COLUMNS = (
+    "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "count", "sum", "min",
+    "max", "last", "p50", "p90", "p99", "p999", "distinct_count", "sketch", "hdr_histogram",
+)  # fmt: skip
+
+
+class _OneCall:
+    """Spark's ``GroupState`` for one call of a streaming operator's function over a whole
+    series: no prior state, no timeout, a watermark that evicts nothing, nothing kept."""
+
+    exists = False
+    hasTimedOut = False
+
+    def getCurrentWatermarkMs(self) -> int:  # noqa: N802 (Spark's name)
+        return _NOTHING_EVICTED_MS
+
+    def update(self, value: Any) -> None:
+        pass
+
+    def setTimeoutTimestamp(self, timestamp_ms: int) -> None:  # noqa: N802 (Spark's name)
+        pass
+
+    def remove(self) -> None:
+        pass
+
+
+def recompute_series(
+    window: WindowSpec, pane_ms: int, config: PipelineConfig
+) -> Callable[[tuple[str, str], pd.DataFrame], pd.DataFrame]:
+    """The ``applyInPandas`` function that recomputes a series' session or sliding windows:
+    the streaming operator's function, called once with all the series' partials and the
+    lateness cut off, so every partial is merged (``upsert`` rows: every window, no
+    ``retract`` or ``late`` row, since nothing was stored before and nothing is final)."""
+    unbounded = dataclasses.replace(window, allowed_lateness_ms=_NEVER_LATE_MS)
+    params = sketch_params(config)
+    update: Callable[..., Iterator[pd.DataFrame]] = (
+        session_state_function(unbounded, params)
+        if window.kind == "session"
+        else sliding_state_function(unbounded, pane_ms, params)
+    )
+
+    def recompute(key: tuple[str, str], rows: pd.DataFrame) -> pd.DataFrame:
+        frames = list(update(key, iter([rows]), _OneCall()))
+        if not frames:
+            return pd.DataFrame(columns=list(SERIES_OUTPUT_COLUMNS))
+        return pd.concat(frames, ignore_index=True)
+
+    return recompute
+
+
+def replay_series_windows(
+    log_rows: DataFrame,
+    config: PipelineConfig,
+    window: WindowSpec,
+    store: ResultStore,
+    clock: Clock,
+    *,
+    from_ms: int,
+    to_ms: int,
+) -> ReplayedWindow:
+    """Recompute and publish the session or sliding windows of ``window`` that its late
+    partials affect (see the module docstring)."""
+    watermark_ms = store.read_state(config.name, f"watermark_ms:{window.name}")
+    if watermark_ms is None:
+        return ReplayedWindow(window.name, None, 0, 0, 0)
+    # Read before the log: every late row seen here has its partial in what Spark reads.
+    late = store.read_late_partials(config.name, window.name)
+    if not late:
+        return ReplayedWindow(window.name, watermark_ms, 0, 0, 0)
+    metrics = sorted({record.metric for record in late})
+    partials = (
+        log_rows.where(metric_filter(window.metrics) & F.col("metric").isin(metrics))
+        .withColumn("event_ms", F.least(F.col("pane_start_ms"), F.col("segment_heartbeat_ms")))
+        .withColumn("tags", series_tags(series_keys(window)))
+        .select(*_SERIES_INPUT)
+    )
+    final = F.col("window_end_ms") + F.lit(window.allowed_lateness_ms) <= F.lit(watermark_ms)
+    recomputed = (
+        partials.groupBy("metric", "tags")
+        .applyInPandas(recompute_series(window, config.pane_ms, config), SERIES_OUTPUT_DDL)
+        .where(
+            (F.col("change") == F.lit("upsert")) & final
+            & (F.col("window_start_ms") < F.lit(to_ms)) & (F.col("window_end_ms") > F.lit(from_ms))
+        )
+        .toArrow()
+    )  # fmt: skip
+    chosen, applied = affected_windows(recomputed, late, window, config.pane_ms)
+    rows = to_result_rows(
+        chosen.select(list(_RESULT_COLUMNS)), config, window, revision=1,
+        watermark_ms=watermark_ms, emitted_at_ms=clock.now_ms(),
+    )  # fmt: skip
+    histograms = to_histogram_rows(
+        chosen, config, window, revision=0, layout=HdrLayout.from_params(sketch_params(config))
+    )
+    outcome = store.publish_corrections(
+        rows, lock_name=query_name(config, window), histograms=histograms,
+        supersede=window.kind == "session", late_ids=applied,
+    )  # fmt: skip
+    return ReplayedWindow(
+        window.name, watermark_ms, rows.num_rows, outcome.rows_upserted, outcome.rows_finalized,
+        windows_retracted=outcome.rows_retracted,
+    )  # fmt: skip
+
+
+def affected_windows(
+    recomputed: pa.Table, late: list[LateRecord], window: WindowSpec, pane_ms: int
+) -> tuple[pa.Table, list[int]]:
+    """The recomputed windows a late partial affects, and the ids of the late partials inside
+    them: a window holding a late partial's event time (its ``pane_start``: a late partial is
+    never capped at its segment's heartbeat, which is after its window's end), or, for sliding
+    windows, starting just after one (``pane_start + pane``)."""
+    late_at: dict[tuple[str, str], list[LateRecord]] = {}
+    for record in late:
+        late_at.setdefault((record.metric, record.tags), []).append(record)
+    keep: list[int] = []
+    applied: set[int] = set()
+    columns = (recomputed.column(name).to_pylist()
+               for name in ("metric", "tags", "window_start_ms", "window_end_ms"))  # fmt: skip
+    for index, (metric, tags, start, end) in enumerate(zip(*columns, strict=True)):
+        records = late_at.get((metric, canonical_tags_text(json.loads(tags))), [])
+        inside = [r.id for r in records if start <= r.pane_start_ms < end]
+        defines = window.kind == "sliding" and any(
+            start == r.pane_start_ms + pane_ms for r in records
+        )
+        if inside or defines:
+            keep.append(index)
+            applied.update(inside)
+    return recomputed.take(pa.array(keep, pa.int64())), sorted(applied)

@@ -364,6 +364,77 @@ def test_replay_replaces_a_corrected_windows_buckets_at_its_new_revision(
     assert stored_buckets(clean_store) == {(0, 5): (3, 2), (0, 6): (1, 2), (1, 9): (3, 1)}
 
 
+def session(first: int, last: int, **overrides: Any) -> dict[str, Any]:
+    """A session row over minutes ``[first, last)``."""
+    return row(window_start_ms=T0 + first * MINUTE, window_end_ms=T0 + last * MINUTE,
+               is_final=True, **overrides)  # fmt: skip
+
+
+def session_buckets(first: int, last: int, buckets: dict[int, int]) -> pa.Table:
+    rows = histogram_rows(first, buckets, 0)
+    ends = pa.array([T0 + last * MINUTE] * rows.num_rows, pa.int64())
+    return rows.set_column(rows.schema.get_field_index("window_end_ms"), "window_end_ms", ends)
+
+
+def test_replay_supersedes_the_sessions_a_recomputed_session_covers(
+    store: ResultStore, clean_store: str
+) -> None:
+    """Sessions [0, 1) and [2, 3) bridged by a late partial: replay publishes [0, 3), which
+    deletes both rows and their buckets in its transaction, at a revision above both; the
+    neighbour [4, 5) of the same series is not touched. Replaying again changes nothing."""
+    store.commit_batch(
+        "q", 0, table(session(0, 1, revision=3), session(2, 3, revision=5),
+                      session(4, 5, revision=2)), [], revision=5,
+        histograms=pa.concat_tables([session_buckets(0, 1, {5: 1}), session_buckets(2, 3, {6: 1}),
+                                     session_buckets(4, 5, {7: 1})]),
+    )  # fmt: skip
+    run_sql(clean_store, "UPDATE window_results SET corrections = 1 WHERE revision = 3")
+    run_sql(
+        clean_store,
+        "INSERT INTO late_events (config_name, window_name, metric, tags, window_start,"
+        " window_end, metric_type, receiver, pane_start, count, sum, min, max, last, first_recv,"
+        " last_recv, closed_by, query_name, batch_id, recorded_at) SELECT 'web', '1m',"
+        " 'api.latency', '{\"host\": \"a\"}', s, s + interval '1 minute', 'ms', 'r0', s, 1,"
+        " 9, 9, 9, 9, s, s, s, 'q.late', 0, s FROM (SELECT timestamptz 'epoch' + %s *"
+        " interval '1 millisecond' AS s) x",
+        [T0 + int(1.5 * MINUTE)],
+    )
+    [late] = store.read_late_partials("web", "1m")
+    assert (late.tags, late.pane_start_ms) == ('{"host":"a"}', T0 + int(1.5 * MINUTE))
+
+    merged = table(session(0, 3, count=7, sum=15.0))
+    buckets = session_buckets(0, 3, {5: 1, 6: 1, 9: 1})
+    outcome = store.publish_corrections(merged, lock_name="q", histograms=buckets,
+                                        supersede=True, late_ids=[late.id])  # fmt: skip
+    assert (outcome.rows_upserted, outcome.rows_retracted, outcome.rows_finalized) == (1, 2, 1)
+    _, rows = run_sql(
+        clean_store,
+        "SELECT ((extract(epoch FROM window_start) * 1000)::bigint - %s) / %s,"
+        " ((extract(epoch FROM window_end) * 1000)::bigint - %s) / %s, count, revision,"
+        " corrections, is_final FROM window_results ORDER BY window_start",
+        [T0, MINUTE, T0, MINUTE],
+    )
+    assert rows == [(0, 3, 7, 6, 2, True), (4, 5, 3, 2, 0, True)]
+    # The neighbour keeps its set (staged at revision 0 in the setup batch).
+    assert stored_buckets(clean_store) == {(0, 5): (1, 6), (0, 6): (1, 6), (0, 9): (1, 6),
+                                           (4, 7): (1, 0)}  # fmt: skip
+    _, replayed = run_sql(
+        clean_store, "SELECT count(*) FROM late_events WHERE replayed_at IS NOT NULL"
+    )
+    assert replayed == [(1,)]
+
+    again = store.publish_corrections(merged, lock_name="q", histograms=buckets,
+                                      supersede=True, late_ids=[late.id])  # fmt: skip
+    assert (again.rows_upserted, again.rows_retracted, again.rows_finalized) == (0, 0, 0)
+    # A recomputed session covering nothing stored is an insert, not a correction.
+    new = store.publish_corrections(table(session(7, 8)), lock_name="q", supersede=True,
+                                    late_ids=[])  # fmt: skip
+    assert (new.rows_upserted, new.rows_retracted) == (1, 0)
+    _, [inserted] = run_sql(clean_store, "SELECT revision, corrections FROM window_results"
+                            " WHERE window_start = (SELECT max(window_start) FROM window_results)")
+    assert inserted == (1, 0)
+
+
 # -- bad input raises at once ----------------------------------------------------------------
 
 

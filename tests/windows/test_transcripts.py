@@ -72,9 +72,10 @@ def reference_emissions(transcript: Transcript) -> list[dict[StateKey, dict[str,
     return [_reference_rows(rows) for rows in reference_windower(transcript).emissions]
 
 
-def reference_state(transcript: Transcript) -> State:
+def reference_state(transcript: Transcript, *, after_replay: bool = False) -> State:
+    """The reference's stored state (``after_replay``: as after `streamgauge replay`)."""
     windower = reference_windower(transcript)
-    state = _reference_rows(windower.stored())
+    state = _reference_rows(windower.stored(after_replay=after_replay))
     late = sorted(
         (x.window_name, x.metric, canonical_tags(x.tags), x.window_start_ms - T0, x.count)
         for x in windower.late
@@ -120,7 +121,9 @@ _SKETCH_COLUMNS = ("p50", "p90", "p99", "p999", "distinct_count", "sketch", "hdr
 _QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 
 
-def reference_sketches(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
+def reference_sketches(
+    transcript: Transcript, *, after_replay: bool = False
+) -> dict[StateKey, dict[str, Any]]:
     """The reference's sketch columns and ``window_histograms`` rows per stored window."""
     windower = ReferenceWindower(transcript.config)
     windower.feed_all(transcript.segments)
@@ -130,7 +133,8 @@ def reference_sketches(transcript: Transcript) -> dict[StateKey, dict[str, Any]]
             "histogram": list(w.histogram),
             "type": w.metric_type,
         }
-        for (name, metric, tags, start, _end), w in windower.stored().items()
+        for (name, metric, tags, start, _end), w in windower.stored(
+            after_replay=after_replay).items()
     }
 
 
@@ -185,6 +189,8 @@ def check_sketches(
     transcript: Transcript,
     stored: dict[StateKey, dict[str, Any]],
     reference: dict[StateKey, dict[str, Any]],
+    *,
+    after_replay: bool = False,
 ) -> None:
     """Spark's sketch columns against the reference's (and the transcript's expectations).
 
@@ -221,7 +227,7 @@ def check_sketches(
         for column, q in _QUANTILES.items():
             rank = digest.get_rank(got[column])
             assert abs(rank - q) <= rank_error + 1 / weight, (key, column, got[column], rank)
-    for key, fields in expected_sketches(transcript).items():
+    for key, fields in expected_sketches(transcript, after_replay=after_replay).items():
         assert {name: reference[key][name] for name in fields} == fields, key
 
 
@@ -235,8 +241,11 @@ def run_spark(spark: SparkSession, url: str, spool: Path, config: PipelineConfig
         assert query.exception() is None, query.exception()
 
 
-def check_expectations(transcript: Transcript, state: dict[StateKey, dict[str, Any]]) -> None:
-    check_rows(expected_state(transcript), state, "windows")
+def check_expectations(
+    transcript: Transcript, state: dict[StateKey, dict[str, Any]], *, after_replay: bool = False
+) -> None:
+    expected = expected_state(transcript, after_replay=after_replay)
+    check_rows(expected, state, "after replay" if after_replay else "windows")
 
 
 def check_rows(
@@ -319,6 +328,13 @@ def test_reference_windower_meets_the_transcript(path: Path) -> None:
             for x in transcript.expected_late
         )
         assert late == expected_late
+    if transcript.expected_after_replay is not None:
+        replayed, replayed_late = reference_state(transcript, after_replay=True)
+        check_expectations(transcript, replayed, after_replay=True)
+        assert replayed_late == late  # replay applies late partials, never removes them
+        sketches = reference_sketches(transcript, after_replay=True)
+        for key, fields in expected_sketches(transcript, after_replay=True).items():
+            assert {name: sketches[key][name] for name in fields} == fields, key
 
 
 @pytest.mark.parametrize("path", VALID, ids=[p.stem for p in VALID])
@@ -344,6 +360,72 @@ def test_spark_job_stores_what_the_reference_computes(
     check_sketches(
         transcript, stored_sketches(clean_store, transcript.config), reference_sketches(transcript)
     )
+    if transcript.expected_after_replay is not None:
+        check_replay(spark, clean_store, tmp_path / "spool", transcript)
+
+
+_VERSIONS = """
+select window_name, metric, tags::text,
+       (extract(epoch from window_start) * 1000)::bigint - %s,
+       (extract(epoch from window_end) * 1000)::bigint - %s, revision, corrections, count, sum,
+       p50, distinct_count
+from window_results where config_name = %s
+"""
+
+
+def versions(url: str, config: PipelineConfig) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    """(window, metric, tags, start, end) → (revision, corrections, values...) per row."""
+    _, rows = run_sql(url, _VERSIONS, [T0, T0, config.name])
+    return {(w, m, canonical_tags(t), int(s), int(e)): (int(r), int(c), *values)
+            for w, m, t, s, e, r, c, *values in rows}  # fmt: skip
+
+
+def check_replay(spark: SparkSession, url: str, spool: Path, transcript: Transcript) -> None:
+    """`streamgauge replay` over all time after the streaming run: the store then equals the
+    reference's ``after_replay`` state (sketch columns and bucket rows included, no stale
+    bucket rows, no overlapping sessions), every late partial is marked applied, and:
+
+    - a changed row keeps its key: revision and ``corrections`` one up;
+    - a row with a new key that covers stored rows (a session extended or merged by a late
+      partial) supersedes them: they are gone, its revision is above all of theirs and its
+      ``corrections`` one above the most any had;
+    - a row with a new key covering nothing (a window only late partials define) is an
+      insert: ``corrections`` 0;
+    - replaying again changes nothing.
+    """
+    config = transcript.config
+    before = versions(url, config)
+    everything = {"from_ms": T0 - 3_600_000, "to_ms": T0 + 3_600_000}
+    with ResultStore(url) as store:
+        report = replay(spark, config, spool, store, ManualClock(T0 + 60_000), **everything)
+        stored, stored_late = stored_state(url, config)
+        expected, expected_late = reference_state(transcript, after_replay=True)
+        assert stored == expected
+        assert stored_late == expected_late
+        check_expectations(transcript, stored, after_replay=True)
+        check_sketches(transcript, stored_sketches(url, config),
+                       reference_sketches(transcript, after_replay=True), after_replay=True)
+        assert overlapping_sessions(url, config) == []
+        _, [(applied, total)] = run_sql(
+            url, "select count(replayed_at), count(*) from late_events where config_name = %s",
+            [config.name],
+        )  # fmt: skip
+        assert applied == total == sum(r.late_partials_applied for r in report)
+        after = versions(url, config)
+        for key, (revision, corrections, *values) in after.items():
+            covered = [k for k in before if k[:3] == key[:3] and key[3] <= k[3] and k[4] <= key[4]]
+            if covered == [key] and list(before[key][2:]) == values:
+                assert (revision, corrections) == before[key][:2], key  # unchanged
+            elif covered:  # a correction of every row it covers, which are gone but itself
+                assert not [k for k in covered if k != key and k in after], key
+                assert revision == max(before[k][0] for k in covered) + 1, key
+                assert corrections == max(before[k][1] for k in covered) + 1, key
+            else:  # a window that did not exist: an insert, not a correction
+                assert (revision, corrections) == (1, 0), key
+        again = replay(spark, config, spool, store, ManualClock(T0 + 70_000), **everything)
+        assert [(r.windows_corrected, r.windows_retracted, r.late_partials_applied)
+                for r in again] == [(0, 0, 0)] * len(again)  # fmt: skip
+        assert versions(url, config) == after
 
 
 _OVERLAPPING = """

@@ -18,9 +18,14 @@ A transcript is YAML::
         - {window: w, metric: a, start: 0, count: 1, sum: 1.0, final: true, late_events: 0}
       late:                         # every late partial (optional)
         - {window: w, metric: a, start: 0, count: 1}
+      after_replay:                 # optional: every window row after `streamgauge replay`
+        - {window: w, metric: a, start: 0, count: 2, sum: 11.0, final: true}
 
 Times are integer milliseconds after ``T0``; ``end`` (optional) is the window's exclusive end,
-worth listing for session windows, whose end moves as they grow. Listed window fields other than
+worth listing for session windows, whose end moves as they grow. ``after_replay`` lists the
+rows the store must hold once `streamgauge replay` has run over all time (same fields): the
+reference's ``stored(after_replay=True)`` must meet it, and so must the Spark job followed by
+``replay``. Listed window fields other than
 ``window/metric/start`` are compared; ``tags`` defaults to ``{}``; ``p50``/``p90``/``p99``/
 ``p999``/``distinct_count`` may be listed too; ``early`` is an early row's tick
 (``early_as_of``, ms after T0; null on every other row).
@@ -74,6 +79,7 @@ class Transcript:
     expected_late: tuple[dict[str, Any], ...] | None
     expected_emits: tuple[tuple[dict[str, Any], ...], ...] | None = None
     """Per segment, the rows its micro-batch writes (``emits``); None if no segment says."""
+    expected_after_replay: tuple[dict[str, Any], ...] | None = None
 
     def write_spool(self, spool: Path) -> None:
         """Write the segments as a real segment log (same writer as the ingest tier)."""
@@ -169,11 +175,12 @@ def load_transcript(text: str, source: str) -> Transcript:
         segments.append(Segment(receiver, T0 + heartbeat, bool(raw.get("closed")), partials))
 
     expect = document.get("expect") or {}
-    _check_keys("expect", expect, {"windows", "late"}, problems)
-    expected_windows = []
-    for index, row in enumerate(expect.get("windows") or []):
-        _check_window_row(f"expect.windows[{index}]", row, names, problems)
-        expected_windows.append(row)
+    _check_keys("expect", expect, {"windows", "late", "after_replay"}, problems)
+    listed: dict[str, list[dict[str, Any]]] = {"windows": [], "after_replay": []}
+    for section, expected_rows in listed.items():
+        for index, row in enumerate(expect.get(section) or []):
+            _check_window_row(f"expect.{section}[{index}]", row, names, problems)
+            expected_rows.append(row)
     expected_late = None
     if "late" in expect:
         expected_late = tuple(expect["late"] or [])
@@ -186,9 +193,10 @@ def load_transcript(text: str, source: str) -> Transcript:
         str(document.get("name", source)),
         config,
         tuple(segments),
-        tuple(expected_windows),
+        tuple(listed["windows"]),
         expected_late,
         tuple(emits) if any_emits else None,
+        tuple(listed["after_replay"]) if "after_replay" in expect else None,
     )
 
 
@@ -213,8 +221,11 @@ def canonical_tags(tags: Any) -> str:
     return json.dumps(tags or {}, sort_keys=True, separators=(",", ":"))
 
 
-def expected_state(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
-    return expected_rows(transcript.expected_windows)
+def expected_state(
+    transcript: Transcript, *, after_replay: bool = False
+) -> dict[StateKey, dict[str, Any]]:
+    rows = transcript.expected_after_replay if after_replay else transcript.expected_windows
+    return expected_rows(rows or ())
 
 
 def expected_rows(rows: tuple[dict[str, Any], ...]) -> dict[StateKey, dict[str, Any]]:
@@ -226,10 +237,13 @@ def expected_rows(rows: tuple[dict[str, Any], ...]) -> dict[StateKey, dict[str, 
     return state
 
 
-def expected_sketches(transcript: Transcript) -> dict[StateKey, dict[str, Any]]:
+def expected_sketches(
+    transcript: Transcript, *, after_replay: bool = False
+) -> dict[StateKey, dict[str, Any]]:
     """The sketch columns the transcript's expectations name, per window."""
     state = {}
-    for row in transcript.expected_windows:
+    rows = transcript.expected_after_replay if after_replay else transcript.expected_windows
+    for row in rows or ():
         key = (row["window"], row["metric"], canonical_tags(row.get("tags")), row["start"])
         state[key] = {k: v for k, v in row.items() if k in SKETCH_FIELDS}
     return state
