@@ -457,8 +457,21 @@ def stored_for(run: Run, wanted: set[tuple[str, str]]) -> dict[tuple[Any, ...], 
 # -- report --------------------------------------------------------------------------------------
 
 
+def _rows(samples: list[Sample], every_s: float) -> list[Sample]:
+    """The samples printed: the first at or after each multiple of ``every_s``, and the last."""
+    if every_s <= 0:
+        return samples
+    rows, due = [], 0.0
+    for s in samples:
+        if s.t_s >= due:
+            rows.append(s)
+            due = (s.t_s // every_s + 1) * every_s
+    return rows if rows[-1] is samples[-1] else [*rows, samples[-1]]
+
+
 def print_tables(samples: list[Sample], args: argparse.Namespace) -> dict[str, bool]:
     verdicts = {}
+    printed = _rows(samples, args.table_every)
     # short-lived helpers (a `readlink` of Spark's launcher) are left out
     roles = sorted({r for s in samples for r, mb in s.memory_mb.items()
                     if not r.startswith("other") or mb >= 1}, key=_role_order)
@@ -466,7 +479,7 @@ def print_tables(samples: list[Sample], args: argparse.Namespace) -> dict[str, b
           "spark python: summed over the workers alive, count in brackets)")
     header = "   t(s)  " + "".join(f"{r[:14]:>15}" for r in roles)
     print(header)
-    for s in samples:
+    for s in printed:
         cells = []
         for r in roles:
             value = s.memory_mb.get(r)
@@ -504,7 +517,7 @@ def print_tables(samples: list[Sample], args: argparse.Namespace) -> dict[str, b
           + "".join(f"{'wm ' + w:>9}" for w in windows)
           + "".join(f"  {n.split('.', 1)[1] if '.' in n else n:>18}" for n in names))
     previous = samples[0]
-    for s in samples:
+    for s in printed:
         batch_cells = []
         for n in names:
             b, rows = s.batches.get(n, (0, 0))
@@ -547,6 +560,9 @@ def main() -> int:
     parser.add_argument("--receivers", type=int, default=1)
     parser.add_argument("--window", default="10s", help="tumbling window size")
     parser.add_argument("--sample-every", type=float, default=10)
+    parser.add_argument("--table-every", type=float, default=0,
+                        help="print one table row per this many seconds (default: every "
+                        "sample); slopes and verdicts always use every sample")
     parser.add_argument("--check-series", type=int, default=40,
                         help="series compared against the reference windower")
     parser.add_argument("--rss-slope-mb-min", type=float, default=2.0)
