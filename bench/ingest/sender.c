@@ -1,10 +1,12 @@
 /* StatsD UDP load generator for bench/ingest.py (compiled at bench time with gcc -O2).
  *
- *   sender HOST PORT RATE LINES_PER_DATAGRAM SECONDS SERIES [SOCKETS]
+ *   sender HOST PORT RATE LINES_PER_DATAGRAM SECONDS SERIES [SOCKETS [TYPES]]
  *
  * Sends RATE lines/s (0 = as fast as possible) for SECONDS over loopback, SERIES distinct
  * series, the same lines as bench/ingest.py's Python generator:
  *   bench.m<i%100>:<i%97>|<c|ms|g|d>|#host:h<i/100>
+ * TYPES (default "c,ms,g,d"; bench/soak.py passes its own) is the comma-separated cycle of
+ * metric types: series i gets TYPES[i % len(TYPES)].
  * Datagrams are sent in batches with sendmmsg(2), paced against CLOCK_MONOTONIC. SOCKETS
  * (default 1) source sockets take the batches in turn: SO_REUSEPORT spreads senders over the
  * receivers by source address, so one socket would reach one receiver only.
@@ -29,9 +31,9 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7 && argc != 8) {
-        fprintf(stderr,
-                "usage: sender HOST PORT RATE LINES_PER_DATAGRAM SECONDS SERIES [SOCKETS]\n");
+    if (argc < 7 || argc > 9) {
+        fprintf(stderr, "usage: sender HOST PORT RATE LINES_PER_DATAGRAM SECONDS SERIES "
+                        "[SOCKETS [TYPES]]\n");
         return 2;
     }
     const char *host = argv[1];
@@ -40,12 +42,25 @@ int main(int argc, char **argv) {
     int per = atoi(argv[4]);
     double seconds = atof(argv[5]);
     int series = atoi(argv[6]);
-    int nsock = argc == 8 ? atoi(argv[7]) : 1;
+    int nsock = argc >= 8 ? atoi(argv[7]) : 1;
     if (nsock < 1 || nsock > 64) {
         fprintf(stderr, "SOCKETS must be 1..64\n");
         return 2;
     }
-    static const char *types[] = {"c", "ms", "g", "d"};
+    static const char *default_types[] = {"c", "ms", "g", "d"};
+    const char *types[16];
+    int ntypes = 0;
+    if (argc == 9) {
+        char *list = strdup(argv[8]);
+        for (char *tok = strtok(list, ","); tok && ntypes < 16; tok = strtok(NULL, ","))
+            types[ntypes++] = tok;
+    } else {
+        for (; ntypes < 4; ntypes++) types[ntypes] = default_types[ntypes];
+    }
+    if (ntypes == 0) {
+        fprintf(stderr, "TYPES must name at least one type\n");
+        return 2;
+    }
 
     /* One datagram per starting series index (per lines each, wrapping round). */
     int ndgrams = (series + per - 1) / per;
@@ -57,7 +72,7 @@ int main(int argc, char **argv) {
         for (int j = 0; j < per; j++) {
             int i = (d * per + j) % series;
             if (j) buf[n++] = '\n';
-            n += sprintf(buf + n, "bench.m%d:%d|%s|#host:h%d", i % 100, i % 97, types[i % 4],
+            n += sprintf(buf + n, "bench.m%d:%d|%s|#host:h%d", i % 100, i % 97, types[i % ntypes],
                          i / 100);
         }
         dgrams[d] = buf;
