@@ -10,16 +10,29 @@ from streamgauge.configs import PipelineConfig
 from streamgauge.sinks.store import ResultStore
 from streamgauge.windows.job import JobPaths, start_window_queries
 
+#: Spark gives a new driver-side Python process a fixed 10 s to connect back
+#: (``PythonWorkerFactory``, not configurable); on a loaded 2-core machine a start can miss it.
+#: The daemon restarts its queries from their checkpoints then (``daemon.RestartBudget``), and
+#: so do the tests: what the checkpoints committed stays committed, so the result is the same.
+TRANSIENT_FAILURE = "Python worker failed to connect back"
+ATTEMPTS = 3
+
 
 def run_job_once(
     spark: SparkSession, config: PipelineConfig, paths: JobPaths, url: str, clock: Clock
 ) -> list[StreamingQuery]:
     """Every query of ``config`` processes what is in the spool now and stops; a failed query
-    fails the test. Returns the queries (their progress tells what Spark did)."""
-    queries = start_window_queries(
-        spark, config, paths, lambda: ResultStore(url), clock, trigger_interval=None
-    )
-    for query in queries:
-        query.awaitTermination(180)
-        assert query.exception() is None
-    return queries
+    fails the test (after ``ATTEMPTS`` starts, if it only missed the connect-back). Returns
+    the queries of the last start (their progress tells what Spark did)."""
+    for attempt in range(1, ATTEMPTS + 1):
+        queries = start_window_queries(
+            spark, config, paths, lambda: ResultStore(url), clock, trigger_interval=None
+        )
+        for query in queries:
+            query.awaitTermination(180)
+        failures = [str(q.exception()) for q in queries if q.exception() is not None]
+        if not failures:
+            return queries
+        if attempt == ATTEMPTS or not all(TRANSIENT_FAILURE in f for f in failures):
+            raise AssertionError(failures[0])
+    raise AssertionError("unreachable")

@@ -21,9 +21,10 @@ from streamgauge.clock import ManualClock
 from streamgauge.configs import PipelineConfig
 from streamgauge.sinks.store import ResultStore, run_sql
 from streamgauge.sketches.tdigest import deserialize_tdigest
-from streamgauge.windows.job import JobPaths, start_window_queries
+from streamgauge.windows.job import JobPaths
 from streamgauge.windows.reference import ReferenceWindower, StoredWindow, WindowKey
 from streamgauge.windows.replay import parse_time_ms, replay
+from tests.windows.jobrun import run_job_once
 from tests.windows.transcript import (
     T0,
     StateKey,
@@ -233,12 +234,7 @@ def check_sketches(
 
 def run_spark(spark: SparkSession, url: str, spool: Path, config: PipelineConfig) -> None:
     paths = JobPaths(spool=spool, checkpoints=spool.parent / "checkpoints")
-    queries = start_window_queries(
-        spark, config, paths, lambda: ResultStore(url), ManualClock(T0), trigger_interval=None
-    )
-    for query in queries:
-        query.awaitTermination(180)
-        assert query.exception() is None, query.exception()
+    run_job_once(spark, config, paths, url, ManualClock(T0))
 
 
 def check_expectations(
