@@ -88,7 +88,11 @@ from streamgauge.windows.session_windows import (
     session_state_function,
 )
 from streamgauge.windows.sliding_windows import slid_partials, sliding_late_partials
-from streamgauge.windows.source import SOURCE_NAME, batch_heartbeats, receivers_heartbeat_ms
+from streamgauge.windows.source import (
+    batch_heartbeats,
+    receivers_heartbeat_ms,
+    register_source_for_query,
+)
 
 log = logging.getLogger(__name__)
 
@@ -911,7 +915,7 @@ def start_window_queries(
     *,
     trigger_interval: str | None = "0.5 seconds",
 ) -> list[StreamingQuery]:
-    """Start one streaming query per window; all share the session and the source format.
+    """Start the streaming queries of every window; all share the session.
 
     Each query gets its own store connection: Spark may run two queries' ``foreachBatch``
     at once, and one connection's transactions must not interleave. ``trigger_interval=None``
@@ -920,29 +924,33 @@ def start_window_queries(
     queries: list[StreamingQuery] = []
     for window in config.windows:
         checkpoint = checkpoint_dir(paths, config, window)
+        log = _read_spool(spark, paths, query_name(config, window))
         if window.kind == "session":
             writer: WindowBatchWriter = SessionBatchWriter(
                 config, window, store_factory(), checkpoint, clock
             )
-            changes = sessionized_partials(_read_spool(spark, paths), window, sketch_params(config))
+            changes = sessionized_partials(log, window, sketch_params(config))
         elif window.kind == "sliding":
             writer = SessionBatchWriter(config, window, store_factory(), checkpoint, clock)
             changes = slid_partials(
-                _read_spool(spark, paths), window, pane_ms=config.pane_ms,
-                params=sketch_params(config),
-            )  # fmt: skip
+                log, window, pane_ms=config.pane_ms, params=sketch_params(config)
+            )
         elif window.uses_kll:
             writer = KllBatchWriter(config, window, store_factory(), checkpoint, clock)
             kll_k = sketch_params(config).kll_k
-            changes = kll_lane_with_late_rows(_read_spool(spark, paths), window, kll_k)
+            changes = kll_lane_with_late_rows(log, window, kll_k)
         else:
             writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
-            changes = windowed_partials(_read_spool(spark, paths), window)
+            changes = windowed_partials(log, window)
             params = sketch_params(config)
             lane_checkpoint = sketch_checkpoint(checkpoint, params)
             queries.append(
                 _start(
-                    sketch_lane_with_late_rows(_read_spool(spark, paths), window, params),
+                    sketch_lane_with_late_rows(
+                        _read_spool(spark, paths, sketch_query_name(config, window)),
+                        window,
+                        params,
+                    ),
                     sketch_query_name(config, window),
                     lane_checkpoint,
                     SketchBatchWriter(
@@ -964,11 +972,12 @@ def start_window_queries(
         )
         if window.kind not in ("session", "sliding"):
             continue  # late rows ride in the sketch lane's query (sketch_lane_with_late_rows)
+        late_source = _read_spool(spark, paths, late_query_name(config, window))
         queries.append(
             _start(
-                sliding_late_partials(_read_spool(spark, paths), window, pane_ms=config.pane_ms)
+                sliding_late_partials(late_source, window, pane_ms=config.pane_ms)
                 if window.kind == "sliding"
-                else late_partials(_read_spool(spark, paths), window),
+                else late_partials(late_source, window),
                 late_query_name(config, window),
                 checkpoint.with_name(checkpoint.name + ".late"),  # see all_checkpoints
                 LateBatchWriter(config, window, store_factory(),
@@ -980,8 +989,11 @@ def start_window_queries(
     return queries
 
 
-def _read_spool(spark: SparkSession, paths: JobPaths) -> DataFrame:
-    return spark.readStream.format(SOURCE_NAME).option("path", str(paths.spool)).load()
+def _read_spool(spark: SparkSession, paths: JobPaths, query: str) -> DataFrame:
+    """The log as a stream, read through ``query``'s own registration of the source
+    (see `register_source_for_query` for the Spark race that one shared one loses)."""
+    source = register_source_for_query(spark, query)
+    return spark.readStream.format(source).option("path", str(paths.spool)).load()
 
 
 def _start(

@@ -63,11 +63,13 @@ Batch reads (``replay``) read the whole log.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
+from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -87,6 +89,28 @@ from streamgauge.ingest.log import (
 )
 
 SOURCE_NAME = "streamgauge_spool"
+
+
+def register_source_for_query(spark: SparkSession, query_name: str) -> str:
+    """Register the spool source under a name of ``query_name``'s own; return that name.
+
+    Why not one registration for every query: Spark 4.3's streaming source runner
+    (``PythonStreamingSourceRunner``, checked with javap) adds ``SPARK_LOCAL_DIRS`` and
+    friends to the *registered* function's environment map on the driver, without a
+    copy, when a query starts. The reader tasks of every other query carry that same
+    map, so a query starting while another one ships a catch-up batch (a restart after
+    ``kill -9``, with a backlog in the log) can serialize a HashMap mid-insert, and the
+    executor fails with ``java.io.OptionalDataException`` on every retry. One
+    registration per query gives each its own map. The name is a pure function of the
+    query name, so a restart registers the same one.
+    """
+    suffix = re.sub(r"[^0-9A-Za-z]+", "_", query_name).strip("_").lower()
+    name = f"{SOURCE_NAME}__{suffix}"
+    per_query = type(
+        f"SpoolDataSourceFor_{suffix}", (SpoolDataSource,), {"registered_name": name}
+    )
+    spark.dataSource.register(per_query)
+    return name
 
 #: The Spark schema of the source: SEGMENT_SCHEMA, plus the receiver the row came from.
 SOURCE_DDL = (
@@ -245,9 +269,12 @@ def _admitted(
 class SpoolDataSource(DataSource):
     """``spark.readStream.format("streamgauge_spool").option("path", SPOOL).load()``."""
 
+    #: The short name Spark knows this class by; per-query subclasses change it.
+    registered_name: ClassVar[str] = SOURCE_NAME
+
     @classmethod
     def name(cls) -> str:
-        return SOURCE_NAME
+        return cls.registered_name
 
     def schema(self) -> str:
         return SOURCE_DDL
