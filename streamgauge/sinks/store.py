@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 import psycopg
 import pyarrow as pa
 from psycopg import errors as pgerrors
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from streamgauge.clock import Clock, SystemClock
@@ -128,6 +129,20 @@ def _ms_to_ts(expr: str) -> str:
     return f"(timestamptz 'epoch' + {expr} * interval '1 millisecond')"
 
 
+#: ``prune``'s statements: what it deletes from each table, by the time column that ages it.
+_PRUNE = {
+    table: f"DELETE FROM {table} WHERE {column} < {_ms_to_ts('%(before)s')}"
+    for table, column in (
+        ("window_results", "window_end"),
+        ("window_pending", "window_end"),
+        ("window_histograms", "window_end"),
+        ("pipeline_metrics", "ts"),
+        ("late_events", "window_end"),
+        ("sink_batches", "committed_at"),
+    )
+}
+
+
 def _window_key(alias: str) -> str:
     """A window's key row in a table of that shape (``window_results``, ``late_events``...)."""
     return (f"({alias}.config_name, {alias}.window_name, {alias}.metric, {alias}.tags, "
@@ -190,6 +205,7 @@ CREATE TEMPORARY TABLE IF NOT EXISTS {_HOLD} (
     early_every_ms int8
 ) ON COMMIT DELETE ROWS
 """
+_HOLD_INSERT = f"INSERT INTO {_HOLD} VALUES (%s, %s, %s, %s, %s)"
 _UPSERT = _upsert_sql(
     "window_results", "h.watermark_ms IS NULL OR s.window_end_ms <= h.watermark_ms"
 )
@@ -491,6 +507,10 @@ DELETE FROM {{table}} w USING {_RETRACT_STAGING} r
 WHERE {_window_key("w")} = {_staged_window_key("r")}
   AND w.revision < %(revision)s
 """
+_RETRACT_FROM = {
+    table: _RETRACT.format(table=table)
+    for table in ("window_results", "window_pending", "window_histograms")
+}
 
 
 HISTOGRAM_SCHEMA = pa.schema(
@@ -739,7 +759,7 @@ class ResultStore:
                 cur.execute(_HOLD_DDL)
                 if hold_after:
                     cur.executemany(
-                        f"INSERT INTO {_HOLD} VALUES (%s, %s, %s, %s, %s)",
+                        _HOLD_INSERT,
                         [(cfg, win, int(ms), None if lane_types is None else list(lane_types),
                           early_every.get((cfg, win)))
                          for (cfg, win), ms in hold_after.items()],  # fmt: skip
@@ -748,11 +768,10 @@ class ResultStore:
                 if retracted_rows is not None and retracted_rows.num_rows:
                     _copy_into(cur, _RETRACT_STAGING_DDL, _RETRACT_STAGING, retracted_rows)
                     for target in ("window_results", "window_pending"):
-                        cur.execute(_RETRACT.format(table=target), {"revision": revision})
+                        cur.execute(_RETRACT_FROM[target], {"revision": revision})
                         retracted += max(cur.rowcount, 0)
                     # Their buckets too (counted as rows of no window: not in ``retracted``).
-                    cur.execute(_RETRACT.format(table="window_histograms"),
-                                {"revision": revision})  # fmt: skip
+                    cur.execute(_RETRACT_FROM["window_histograms"], {"revision": revision})
                 recorded = 0
                 if late_rows is not None and late_rows.num_rows:
                     _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, late_rows)
@@ -888,8 +907,8 @@ class ResultStore:
                 if supersede:
                     cur.execute(_REPLAY_PRIOR_DDL)
                     cur.execute(_FIND_SUPERSEDED)
-                    for target, sql in _DELETE_SUPERSEDED.items():
-                        cur.execute(sql)
+                    for target, statement in _DELETE_SUPERSEDED.items():
+                        cur.execute(statement)
                         if target != "window_histograms":  # bucket rows are not windows
                             retracted += max(cur.rowcount, 0)
                     cur.execute(_UPDATE_SUPERSEDING)
@@ -931,20 +950,12 @@ class ResultStore:
         Returns the rows deleted per table. One transaction, so a dashboard never sees a
         window without its late events or the other way round.
         """
-        statements = {
-            "window_results": "DELETE FROM window_results WHERE window_end < {ts}",
-            "window_pending": "DELETE FROM window_pending WHERE window_end < {ts}",
-            "window_histograms": "DELETE FROM window_histograms WHERE window_end < {ts}",
-            "pipeline_metrics": "DELETE FROM pipeline_metrics WHERE ts < {ts}",
-            "late_events": "DELETE FROM late_events WHERE window_end < {ts}",
-            "sink_batches": "DELETE FROM sink_batches WHERE committed_at < {ts}",
-        }
 
         def work(conn: psycopg.Connection[Any]) -> dict[str, int]:
             deleted = {}
             with conn.transaction(), conn.cursor() as cur:
-                for table, sql in statements.items():
-                    cur.execute(sql.format(ts=_ms_to_ts("%(before)s")), {"before": before_ms})
+                for table, statement in _PRUNE.items():
+                    cur.execute(statement, {"before": before_ms})
                     deleted[table] = max(cur.rowcount, 0)
             return deleted
 
@@ -1066,8 +1077,10 @@ def _copy_into(cur: psycopg.Cursor[Any], ddl: str, staging: str, table: pa.Table
     # Every time, not once per connection: the CREATE is transactional, so a rolled-back
     # first batch would take the table with it. IF NOT EXISTS makes this one cheap round trip.
     cur.execute(ddl)
-    columns = ", ".join(table.schema.names)
-    with cur.copy(f"COPY {staging} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        sql.Identifier(staging), sql.SQL(", ").join(map(sql.Identifier, table.schema.names))
+    )
+    with cur.copy(statement) as copy:
         copy.set_types([_PG_TYPES[f.type] for f in table.schema])
         for row in _rows(table):
             copy.write_row(row)
@@ -1147,7 +1160,7 @@ def _rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
 
 
 def run_sql(
-    url: str, sql: str, params: Sequence[object] = ()
+    url: str, statement: str, params: Sequence[object] = ()
 ) -> tuple[list[str], list[tuple[object, ...]]]:
     """Run one SQL statement for ``streamgauge query``: column names and rows (empty if none).
 
@@ -1157,7 +1170,8 @@ def run_sql(
     with psycopg.connect(
         url, autocommit=True, connect_timeout=10, application_name="streamgauge query"
     ) as conn:
-        cur = conn.execute(sql.encode(), params) if params else conn.execute(sql.encode())
+        text = statement.encode()
+        cur = conn.execute(text, params) if params else conn.execute(text)
         if cur.description is None:
             return [], []
         return [col.name for col in cur.description], [tuple(row) for row in cur.fetchall()]

@@ -39,6 +39,9 @@ from pyspark.sql import SparkSession
 import streamgauge
 from streamgauge.windows.source import SpoolDataSource
 
+#: Where a ``local[*]`` job's driver, block manager and UI listen.
+LOOPBACK = "127.0.0.1"
+
 
 def build_spark_session(
     master: str = "local[*]",
@@ -64,9 +67,13 @@ def build_spark_session(
     local = master == "local" or master.startswith("local[")
     if local:
         # One machine: keep the driver and its UI on loopback, not on the first interface.
-        builder = builder.config("spark.driver.host", "127.0.0.1").config(
-            "spark.driver.bindAddress", "127.0.0.1"
+        builder = builder.config("spark.driver.host", LOOPBACK).config(
+            "spark.driver.bindAddress", LOOPBACK
         )
+        # The UI (which can kill jobs) ignores spark.driver.bindAddress: Spark 4.3's
+        # WebUI.bind listens on SPARK_LOCAL_IP, else on every interface (javap). The JVM
+        # starts below and reads this process's environment then.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     if ui_port is not None:
         builder = builder.config("spark.ui.port", str(ui_port))
     for key, value in (extra_conf or {}).items():
