@@ -262,7 +262,6 @@ def test_over_the_spool_quota_under_load_lines_are_refused_and_counted_then_rece
     refused_at_recovery = processes.stats()["refused_samples"][REFUSED_SPOOL_QUOTA]
     time.sleep(4)  # load after the recovery
     sender.stop()
-    time.sleep(1.5)  # the last rolls: their refusals counted in the log before it closes
     assert processes.ingest is not None
     processes.ingest.send_signal(signal.SIGTERM)  # flushes and closes its stream
     assert processes.ingest.wait(timeout=60) == 0, processes.log("ingest.log")
