@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     process.add_argument("--master", default=DEFAULT_MASTER)
     process.add_argument("--trigger", default="0.5 seconds")
     retention_flags(process)
+    spool_quota_flag(process)  # its janitor frees committed segments for the receivers' quota
     process.set_defaults(handler=cmd_process)
 
     validate = commands.add_parser("validate", help="check a config; print the compiled form")
@@ -303,9 +304,15 @@ def _start_store(args: argparse.Namespace, data_dir: Path) -> tuple[str, Any]:
 
 def cmd_process(args: argparse.Namespace) -> int:
     from streamgauge.daemon import StopRequested, supervise
+    from streamgauge.ingest.process import parse_byte_size
 
     config = _load_config_or_exit(args.config)
     _check_retention_or_exit(args)
+    try:
+        parse_byte_size(args.spool_quota, "--spool-quota")  # before the store starts
+    except ValueError as error:
+        print(f"streamgauge process: {error}", file=sys.stderr)
+        return 2
     data_dir = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     stop = StopRequested()

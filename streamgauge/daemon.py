@@ -20,7 +20,8 @@ from typing import Any
 
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.configs import PipelineConfig
-from streamgauge.retention import prune_spool
+from streamgauge.ingest.log import SPOOL_RESCAN_MS, spool_bytes
+from streamgauge.retention import QUOTA_HIGH_WATER, prune_spool
 from streamgauge.sinks.store import ResultStore, RetryPolicy
 from streamgauge.windows.job import JobPaths, all_checkpoints, start_window_queries
 from streamgauge.windows.session import build_spark_session
@@ -160,9 +161,17 @@ class RestartBudget:
 
 
 class Janitor:
-    """Retention, run from the supervising loop at most once a minute (see retention.py)."""
+    """Retention, run from the supervising loop at most once a minute (see retention.py).
+
+    With a spool quota, the spool's size is also checked every ``QUOTA_CHECK_S`` in between,
+    and the spool is pruned as soon as it is above ``QUOTA_HIGH_WATER`` of the quota: the
+    receivers refuse data over the quota, so committed segments must go within seconds, not
+    at the next round up to a minute later (a size check stats every file: no heartbeats
+    read, as cheap as the receivers' own rescans).
+    """
 
     INTERVAL_S = 60.0
+    QUOTA_CHECK_S = SPOOL_RESCAN_MS / 1000
 
     def __init__(
         self, paths: JobPaths, config: PipelineConfig, url: str, retain_log_ms: int,
@@ -173,11 +182,27 @@ class Janitor:
         # Over the quota, committed segments go oldest first whatever their age (retention.py).
         self._spool_quota_bytes = spool_quota_bytes
         self._next = time.monotonic() + self.INTERVAL_S
+        self._next_quota_check = time.monotonic()
 
     def maybe_run(self) -> None:
-        if time.monotonic() < self._next:
-            return
-        self._next = time.monotonic() + self.INTERVAL_S
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.INTERVAL_S
+            self._run()
+        elif self._spool_quota_bytes and now >= self._next_quota_check:
+            self._next_quota_check = now + self.QUOTA_CHECK_S
+            self._enforce_quota()
+
+    def _enforce_quota(self) -> None:
+        quota = self._spool_quota_bytes
+        try:
+            if spool_bytes(self._paths.spool) > quota * QUOTA_HIGH_WATER:
+                prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
+                            self._retain_log_ms, SystemClock(), quota_bytes=quota)  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - retention must never stop the daemon
+            log.warning("retention: spool quota check skipped: %s", str(error).splitlines()[0])
+
+    def _run(self) -> None:
         clock = SystemClock()
         try:
             prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),

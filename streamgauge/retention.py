@@ -7,10 +7,12 @@ receiver). The newest committed segment of each stream is always kept: the sourc
 heartbeat as the "prior heartbeat" of the next segment, which decides lateness. Retained
 segments are what `streamgauge replay` can recompute from.
 
-**Spool quota.** With ``quota_bytes``, a spool still over it after the age pass loses its
-oldest *committed* segments first, whatever their age, down to ``QUOTA_LOW_WATER`` of the
-quota (so receivers refusing data under the quota resume with room, not at the edge). What
-the job has not read is never deleted for the quota: the receivers refuse new data instead
+**Spool quota.** With ``quota_bytes``, a spool still above ``QUOTA_HIGH_WATER`` of it after
+the age pass loses its oldest *committed* segments first, whatever their age, down to
+``QUOTA_LOW_WATER`` of the quota. Pruning before the quota itself is reached keeps room for
+the receivers, which refuse data over the quota: they refuse only when what the job has not
+read fills it, not while committed segments wait for the next round. What the job has not
+read is never deleted for the quota: the receivers refuse new data instead
 (``streamgauge.ingest.refused{reason=spool_quota}``).
 
 **Results.** Windows that ended before the retention age are deleted from
@@ -38,7 +40,8 @@ from streamgauge.ingest.log import (
 
 log = logging.getLogger(__name__)
 
-QUOTA_LOW_WATER = 0.9
+QUOTA_HIGH_WATER = 0.95  # the quota pass starts above this share of the quota...
+QUOTA_LOW_WATER = 0.9  # ...and deletes down to this one
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,8 @@ def prune_spool(
     quota_bytes: int = 0,
 ) -> SpoolPruneReport:
     """Delete segments older than ``older_than_ms`` that every query has committed past; then,
-    with ``quota_bytes``, more committed segments, oldest first, while over the quota."""
+    with ``quota_bytes``, more committed segments, oldest first, while above
+    ``QUOTA_HIGH_WATER`` of the quota, down to ``QUOTA_LOW_WATER`` of it."""
     cutoff = clock.now_ms() - older_than_ms
     safe = safe_sequences(checkpoints)
     deleted = kept = freed = 0
@@ -110,7 +114,7 @@ def prune_spool(
             deleted += 1
     if quota_bytes and deletable:
         used = spool_bytes(spool)
-        if used > quota_bytes:
+        if used > quota_bytes * QUOTA_HIGH_WATER:
             target = int(quota_bytes * QUOTA_LOW_WATER)
             deletable.sort(key=lambda entry: (entry[0], entry[1].receiver, entry[1].sequence))
             # Oldest first, and per stream in sequence order (the sort keeps it), so a stream
@@ -122,7 +126,7 @@ def prune_spool(
                 used -= size
                 freed += size
                 deleted += 1
-            log.info("retention: spool over its quota of %d bytes, now %d", quota_bytes, used)
+            log.info("retention: spool near its quota of %d bytes, now %d", quota_bytes, used)
     if deleted:
         log.info("retention: deleted %d segment(s), %d bytes", deleted, freed)
     return SpoolPruneReport(deleted, kept, freed)

@@ -448,9 +448,14 @@ class Receiver:
                 break
         for fd in list(self._connections):
             self._end_connection(fd)
+        # The last data first, then the closing segment with what the writer refused of it
+        # (over the spool quota): its own rows are never refused for the quota, so the
+        # refusal is counted in the log, not only in the stats file.
+        self.roll(self.now_ms())
+        self._writer.flush()
         self.roll(self.now_ms(), closed=True)
         self._writer.close()  # waits until every segment is written
-        self._take_writer_counts()  # what the last ones refused: in the stats file at least
+        self._take_writer_counts()  # what the closing one refused (disk_full): in the stats
         self._write_stats()
         self._selector.close()
 

@@ -244,8 +244,10 @@ def test_ingest_settings_refuse_a_negative_quota_and_an_empty_write_queue(tmp_pa
         IngestSettings(tmp_path, "udp-0", 1000, spool_quota_bytes=-1, write_queue_depth=0)
 
 
-def test_a_bad_spool_quota_fails_ingest_and_run_with_one_line(tmp_path: Path, config: Path) -> None:
-    for command in ("ingest", "run"):
+def test_a_bad_spool_quota_fails_ingest_run_and_process_with_one_line(
+    tmp_path: Path, config: Path
+) -> None:
+    for command in ("ingest", "run", "process"):
         done = subprocess.run(
             [sys.executable, "-m", "streamgauge", command, "--config", str(config),
              "--data-dir", str(tmp_path), "--spool-quota", "lots"],

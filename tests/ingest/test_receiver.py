@@ -443,6 +443,33 @@ def test_over_the_spool_quota_data_is_refused_counted_and_its_count_reaches_the_
     sock.close()
 
 
+@pytest.mark.parametrize("depth", [0, 4])
+def test_what_the_spool_quota_refuses_at_shutdown_is_still_counted_in_the_log(
+    tmp_path: Path, depth: int
+) -> None:
+    """Stopped while refusing: the last data, refused on its way into the closing segment or
+    still queued for the writer, is counted in the log too, not only in the stats file."""
+    sock = bind_udp("127.0.0.1", 0)
+    spool = tmp_path / "spool"
+    queue = SegmentQueue(SegmentWriter(spool, "udp-0", fsync=False), depth=depth, quota_bytes=1)
+    clock = ManualClock(T0)
+    receiver = Receiver(sock, queue, PaneCombiner(1000), clock, stats_path=tmp_path / "s.json")
+    port = sock.getsockname()[1]
+    _send_and_roll(receiver, clock, port, [b"q.count:1|c\nq.count:2|c"])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        sender.sendto(b"q.count:1|c\nq.gauge:5|g", ("127.0.0.1", port))
+    _wait_for(lambda: receiver.receive_available() or receiver.stats.datagrams == 2)
+    clock.advance(10)
+    receiver.close()  # no roll in between: the closing one takes the last lines
+    quota = json.dumps({"reason": "spool_quota"}, separators=(",", ":"))
+    totals = _totals(_rows(spool))
+    assert receiver.stats.refused_samples == {"spool_quota": 4}
+    assert totals[("streamgauge.ingest.refused", quota)]["sum"] == 4
+    assert totals[("streamgauge.ingest.refused_partials", quota)]["sum"] == 3
+    assert [read_heartbeat(s.path).closed for s in list_segments(spool, "udp-0")][-1]
+    sock.close()
+
+
 def _commit(checkpoint: Path, batch: int, receivers: dict[str, int]) -> None:
     """What a Spark checkpoint holds for the retention and lag readers: commits/<n>, and
     offsets/<n> whose last line names each receiver's last sequence."""

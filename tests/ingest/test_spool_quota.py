@@ -7,7 +7,7 @@ from pathlib import Path
 
 from streamgauge.clock import ManualClock
 from streamgauge.ingest.log import Heartbeat, SegmentWriter, list_segments, spool_bytes
-from streamgauge.retention import QUOTA_LOW_WATER, prune_spool
+from streamgauge.retention import QUOTA_HIGH_WATER, QUOTA_LOW_WATER, prune_spool
 from tests.ingest.test_log import _batch
 from tests.ingest.test_receiver import _commit
 
@@ -53,3 +53,21 @@ def test_the_quota_never_deletes_what_the_job_has_not_committed(tmp_path: Path) 
     assert len(list_segments(spool, "udp-1")) == 5
     # and with no checkpoint at all, nothing
     assert prune_spool(spool, [], DAY_MS, ManualClock(T0), quota_bytes=one).deleted == 0
+
+
+def test_the_quota_pass_starts_below_the_quota_so_receivers_keep_room(tmp_path: Path) -> None:
+    spool, one = _spool(tmp_path)
+    checkpoint = tmp_path / "checkpoints" / "cfg" / "w"
+    _commit(checkpoint, 3, {"udp-0": 4, "udp-1": 4})
+    used = spool_bytes(spool)
+    clock = ManualClock(T0 + 10_000)
+    # at the high-water mark (95 %), nothing goes yet
+    assert prune_spool(spool, [checkpoint], DAY_MS, clock,
+                       quota_bytes=int(used / QUOTA_HIGH_WATER) + 1).deleted == 0  # fmt: skip
+    # above it and still under the quota (97 %): down to the low-water mark, before any
+    # receiver has to refuse data
+    quota = int(used / 0.97)
+    assert used < quota
+    report = prune_spool(spool, [checkpoint], DAY_MS, clock, quota_bytes=quota)
+    assert report.deleted == 1 and spool_bytes(spool) <= QUOTA_LOW_WATER * quota
+    assert [s.sequence for s in list_segments(spool, "udp-0")] == [1, 2, 3, 4]
