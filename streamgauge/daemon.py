@@ -64,7 +64,7 @@ class WindowJob:
         paths = JobPaths(spool=data_dir / "spool", checkpoints=data_dir / "checkpoints")
         paths.spool.mkdir(parents=True, exist_ok=True)
         self._janitor = Janitor(paths, config, url, retain_log_ms, retain_results_ms,
-                                spool_quota_bytes)  # fmt: skip
+                                clock, spool_quota_bytes)  # fmt: skip
         self._clock = clock
 
         def start() -> list[Any]:  # StreamingQuery
@@ -170,27 +170,28 @@ class Janitor:
     read, as cheap as the receivers' own rescans).
     """
 
-    INTERVAL_S = 60.0
-    QUOTA_CHECK_S = SPOOL_RESCAN_MS / 1000
+    INTERVAL_MS = 60_000
+    QUOTA_CHECK_MS = SPOOL_RESCAN_MS
 
     def __init__(
         self, paths: JobPaths, config: PipelineConfig, url: str, retain_log_ms: int,
-        retain_results_ms: int, spool_quota_bytes: int = 0,
+        retain_results_ms: int, clock: Clock, spool_quota_bytes: int = 0,
     ) -> None:  # fmt: skip
         self._paths, self._config, self._url = paths, config, url
         self._retain_log_ms, self._retain_results_ms = retain_log_ms, retain_results_ms
+        self._clock = clock
         # Over the quota, committed segments go oldest first whatever their age (retention.py).
         self._spool_quota_bytes = spool_quota_bytes
-        self._next = time.monotonic() + self.INTERVAL_S
-        self._next_quota_check = time.monotonic()
+        self._next_ms = clock.now_ms() + self.INTERVAL_MS
+        self._next_quota_check_ms = clock.now_ms()
 
     def maybe_run(self) -> None:
-        now = time.monotonic()
-        if now >= self._next:
-            self._next = now + self.INTERVAL_S
+        now = self._clock.now_ms()
+        if now >= self._next_ms:
+            self._next_ms = now + self.INTERVAL_MS
             self._run()
-        elif self._spool_quota_bytes and now >= self._next_quota_check:
-            self._next_quota_check = now + self.QUOTA_CHECK_S
+        elif self._spool_quota_bytes and now >= self._next_quota_check_ms:
+            self._next_quota_check_ms = now + self.QUOTA_CHECK_MS
             self._enforce_quota()
 
     def _enforce_quota(self) -> None:
@@ -198,12 +199,12 @@ class Janitor:
         try:
             if spool_bytes(self._paths.spool) > quota * QUOTA_HIGH_WATER:
                 prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
-                            self._retain_log_ms, SystemClock(), quota_bytes=quota)  # fmt: skip
+                            self._retain_log_ms, self._clock, quota_bytes=quota)  # fmt: skip
         except Exception as error:  # noqa: BLE001 - retention must never stop the daemon
             log.warning("retention: spool quota check skipped: %s", str(error).splitlines()[0])
 
     def _run(self) -> None:
-        clock = SystemClock()
+        clock = self._clock
         try:
             prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
                         self._retain_log_ms, clock,

@@ -7,6 +7,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from streamgauge.clock import ManualClock
+from streamgauge.daemon import Janitor
 from streamgauge.ingest.log import list_segments
 from streamgauge.retention import committed_sequences, prune_spool, safe_sequences
 from streamgauge.sinks.store import ResultStore, run_sql
@@ -58,3 +59,28 @@ def test_results_older_than_the_retention_age_are_deleted(
         [T0],
     )
     assert left == [(4000,)]
+
+
+def test_the_janitor_runs_on_the_clock_it_is_given(
+    spark: SparkSession, clean_store: str, tmp_path: Path
+) -> None:
+    """Once a minute of the injected clock, not of the machine's: nothing before, then the
+    committed segments older than the log's retention and the results older than theirs."""
+    transcript = _load(HERE / "tumbling_basic.yaml")
+    spool = tmp_path / "spool"
+    transcript.write_spool(spool)
+    paths = JobPaths(spool=spool, checkpoints=tmp_path / "checkpoints")
+    run_spark(spark, clean_store, spool, transcript.config)
+    clock = ManualClock(T0 + 2 * DAY_MS)
+    janitor = Janitor(paths, transcript.config, clean_store, DAY_MS, DAY_MS, clock)
+
+    janitor.maybe_run()
+    clock.advance(Janitor.INTERVAL_MS - 1)
+    janitor.maybe_run()
+    assert [s.sequence for s in list_segments(spool, "r0")] == [0, 1, 2]
+    assert run_sql(clean_store, "select count(*) from window_results")[1] != [(0,)]
+
+    clock.advance(1)
+    janitor.maybe_run()
+    assert [s.sequence for s in list_segments(spool, "r0")] == [2]  # the committed one stays
+    assert run_sql(clean_store, "select count(*) from window_results")[1] == [(0,)]
