@@ -15,12 +15,7 @@ checkpoints. Afterwards:
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,12 +26,12 @@ from streamgauge.ingest.log import list_receivers, list_segments, read_segment
 from tests.e2e.harness import (
     Daemon,
     PacedSender,
-    free_udp_port,
     load,
     reference_rows,
     scratch_dir,
     stored_rows,
 )
+from tests.reliability.split_pipeline import SplitPipeline
 
 CONFIG = """
 name: driverkill
@@ -46,85 +41,15 @@ windows:
 """
 
 
-class Processes:
-    """`streamgauge ingest` and `streamgauge process` on one data directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.config = root / "driverkill.yaml"
-        self.config.write_text(CONFIG)
-        self.data_dir = root / "data"
-        self.port = free_udp_port()
-        self.ingest: subprocess.Popen[bytes] | None = None
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def _spawn(self, *args: str, log: str) -> subprocess.Popen[bytes]:
-        with open(self.root / log, "ab") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "streamgauge", *args, "--config", str(self.config),
-                 "--data-dir", str(self.data_dir)],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def start_ingest(self) -> None:
-        self.ingest = self._spawn("ingest", "--listen", f"127.0.0.1:{self.port}",
-                                  "--receiver", "udp-0", log="ingest.log")  # fmt: skip
-
-    def wait_for_receiver(self, timeout_s: float = 120) -> None:
-        """Until the receiver has written its first segment (so its socket is bound)."""
-        spool = self.data_dir / "spool"
-        deadline = time.monotonic() + timeout_s
-        while not (spool.exists() and "udp-0" in list_receivers(spool)
-                   and list_segments(spool, "udp-0")):  # fmt: skip
-            assert time.monotonic() < deadline, self.log("ingest.log")
-            time.sleep(0.2)
-
-    def start_process(self) -> None:
-        self.process = self._spawn("process", log="process.log")
-
-    def log(self, name: str) -> str:
-        return (self.root / name).read_text(errors="replace")[-4000:]
-
-    def query(self, sql: str) -> list[dict[str, object]]:
-        done = subprocess.run(
-            [sys.executable, "-m", "streamgauge", "query", "--data-dir", str(self.data_dir),
-             "--json", sql],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return [json.loads(line) for line in done.stdout.splitlines()]
-
-    def wait_for(self, sql: str, timeout_s: float = 300) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if self.query(sql)[0]["ok"]:
-                    return
-            except AssertionError:
-                pass  # the store is not up yet (the job starts it)
-            time.sleep(0.5)
-        raise AssertionError(f"timed out: {sql}\n{self.log('process.log')}")
-
-    def cleanup(self) -> None:
-        for proc in (self.process, self.ingest):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        postmaster = self.data_dir / "postgres" / "postmaster.pid"
-        if postmaster.exists():  # the store outlives a killed job
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
-
-
 def _log_rows(spool: Path) -> list[dict[str, object]]:
     return [row for receiver in list_receivers(spool) for info in list_segments(spool, receiver)
             for batch in read_segment(info.path) for row in batch.to_pylist()]  # fmt: skip
 
 
 @pytest.fixture()
-def processes() -> Iterator[Processes]:
+def processes() -> Iterator[SplitPipeline]:
     root = scratch_dir("streamgauge-driverkill-")
-    running = Processes(root)
+    running = SplitPipeline(root, CONFIG)
     try:
         yield running
     finally:
@@ -142,7 +67,7 @@ DROPPED = (  # the receivers' own counts, through the pipeline (integer sums: ex
 
 
 def test_kill_9_of_the_driver_under_load_loses_nothing_and_counts_nothing_twice(
-    processes: Processes,
+    processes: SplitPipeline,
 ) -> None:
     processes.start_ingest()
     processes.start_process()

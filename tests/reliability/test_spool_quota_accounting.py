@@ -34,18 +34,14 @@ space; every refusal is counted the same way.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import statsd
@@ -58,12 +54,12 @@ from streamgauge.ingest.log import (
 )
 from tests.e2e.harness import (
     Daemon,
-    free_udp_port,
     load,
     reference_rows,
     scratch_dir,
     stored_rows,
 )
+from tests.reliability.split_pipeline import RECEIVER, SplitPipeline
 
 CONFIG = """
 name: quota
@@ -78,7 +74,6 @@ windows:
 QUOTA = "2MiB"
 BURST_LINES = 60_000  # ~3 MB of segments
 BURST_SERIES = 5_000
-RECEIVER = "udp-0"
 
 
 class CounterSender(threading.Thread):
@@ -138,78 +133,10 @@ class LogCopy(threading.Thread):
         self.sweep()
 
 
-class Processes:
-    """`streamgauge ingest` and `streamgauge process`, both with the quota, on one data dir."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.config = root / "quota.yaml"
-        self.config.write_text(CONFIG)
-        self.data_dir = root / "data"
-        self.spool = self.data_dir / "spool"
-        self.port = free_udp_port()
-        self.ingest: subprocess.Popen[bytes] | None = None
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def _spawn(self, *args: str, log: str) -> subprocess.Popen[bytes]:
-        with open(self.root / log, "ab") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "streamgauge", *args, "--config", str(self.config),
-                 "--data-dir", str(self.data_dir), "--spool-quota", QUOTA],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def start_ingest(self) -> None:
-        self.ingest = self._spawn("ingest", "--listen", f"127.0.0.1:{self.port}",
-                                  "--receiver", RECEIVER, log="ingest.log")  # fmt: skip
-
-    def start_process(self) -> None:
-        self.process = self._spawn("process", log="process.log")
-
-    def log(self, name: str, chars: int = 4000) -> str:
-        path = self.root / name
-        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
-
-    def stats(self) -> dict[str, Any]:
-        """The receiver's cumulative counts (rewritten at every roll); {} before the first."""
-        path = self.data_dir / "ingest" / f"{RECEIVER}.json"
-        try:
-            return dict(json.loads(path.read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    def wait(self, condition: Any, what: str, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            assert self.ingest is not None and self.ingest.poll() is None, self.log("ingest.log")
-            assert time.monotonic() < deadline, (
-                f"timed out: {what}\n{self.log('ingest.log')}\n{self.log('process.log')}")
-            time.sleep(0.2)
-
-    def query(self, sql: str) -> list[dict[str, Any]]:
-        done = subprocess.run(
-            [sys.executable, "-m", "streamgauge", "query", "--data-dir", str(self.data_dir),
-             "--json", sql],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return [json.loads(line) for line in done.stdout.splitlines()]
-
-    def cleanup(self) -> None:
-        for proc in (self.process, self.ingest):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        postmaster = self.data_dir / "postgres" / "postmaster.pid"
-        if postmaster.exists():  # the store outlives a killed job
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
-
-
 @pytest.fixture()
-def processes() -> Iterator[Processes]:
+def processes() -> Iterator[SplitPipeline]:
     root = scratch_dir("streamgauge-quota-")
-    running = Processes(root)
+    running = SplitPipeline(root, CONFIG, "--spool-quota", QUOTA)
     try:
         yield running
     finally:
@@ -239,12 +166,11 @@ DROPPED = (
 
 
 def test_over_the_spool_quota_under_load_lines_are_refused_and_counted_then_received_again(
-    processes: Processes,
+    processes: SplitPipeline,
 ) -> None:
     processes.start_ingest()
     # lines sent before the socket is bound would reach nobody, uncounted: wait for a segment
-    processes.wait(lambda: processes.spool.is_dir() and list_segments(processes.spool, RECEIVER),
-                   "the receiver's first segment")  # fmt: skip
+    processes.wait_for_receiver()
     copy = LogCopy(processes.spool, processes.root / "log-copy")
     copy.start()
     sender = CounterSender(processes.port)
