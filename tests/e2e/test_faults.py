@@ -5,11 +5,13 @@ holds, once, whatever happened in between (DESIGN.md: nothing lost, nothing coun
   directory: Spark resumes from its checkpoint, the interrupted micro-batch is replayed with
   the same id, and the store ignores what it already committed.
 - The embedded PostgreSQL stopped mid-run and started again: the job retries with backoff and
-  stops advancing; the log holds the backlog; when the store returns, everything is written.
+  stops advancing; the log holds the backlog; when the store returns, everything is written:
+  every counter line sent is stored once or counted as dropped.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -54,6 +56,24 @@ def _assert_store_equals_log(daemon: Daemon) -> None:
     assert sum(row["is_final"] for row in stored.values()) >= 3
 
 
+COUNTER_SAMPLES = (  # emitted windows, and the last ones the watermark has not passed yet
+    "select coalesce(sum(count), 0) as n from (select count from window_results where metric "
+    "like 'e2e.c.%' union all select count from window_pending where metric like 'e2e.c.%') w"
+)
+
+
+def _assert_every_line_is_stored_or_counted(daemon: Daemon, sent: int) -> None:
+    """Accounting: counter lines sent = samples stored + what the receivers counted as
+    dropped by the kernel or rejected (their stats files: this config's window keeps only
+    ``e2e.*``, so their self-metrics are not in the store)."""
+    dropped = 0
+    for stats_file in (daemon.data_dir / "ingest").glob("*.json"):
+        stats = json.loads(stats_file.read_text())
+        dropped += sum(stats["kernel_drops"].values()) + sum(stats["rejected"].values())
+    [stored] = daemon.query(COUNTER_SAMPLES)
+    assert stored["n"] + dropped == sent > 0, (stored, dropped, sent)
+
+
 def test_kill_9_of_the_driver_then_restart_neither_loses_nor_double_counts(
     daemon: Daemon,
 ) -> None:
@@ -88,6 +108,7 @@ def test_store_outage_mid_run_is_caught_up_exactly_once(daemon: Daemon) -> None:
     assert daemon.stop() == 0, daemon.log_tail()
     assert "unavailable" in daemon.log_tail(200_000)  # the outage was noticed and retried
     _assert_store_equals_log(daemon)
+    _assert_every_line_is_stored_or_counted(daemon, sender.sent)
     # ...and counted: the failed attempts reached pipeline_metrics once the store was back,
     # for the health dashboard's store-errors panel.
     errors = daemon.query(
