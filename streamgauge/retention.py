@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from streamgauge.ingest.log import (
     read_heartbeat,
     spool_bytes,
 )
+from streamgauge.ingest.spool_fs import Spool, SpoolLike, resolve_spool
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def safe_sequences(checkpoints: Iterable[Path]) -> dict[str, int]:
 
 
 def prune_spool(
-    spool: Path,
+    spool: SpoolLike | Spool,
     checkpoints: Iterable[Path],
     older_than_ms: int,
     clock: Clock,
@@ -92,6 +92,7 @@ def prune_spool(
     """Delete segments older than ``older_than_ms`` that every query has committed past; then,
     with ``quota_bytes``, more committed segments, oldest first, while above
     ``QUOTA_HIGH_WATER`` of the quota, down to ``QUOTA_LOW_WATER`` of it."""
+    spool = resolve_spool(spool)
     cutoff = clock.now_ms() - older_than_ms
     safe = safe_sequences(checkpoints)
     deleted = kept = freed = 0
@@ -104,7 +105,7 @@ def prune_spool(
             if limit is None or segment.sequence >= limit:
                 kept += 1
                 continue
-            heartbeat_ms = read_heartbeat(segment.path).heartbeat_ms
+            heartbeat_ms = read_heartbeat(segment).heartbeat_ms
             if heartbeat_ms >= cutoff:
                 if not quota_bytes:
                     break  # sequences are in time order: the rest are younger still
@@ -134,9 +135,4 @@ def prune_spool(
 
 def _delete(segment: SegmentInfo) -> int:
     """Delete a segment; its size in bytes (0 if someone else deleted it first)."""
-    try:
-        size = segment.path.stat().st_size
-        os.unlink(segment.path)
-    except FileNotFoundError:
-        return 0
-    return size
+    return segment.spool.delete(segment.path)

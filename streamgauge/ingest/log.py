@@ -1,10 +1,12 @@
 """The segment log: the durable contract between ingest and the Spark job.
 
 Layout: ``<spool>/<receiver>/<sequence:012d>.arrow``, one ordered stream per receiver. Each
-segment is an Arrow IPC file of pane partials (``SEGMENT_SCHEMA``) written under a temporary
-name, fsynced, then renamed, so a reader never sees a torn segment: a file with the final
-name is complete. A crash leaves at most a ``.tmp`` file, which was never part of the log and
-is removed when the receiver restarts.
+segment is an Arrow IPC file of pane partials (``SEGMENT_SCHEMA``). A reader never sees a torn
+segment: a file with the final name is complete. In a local directory a segment is written
+under a temporary name, fsynced, then renamed; a crash leaves at most a ``.tmp`` file, which was
+never part of the log and is removed when the receiver restarts. On an object store
+(``--spool s3://…``) it is uploaded to its final key in one request, which appears whole or not
+at all (``spool_fs``: the storage side of every function here).
 
 Every segment carries, in its schema metadata, the receiver's **heartbeat**: "no event earlier
 than ``heartbeat_ms`` will come from this receiver any more" (and ``closed`` when the receiver
@@ -17,7 +19,6 @@ from __future__ import annotations
 import collections
 import errno
 import logging
-import os
 import re
 import threading
 import time
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from streamgauge.ingest.spool_fs import Spool, SpoolLike, SpoolPath, resolve_spool
 
 #: One row per (metric, type, tags, pane): what ingest has already combined.
 SEGMENT_SCHEMA = pa.schema(
@@ -76,7 +79,13 @@ _RECEIVER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 class SegmentInfo:
     receiver: str
     sequence: int
-    path: Path
+    #: A ``Path`` on a local spool (as before object stores); a key on an object store.
+    path: SpoolPath
+    #: The spool it is in: how to open it (``read_heartbeat``, ``read_segment`` take the info).
+    spool: Spool = field(compare=False, repr=False, kw_only=True)
+
+    def exists(self) -> bool:
+        return self.spool.exists(self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,24 +108,23 @@ def validate_receiver_name(name: str) -> str:
 class SegmentWriter:
     """Appends segments to one receiver's stream; the only writer of that stream."""
 
-    def __init__(self, spool: Path, receiver: str, *, fsync: bool = True) -> None:
-        self._dir = spool / validate_receiver_name(receiver)
-        self._dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, spool: SpoolLike | Spool, receiver: str, *, fsync: bool = True) -> None:
+        self._spool = resolve_spool(spool)
+        self._receiver = validate_receiver_name(receiver)
         self._fsync = fsync
-        for leftover in self._dir.glob("*.tmp"):
-            # A temporary file from a crash was never renamed, so never part of the log.
-            leftover.unlink()
-        existing = list_segments(spool, receiver)
+        # A temporary file from a crash was never renamed, so never part of the log.
+        self._spool.prepare(self._receiver)
+        existing = list_segments(self._spool, receiver)
         self._next_sequence = existing[-1].sequence + 1 if existing else 0
         self.last_bytes = 0  # size of the last segment written
 
     @property
     def receiver(self) -> str:
-        return self._dir.name
+        return self._receiver
 
     @property
-    def spool(self) -> Path:
-        return self._dir.parent
+    def spool(self) -> Spool:
+        return self._spool
 
     @property
     def next_sequence(self) -> int:
@@ -127,92 +135,91 @@ class SegmentWriter:
         if batch.schema != SEGMENT_SCHEMA:
             batch = pa.RecordBatch.from_arrays(batch.columns, schema=SEGMENT_SCHEMA)
         sequence = self._next_sequence
-        final = self._dir / f"{sequence:012d}.arrow"
-        temporary = self._dir / f".{sequence:012d}.arrow.tmp"
         metadata = {
             b"heartbeat_ms": str(heartbeat.heartbeat_ms).encode(),
             b"closed": b"1" if heartbeat.closed else b"0",
         }
         schema = SEGMENT_SCHEMA.with_metadata(metadata)
-        try:
-            with open(temporary, "wb") as sink:
-                with pa.ipc.new_file(sink, schema) as writer:
-                    writer.write_batch(batch.replace_schema_metadata(metadata))
-                sink.flush()
-                if self._fsync:
-                    os.fsync(sink.fileno())
-                self.last_bytes = sink.tell()
-            os.rename(temporary, final)
-        except BaseException:
-            # A full disk mid-write: the temporary was never part of the log; the sequence
-            # number is not used up, so the stream stays gapless.
-            temporary.unlink(missing_ok=True)
-            raise
-        if self._fsync:
-            _fsync_directory(self._dir)
+
+        def encode(sink: pa.NativeFile) -> None:
+            with pa.ipc.new_file(sink, schema) as writer:
+                writer.write_batch(batch.replace_schema_metadata(metadata))
+
+        # A failed write (a full disk) leaves nothing under the final name and does not use
+        # up the sequence number, so the stream stays gapless.
+        path, self.last_bytes = self._spool.write_with(
+            self._receiver, segment_name(sequence), encode, fsync=self._fsync
+        )
         self._next_sequence = sequence + 1
-        return SegmentInfo(self._dir.name, sequence, final)
+        return SegmentInfo(self._receiver, sequence, path, spool=self._spool)
 
 
-def _fsync_directory(path: Path) -> None:
-    """Make the rename itself durable (POSIX: a rename is persisted by syncing the directory)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def segment_name(sequence: int) -> str:
+    return f"{sequence:012d}.arrow"
 
 
-def list_receivers(spool: Path) -> list[str]:
-    if not spool.exists():
-        return []
-    names = (p.name for p in spool.iterdir() if p.is_dir())
+def list_receivers(spool: SpoolLike | Spool) -> list[str]:
+    names = resolve_spool(spool).list_dirs()
     return sorted(name for name in names if _RECEIVER_NAME.fullmatch(name))
 
 
 def list_segments(
-    spool: Path, receiver: str, after: int = -1, upto: int | None = None
+    spool: SpoolLike | Spool, receiver: str, after: int = -1, upto: int | None = None
 ) -> list[SegmentInfo]:
     """Complete segments of one stream with ``after < sequence <= upto``, in order."""
-    directory = spool / receiver
-    if not directory.exists():
-        return []
+    where = resolve_spool(spool)
     found: list[SegmentInfo] = []
-    for entry in os.scandir(directory):
-        match = _SEGMENT_NAME.match(entry.name)
+    for name, path in where.list_files(receiver):
+        match = _SEGMENT_NAME.match(name)
         if match is None:
             continue
         sequence = int(match.group(1))
         if sequence > after and (upto is None or sequence <= upto):
-            found.append(SegmentInfo(receiver, sequence, Path(entry.path)))
+            found.append(SegmentInfo(receiver, sequence, path, spool=where))
     found.sort(key=lambda s: s.sequence)
     return found
 
 
-def segment_path(spool: Path, receiver: str, sequence: int) -> Path:
-    return spool / receiver / f"{sequence:012d}.arrow"
+def segment_at(spool: SpoolLike | Spool, receiver: str, sequence: int) -> SegmentInfo:
+    """Where segment ``sequence`` of a stream is (whether or not it exists)."""
+    where = resolve_spool(spool)
+    return SegmentInfo(
+        receiver, sequence, where.path(receiver, segment_name(sequence)), spool=where
+    )
 
 
-def read_heartbeat(path: Path) -> Heartbeat:
+def segment_path(spool: SpoolLike | Spool, receiver: str, sequence: int) -> SpoolPath:
+    """Where segment ``sequence`` of a stream is: a ``Path`` on a local spool."""
+    return segment_at(spool, receiver, sequence).path
+
+
+def _open(segment: SegmentInfo | Path) -> pa.NativeFile:
+    """A local ``Path`` (as tests and tools pass ``SegmentInfo.path``) or a segment of any spool."""
+    if isinstance(segment, SegmentInfo):
+        return segment.spool.open(segment.path)
+    return pa.memory_map(str(segment))
+
+
+def read_heartbeat(segment: SegmentInfo | Path) -> Heartbeat:
     """Read only the schema metadata of a segment (cheap: the footer, no row data)."""
-    with pa.memory_map(str(path)) as source:
+    with _open(segment) as source:
         metadata = pa.ipc.open_file(source).schema.metadata or {}
     return Heartbeat(int(metadata.get(b"heartbeat_ms", b"0")), metadata.get(b"closed") == b"1")
 
 
-def read_segment(path: Path) -> Iterator[pa.RecordBatch]:
-    with pa.memory_map(str(path)) as source:
+def read_segment(segment: SegmentInfo | Path) -> Iterator[pa.RecordBatch]:
+    with _open(segment) as source:
         reader = pa.ipc.open_file(source)
         for index in range(reader.num_record_batches):
             yield conform_segment(reader.get_batch(index).replace_schema_metadata(None))
 
 
-def describe_spool(spool: Path) -> dict[str, dict[str, int | bool | None]]:
+def describe_spool(spool: SpoolLike | Spool) -> dict[str, dict[str, int | bool | None]]:
     """Per receiver: segment count, last sequence and heartbeat; for `streamgauge status`."""
     summary: dict[str, dict[str, int | bool | None]] = {}
     for receiver in list_receivers(spool):
         segments = list_segments(spool, receiver)
-        heartbeat = read_heartbeat(segments[-1].path) if segments else None
+        heartbeat = read_heartbeat(segments[-1]) if segments else None
         summary[receiver] = {
             "segments": len(segments),
             "last_sequence": segments[-1].sequence if segments else None,
@@ -260,7 +267,7 @@ class SpoolUsage:
 
     def __init__(
         self,
-        spool: Path,
+        spool: SpoolLike | Spool,
         rescan_ms: int = SPOOL_RESCAN_MS,
         monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
     ) -> None:
@@ -281,20 +288,10 @@ class SpoolUsage:
         self._bytes += written
 
 
-def spool_bytes(spool: Path) -> int:
+def spool_bytes(spool: SpoolLike | Spool) -> int:
     """Total size of the files in the spool's stream directories."""
-    total = 0
-    for receiver in list_receivers(spool):
-        try:
-            entries = list(os.scandir(spool / receiver))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            try:
-                total += entry.stat(follow_symlinks=False).st_size
-            except FileNotFoundError:  # deleted by the janitor meanwhile
-                continue
-    return total
+    where = resolve_spool(spool)
+    return sum(where.directory_bytes(receiver) for receiver in list_receivers(where))
 
 
 class SegmentQueue:

@@ -76,7 +76,7 @@ from streamgauge.ingest.log import (
     WriterCounts,
     list_segments,
     read_heartbeat,
-    segment_path,
+    segment_at,
 )
 from streamgauge.ingest.protocol import (
     DEFAULT_LIMITS,
@@ -361,7 +361,7 @@ class Receiver:
         writer = self._writer.writer
         existing = list_segments(writer.spool, writer.receiver, upto=writer.next_sequence)
         try:
-            return read_heartbeat(existing[-1].path).heartbeat_ms if existing else 0
+            return read_heartbeat(existing[-1]).heartbeat_ms if existing else 0
         except (OSError, pa.ArrowException):  # deleted by retention meanwhile
             return 0
 
@@ -740,14 +740,14 @@ class Receiver:
         else:
             # nothing read yet: the stream's first segment (listed once, while it exists)
             first = self._first_segment
-            if first is None or not segment_path(writer.spool, receiver, first).exists():
+            if first is None or not segment_at(writer.spool, receiver, first).exists():
                 existing = list_segments(writer.spool, receiver, upto=writer.next_sequence)
                 first = self._first_segment = existing[0].sequence if existing else None
             oldest = first if first is not None else writer.next_sequence
         lag = 0
         if oldest < writer.next_sequence:
             try:
-                lag = max(0, now_ms - read_heartbeat(segment_path(
+                lag = max(0, now_ms - read_heartbeat(segment_at(
                     writer.spool, receiver, oldest)).heartbeat_ms)
             except (OSError, pa.ArrowException):  # not written yet, or deleted meanwhile
                 lag = self.stats.segment_lag_ms
