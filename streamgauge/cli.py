@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
     run.add_argument("--trigger", default="0.5 seconds", help="micro-batch interval")
     retention_flags(run)
+    spool_flag(run)
     spool_quota_flag(run)
     receiver_flags(run)
     run.set_defaults(handler=cmd_run)
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {DEFAULT_LISTEN})")
     ingest.add_argument("--receiver", default=RECEIVER_NAME, help="stream name in the spool")
     receiver_flags(ingest)
+    spool_flag(ingest)
     spool_quota_flag(ingest)
     ingest.add_argument("--inherit-fd", type=int, action="append", help=argparse.SUPPRESS)
     ingest.set_defaults(handler=cmd_ingest)
@@ -98,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     process.add_argument("--trigger", default="0.5 seconds")
     retention_flags(process)
     spool_quota_flag(process)  # its janitor frees committed segments for the receivers' quota
+    spool_flag(process)
     process.set_defaults(handler=cmd_process)
 
     validate = commands.add_parser("validate", help="check a config; print the compiled form")
@@ -127,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
     replay.add_argument("--postgres-url")
     replay.add_argument("--master", default=DEFAULT_MASTER)
+    spool_flag(replay)
     replay.set_defaults(handler=cmd_replay)
 
     from streamgauge.grafana.commands import register as register_grafana
@@ -135,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="what a running daemon is doing")
     status.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
+    spool_flag(status)
     status.set_defaults(handler=cmd_status)
     return parser
 
@@ -166,6 +171,26 @@ def receiver_flags(p: argparse.ArgumentParser) -> None:
                    help="socket receive buffer (default 8 MiB)")
     p.add_argument("--unix-mode", default="0600", choices=["0600", "0660"],
                    help="permissions of unixgram sockets (default %(default)s)")
+
+
+def spool_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spool", metavar="LOCATION",
+        help="the segment log: a directory, or a pyarrow.fs URI that several hosts share, "
+        "e.g. s3://bucket/prefix?region=eu-west-1 (default DATA_DIR/spool)",
+    )  # fmt: skip
+
+
+def _spool_location(args: argparse.Namespace) -> str:
+    """``--spool`` as given (a path or a URI), or ``DATA_DIR/spool``; raises ``ValueError``
+    (redacted: the URI may hold credentials) if pyarrow.fs cannot open it."""
+    from streamgauge.ingest.spool_fs import resolve_spool
+
+    location = args.spool or str(args.data_dir.resolve() / "spool")
+    if "://" not in location:
+        location = str(Path(location).resolve())  # children and Spark may run elsewhere
+    resolve_spool(location)
+    return location
 
 
 def spool_quota_flag(parser: argparse.ArgumentParser) -> None:
@@ -266,6 +291,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             limits = dataclasses.replace(limits, max_tags=args.max_tags)
         settings = IngestSettings(
             args.data_dir.resolve(), args.receiver, config.pane_ms,
+            spool_location=_spool_location(args),
             max_skew_ms=round(args.max_skew * 1000), limits=limits, cardinality=cardinality,
             rcvbuf_bytes=args.rcvbuf or DEFAULT_RCVBUF_BYTES, unix_mode=int(args.unix_mode, 8),
             spool_quota_bytes=parse_byte_size(args.spool_quota, "--spool-quota"),
@@ -289,6 +315,7 @@ def _window_job(args: argparse.Namespace, config: Any, data_dir: Path, url: str)
         retain_log_ms=parse_duration_ms(args.retain_log),
         retain_results_ms=parse_duration_ms(args.retain_results),
         spool_quota_bytes=parse_byte_size(getattr(args, "spool_quota", "0"), "--spool-quota"),
+        spool=_spool_location(args),
     )  # fmt: skip
 
 
@@ -310,6 +337,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     _check_retention_or_exit(args)
     try:
         parse_byte_size(args.spool_quota, "--spool-quota")  # before the store starts
+        _spool_location(args)
     except ValueError as error:
         print(f"streamgauge process: {error}", file=sys.stderr)
         return 2
@@ -364,6 +392,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # bound here so a busy port fails before anything starts; one socket list per child
     try:
         parse_byte_size(args.spool_quota, "--spool-quota")  # the children get the flag as given
+        spool = _spool_location(args)
         groups = bind_receivers(
             [parse_listen_spec(text) for text in args.listen or [DEFAULT_LISTEN]], args.receivers)
     except ValueError as error:
@@ -378,7 +407,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ingest = IngestChildren([
             subprocess.Popen(
                 [sys.executable, "-m", "streamgauge", "ingest", "--config", str(args.config),
-                 "--data-dir", str(data_dir), "--receiver", f"udp-{index}",
+                 "--data-dir", str(data_dir), "--spool", spool, "--receiver", f"udp-{index}",
                  "--spool-quota", args.spool_quota, *_receiver_args(args),
                  *[arg for sock in sockets for arg in ("--inherit-fd", str(sock.fileno()))]],
                 pass_fds=[sock.fileno() for sock in sockets],
@@ -496,7 +525,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         spark = build_spark_session(args.master, app_name="streamgauge-replay")
         try:
             report = replay(
-                spark, config, args.data_dir.resolve() / "spool", store, SystemClock(),
+                spark, config, _spool_location(args), store, SystemClock(),
                 from_ms=from_ms, to_ms=to_ms,
             )  # fmt: skip
         finally:
@@ -569,7 +598,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         report["windows"] = _window_status(running["postgres_url"])
         running["postgres_url"] = redact_url(running["postgres_url"])
         report["running"] = running
-    report["spool"] = describe_spool(data_dir / "spool")
+    report["spool"] = describe_spool(_spool_location(args))
     ingest_dir = data_dir / "ingest"
     if ingest_dir.exists():
         report["ingest"] = {

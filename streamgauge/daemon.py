@@ -21,6 +21,7 @@ from typing import Any
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.configs import PipelineConfig
 from streamgauge.ingest.log import SPOOL_RESCAN_MS, spool_bytes
+from streamgauge.ingest.spool_fs import resolve_spool
 from streamgauge.retention import QUOTA_HIGH_WATER, prune_spool
 from streamgauge.sinks.store import ResultStore, RetryPolicy
 from streamgauge.windows.job import JobPaths, all_checkpoints, start_window_queries
@@ -54,15 +55,18 @@ class WindowJob:
     def __init__(
         self, config: PipelineConfig, data_dir: Path, url: str, *, master: str,
         trigger: str, retain_log_ms: int, retain_results_ms: int, spool_quota_bytes: int = 0,
-        clock: Clock | None = None,
+        clock: Clock | None = None, spool: str | None = None,
     ) -> None:  # fmt: skip
+        """``spool``: a directory or a ``pyarrow.fs`` URI (``--spool``); default
+        ``data_dir/spool``. Checkpoints stay under ``data_dir`` (Spark's own, on the job's
+        host)."""
         clock = clock or SystemClock()
         store = ResultStore(url)
         store.ensure_schema()
         store.close()
         self.spark = build_spark_session(master)
-        paths = JobPaths(spool=data_dir / "spool", checkpoints=data_dir / "checkpoints")
-        paths.spool.mkdir(parents=True, exist_ok=True)
+        paths = JobPaths(spool=spool or data_dir / "spool", checkpoints=data_dir / "checkpoints")
+        resolve_spool(paths.spool).create()
         self._janitor = Janitor(paths, config, url, retain_log_ms, retain_results_ms,
                                 clock, spool_quota_bytes)  # fmt: skip
         self._clock = clock

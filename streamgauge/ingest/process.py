@@ -34,6 +34,7 @@ from streamgauge.ingest.log import (
 )
 from streamgauge.ingest.protocol import DEFAULT_LIMITS, ProtocolLimits
 from streamgauge.ingest.receiver import DEFAULT_MAX_SKEW_MS, Receiver
+from streamgauge.ingest.spool_fs import resolve_spool
 from streamgauge.ingest.transports import (
     DEFAULT_RCVBUF_BYTES,
     UNIX_SOCKET_MODES,
@@ -69,6 +70,9 @@ class IngestSettings:
     #: The config's compiled sketch accuracy: pane sketches must use the layout (HDR buckets)
     #: and sizes (HLL lgK, t-digest k) the window job merges them with.
     sketches: SketchParams = field(default_factory=compile_accuracy)
+    #: Where the segment log is, when not ``data_dir/spool``: a directory or a
+    #: ``pyarrow.fs`` URI (``--spool s3://bucket/prefix``), shared by several hosts.
+    spool_location: str | None = None
     #: ``PipelineConfig.kll_k``: the k of the KLL sketch timer/histogram/distribution partials
     #: carry for ``quantiles: kll`` windows; ``None``: no window reads one, none is built.
     kll_k: int | None = None
@@ -98,8 +102,8 @@ class IngestSettings:
             raise ValueError("ingest settings: " + "; ".join(problems))
 
     @property
-    def spool(self) -> Path:
-        return self.data_dir / "spool"
+    def spool(self) -> Path | str:
+        return self.spool_location or self.data_dir / "spool"
 
     @property
     def stats_path(self) -> Path:
@@ -163,10 +167,11 @@ def run_ingest(
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     settings.stats_path.parent.mkdir(parents=True, exist_ok=True)
+    receiver_spool = resolve_spool(settings.spool)  # str() of it is redacted: fit for the log
     receiver = Receiver(
         sockets,
         SegmentQueue(
-            SegmentWriter(settings.spool, settings.receiver, fsync=settings.fsync),
+            SegmentWriter(receiver_spool, settings.receiver, fsync=settings.fsync),
             depth=settings.write_queue_depth,
             quota_bytes=settings.spool_quota_bytes,
         ),
@@ -180,7 +185,8 @@ def run_ingest(
         stats_path=settings.stats_path,
         checkpoints=settings.checkpoints,
     )
-    log.info("ingest %s: receiving on %s", settings.receiver, " ".join(receiver.listening))
+    log.info("ingest %s: receiving on %s, writing to %s", settings.receiver,
+             " ".join(receiver.listening), receiver_spool)
     try:
         receiver.run(stop)
     finally:

@@ -107,7 +107,7 @@ NO_WATERMARK_MS = 0
 
 @dataclass(frozen=True)
 class JobPaths:
-    spool: Path
+    spool: Path | str  # a directory, or a pyarrow.fs URI (streamgauge.ingest.spool_fs)
     checkpoints: Path
 
 

@@ -125,7 +125,7 @@ def parse_time_ms(text: str) -> int:
 def replay(
     spark: SparkSession,
     config: PipelineConfig,
-    spool: Path,
+    spool: Path | str,
     store: ResultStore,
     clock: Clock,
     *,

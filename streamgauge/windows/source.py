@@ -63,6 +63,7 @@ Batch reads (``replay``) read the whole log.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -86,7 +87,9 @@ from streamgauge.ingest.log import (
     list_segments,
     read_heartbeat,
     read_segment,
+    segment_at,
 )
+from streamgauge.ingest.spool_fs import SpoolLike
 
 SOURCE_NAME = "streamgauge_spool"
 
@@ -124,20 +127,24 @@ _ADDED_COLUMNS = 3
 
 
 class SegmentPartition(InputPartition):
-    """A contiguous run of one receiver's segments; picklable (paths as strings).
+    """A contiguous run of one receiver's segments; picklable (the spool as its location
+    string, resolved again in the worker that reads it: a path, or a ``pyarrow.fs`` URI).
 
     ``prior_heartbeat_ms`` is the heartbeat of the segment before the first one of the run.
     """
 
-    def __init__(self, receiver: str, paths: list[str], prior_heartbeat_ms: int) -> None:
-        super().__init__((receiver, paths, prior_heartbeat_ms))
+    def __init__(
+        self, spool: str, receiver: str, sequences: list[int], prior_heartbeat_ms: int
+    ) -> None:
+        super().__init__((receiver, sequences, prior_heartbeat_ms))
+        self.spool = spool
         self.receiver = receiver
-        self.paths = paths
+        self.sequences = sequences
         self.prior_heartbeat_ms = prior_heartbeat_ms
 
 
 class SpoolStreamReader(DataSourceStreamReader):
-    def __init__(self, spool: Path, max_segments_per_partition: int) -> None:
+    def __init__(self, spool: SpoolLike, max_segments_per_partition: int) -> None:
         self._spool = spool
         self._max_segments_per_partition = max_segments_per_partition
 
@@ -163,7 +170,7 @@ class SpoolStreamReader(DataSourceStreamReader):
             segments = list_segments(self._spool, receiver, after=previous["seq"])
             if segments:
                 pending[receiver] = segments
-                newest[receiver] = read_heartbeat(segments[-1].path)
+                newest[receiver] = read_heartbeat(segments[-1])
         bounds = admission_bounds(newest) if hold_back else {}
         for receiver, segments in pending.items():
             admitted = _admitted(segments, newest[receiver], bounds.get(receiver))
@@ -184,20 +191,22 @@ class SpoolStreamReader(DataSourceStreamReader):
             segments = list_segments(self._spool, receiver, after=after - 1, upto=position["seq"])
             prior = 0
             if segments and segments[0].sequence == after:
-                prior = read_heartbeat(segments.pop(0).path).heartbeat_ms
+                prior = read_heartbeat(segments.pop(0)).heartbeat_ms
             step = self._max_segments_per_partition
             for index in range(0, len(segments), step):
                 run = segments[index : index + step]
-                parts.append(SegmentPartition(receiver, [str(s.path) for s in run], prior))
-                prior = read_heartbeat(run[-1].path).heartbeat_ms
+                sequences = [s.sequence for s in run]
+                parts.append(SegmentPartition(os.fspath(self._spool), receiver, sequences, prior))
+                prior = read_heartbeat(run[-1]).heartbeat_ms
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SegmentPartition)
         prior = partition.prior_heartbeat_ms
-        for path in partition.paths:
-            heartbeat = read_heartbeat(Path(path)).heartbeat_ms
-            for batch in read_segment(Path(path)):
+        for sequence in partition.sequences:
+            segment = segment_at(partition.spool, partition.receiver, sequence)
+            heartbeat = read_heartbeat(segment).heartbeat_ms
+            for batch in read_segment(segment):
                 if batch.num_rows:
                     yield _with_stream_columns(batch, partition.receiver, heartbeat, prior)
             prior = heartbeat
@@ -206,7 +215,7 @@ class SpoolStreamReader(DataSourceStreamReader):
 class SpoolBatchReader(DataSourceReader):
     """Every complete segment of every stream, with the same columns as the stream reader."""
 
-    def __init__(self, spool: Path) -> None:
+    def __init__(self, spool: SpoolLike) -> None:
         self._stream = SpoolStreamReader(spool, max_segments_per_partition=64)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -259,7 +268,7 @@ def _admitted(
         return segments[-1], newest
     admitted: tuple[SegmentInfo, Heartbeat] | None = None
     for segment in segments:
-        heartbeat = newest if segment is segments[-1] else read_heartbeat(segment.path)
+        heartbeat = newest if segment is segments[-1] else read_heartbeat(segment)
         if heartbeat.heartbeat_ms > bound:
             break
         admitted = segment, heartbeat
@@ -267,7 +276,8 @@ def _admitted(
 
 
 class SpoolDataSource(DataSource):
-    """``spark.readStream.format("streamgauge_spool").option("path", SPOOL).load()``."""
+    """``spark.readStream.format("streamgauge_spool").option("path", SPOOL).load()``;
+    ``SPOOL`` is a directory or a ``pyarrow.fs`` URI (``s3://bucket/prefix?…``)."""
 
     #: The short name Spark knows this class by; per-query subclasses change it.
     registered_name: ClassVar[str] = SOURCE_NAME
@@ -281,10 +291,10 @@ class SpoolDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """Batch reads (``spark.read``) see the whole retained log: `streamgauge replay`."""
-        return SpoolBatchReader(Path(self.options["path"]))
+        return SpoolBatchReader(str(self.options["path"]))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
-        spool = Path(self.options["path"])
+        spool = str(self.options["path"])
         per_partition = int(self.options.get("maxSegmentsPerPartition", "64"))
         return SpoolStreamReader(spool, per_partition)
 
