@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from streamgauge.sinks.embedded import EmbeddedPostgres
 from streamgauge.sinks.store import ResultStore, RetryPolicy, run_sql
 from streamgauge.windows.session import build_spark_session
+from tests.s3_server import S3Server, running_s3_server
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +80,10 @@ def spark() -> Iterator[SparkSession]:
     session = build_spark_session("local[2]", app_name="streamgauge-tests", shuffle_partitions=2)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 API server (moto, server mode) on 127.0.0.1, for object-store spools."""
+    with running_s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
