@@ -51,9 +51,22 @@ class S3Server:
         )  # fmt: skip
 
     def requests(self) -> list[str]:
-        """The server's access log so far: ``"PUT /bucket/key HTTP/1.1"`` lines."""
-        text = _ANSI.sub("", self.log_path.read_text(errors="replace"))  # werkzeug colours
-        return [line.split('"')[1] for line in text.splitlines() if line.count('"') >= 2]
+        """The server's access log so far: ``"PUT /bucket/key HTTP/1.1"`` lines.
+
+        The server logs a request after answering it, so a marker request is made and waited
+        for first: every request answered before it is then in the log."""
+        marker = f"{BUCKET}/_marker-{uuid.uuid4().hex}"
+        self.filesystem().get_file_info(marker)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            text = _ANSI.sub("", self.log_path.read_text(errors="replace"))  # werkzeug colours
+            lines = [line.split('"')[1] for line in text.splitlines() if line.count('"') >= 2]
+            seen = [i for i, line in enumerate(lines) if marker in line]
+            if seen:
+                return [line for line in lines[: seen[0]] if "_marker-" not in line]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the marker request {marker} never reached the server log")
+            time.sleep(0.05)
 
 
 def _free_tcp_port() -> int:

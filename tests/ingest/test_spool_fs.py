@@ -87,6 +87,17 @@ def test_the_log_round_trips_on_s3_one_put_per_segment(s3_server: S3Server) -> N
     ]  # fmt: skip
 
 
+def test_reading_a_segment_is_two_requests(s3_server: S3Server) -> None:
+    """The whole object in one GET (after pyarrow's HEAD), not a ranged GET per IPC read."""
+    uri = s3_server.uri()
+    SegmentWriter(uri, "udp-0").append(_batch("m", 1, 1000), Heartbeat(1000, False))
+    (segment,) = list_segments(uri, "udp-0")
+    before = len(s3_server.requests())
+    assert read_heartbeat(segment) == Heartbeat(1000, False) and _sums([segment]) == [1.0]
+    key = f"/{segment.path} HTTP/1.1"
+    assert s3_server.requests()[before:] == [f"{verb} {key}" for verb in ("HEAD", "GET") * 2]
+
+
 def test_a_segment_queue_writes_in_order_on_s3(s3_server: S3Server) -> None:
     uri = s3_server.uri()
     queue = SegmentQueue(SegmentWriter(uri, "udp-0", fsync=False), depth=2)
