@@ -85,4 +85,4 @@ def test_batch_reads_see_the_whole_log(tmp_path: Path) -> None:
     _write(tmp_path, "fast", [1, 2, 3, 4, 5, 6])
     _write(tmp_path, "slow", [1])
     parts = SpoolBatchReader(tmp_path).partitions()
-    assert sorted((p.receiver, len(p.paths)) for p in parts) == [("fast", 6), ("slow", 1)]  # type: ignore[attr-defined]
+    assert sorted((p.receiver, len(p.sequences)) for p in parts) == [("fast", 6), ("slow", 1)]  # type: ignore[attr-defined]
