@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -169,3 +171,20 @@ def test_credentials_are_masked_in_the_spool_name_and_in_errors(s3_server: S3Ser
     assert redact_secrets_in(f"cannot open {in_query}", in_query) == (
         "cannot open s3://bkt/p?access_key=AK&secret_key=***&session_token=***&region=x"
     )
+
+
+def test_status_describes_an_s3_spool_without_its_credentials(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    uri = s3_server.uri()
+    SegmentWriter(uri, "host-a").append(_batch("m", 1, 1000), Heartbeat(1000, True))
+    done = subprocess.run(
+        [sys.executable, "-m", "streamgauge", "status", "--data-dir", str(tmp_path),
+         "--spool", uri],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["spool"] == {
+        "host-a": {"segments": 1, "last_sequence": 0, "heartbeat_ms": 1000, "closed": True}
+    }
+    assert SECRET_KEY not in done.stdout + done.stderr
