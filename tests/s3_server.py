@@ -69,16 +69,18 @@ class S3Server:
             time.sleep(0.05)
 
 
-def _free_tcp_port() -> int:
+def free_tcp_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
 @contextlib.contextmanager
-def running_s3_server(workdir: Path) -> Iterator[S3Server]:
-    """``moto.server`` as a subprocess, with the test bucket created; stopped afterwards."""
-    port = _free_tcp_port()
+def running_s3_server(workdir: Path, port: int | None = None) -> Iterator[S3Server]:
+    """``moto.server`` as a subprocess, with the test bucket created; stopped afterwards.
+    It keeps objects in memory: a server started again on the same ``port`` is empty."""
+    port = port or free_tcp_port()
+    workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "moto.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.spool_fs import Spool, SpoolLike, SpoolPath, resolve_spool
+from streamgauge.redaction import redact_secrets_in
 
 #: One row per (metric, type, tags, pane): what ingest has already combined.
 SEGMENT_SCHEMA = pa.schema(
@@ -239,6 +240,9 @@ SELF_METRIC_PREFIX = "streamgauge.ingest."  # a receiver's own rows (not streamg
 #: Reasons a segment's partials were refused, as counted in ``WriterCounts.refused_*``.
 REFUSED_SPOOL_QUOTA = "spool_quota"  # the spool holds --spool-quota bytes or more
 REFUSED_DISK_FULL = "disk_full"  # the file system said ENOSPC / EDQUOT
+REFUSED_SPOOL_UNAVAILABLE = "spool_unavailable"  # the object store did not take the segment
+#: Waits before the retries of a segment the object store did not take (then it is refused).
+UNAVAILABLE_RETRY_S = (0.5, 1.0, 2.0, 4.0)
 DEFAULT_WRITE_QUEUE_DEPTH = 4
 SPOOL_RESCAN_MS = 5_000
 
@@ -313,6 +317,11 @@ class SegmentQueue:
     rows; the segment is still written with them and its heartbeat, so windows keep closing
     and the refusal itself reaches the store. A file system that is full refuses the whole
     segment (``disk_full``). Writing resumes when retention frees space.
+
+    An object store that fails a segment (unreachable, erroring) gets it again after each of
+    ``unavailable_retry_s``; if it still fails, the segment is refused and counted
+    (``spool_unavailable``) and the next one is tried once, until one is taken. A local
+    spool's other errors stop the receiver: there is nothing to wait for.
     """
 
     def __init__(
@@ -322,6 +331,7 @@ class SegmentQueue:
         depth: int = DEFAULT_WRITE_QUEUE_DEPTH,
         quota_bytes: int = 0,
         usage: SpoolUsage | None = None,
+        unavailable_retry_s: tuple[float, ...] = UNAVAILABLE_RETRY_S,
     ) -> None:
         if depth < 0:
             raise ValueError(f"segment queue depth must be >= 0, got {depth}")
@@ -337,6 +347,8 @@ class SegmentQueue:
         self._error: BaseException | None = None
         self._closing = False
         self._refusing: str | None = None  # the reason, while refusing (for the log)
+        self._unavailable_retry_s = unavailable_retry_s
+        self._unavailable = False  # the object store failed the last segment: no retries
         self._thread: threading.Thread | None = None
         if depth > 0:
             self._thread = threading.Thread(
@@ -425,14 +437,24 @@ class SegmentQueue:
             self._refuse(batch.filter(pc.invert(own)), REFUSED_SPOOL_QUOTA)
             batch = batch.filter(own)
         try:
-            self._writer.append(batch, heartbeat)
+            self._append_retrying(batch, heartbeat)
         except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            # The disk filled up under us (other files, or no --spool-quota): refuse and
-            # count, the stream stays gapless, the next segment carries a later heartbeat.
-            self._refuse(batch, REFUSED_DISK_FULL)
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                # The disk filled up under us (other files, or no --spool-quota): refuse and
+                # count, the stream stays gapless, the next segment carries a later heartbeat.
+                self._refuse(batch, REFUSED_DISK_FULL)
+                return
+            if self._writer.spool.renames:
+                raise  # a local file system failing otherwise: stop, do not guess
+            if not self._unavailable:  # logged when it starts, not every roll
+                spool = self._writer.spool
+                reason = redact_secrets_in(str(error).splitlines()[0], spool.location)
+                _log.warning("%s: the spool %s did not take a segment: %s", self.receiver,
+                             spool, reason)  # fmt: skip
+            self._unavailable = True
+            self._refuse(batch, REFUSED_SPOOL_UNAVAILABLE)
             return
+        self._unavailable = False
         written = self._writer.last_bytes
         self._usage.add(written)
         if self._refusing is not None and batch.num_rows and not refused_now:
@@ -441,6 +463,22 @@ class SegmentQueue:
         with self._cond:
             self._counts.segments_written += 1
             self._counts.bytes_written += written
+
+    def _append_retrying(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> None:
+        """Write one segment; on an object store that fails it, retry after each wait of
+        ``unavailable_retry_s`` (the queue fills meanwhile: backpressure, counted), unless the
+        store failed the previous segment too (then once: a long outage must not hold every
+        roll for the whole schedule). A local spool is not retried: its errors are final."""
+        waits = () if self._writer.spool.renames or self._unavailable else self._unavailable_retry_s
+        for wait_s in waits:
+            try:
+                self._writer.append(batch, heartbeat)
+                return
+            except OSError as error:
+                if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                time.sleep(wait_s)
+        self._writer.append(batch, heartbeat)
 
     def _refuse(self, refused: pa.RecordBatch, reason: str) -> None:
         if not refused.num_rows:

@@ -14,6 +14,7 @@ import pytest
 
 from streamgauge.clock import ManualClock
 from streamgauge.ingest.log import (
+    REFUSED_SPOOL_UNAVAILABLE,
     SEGMENT_SCHEMA,
     Heartbeat,
     SegmentInfo,
@@ -30,7 +31,7 @@ from streamgauge.ingest.log import (
 from streamgauge.ingest.spool_fs import LocalSpool, ObjectSpool, resolve_spool
 from streamgauge.redaction import redact_location, redact_secrets_in
 from streamgauge.retention import prune_spool
-from tests.s3_server import BUCKET, SECRET_KEY, S3Server
+from tests.s3_server import BUCKET, SECRET_KEY, S3Server, free_tcp_port, running_s3_server
 
 DAY_MS = 86_400_000
 
@@ -188,3 +189,32 @@ def test_status_describes_an_s3_spool_without_its_credentials(
         "host-a": {"segments": 1, "last_sequence": 0, "heartbeat_ms": 1000, "closed": True}
     }
     assert SECRET_KEY not in done.stdout + done.stderr
+
+
+def test_an_object_store_outage_refuses_and_counts_then_writing_resumes(tmp_path: Path) -> None:
+    """The S3 server goes away mid-stream (nothing listens on its port) and comes back empty
+    (moto keeps objects in memory): the segments it could not take are refused and counted
+    under ``spool_unavailable``, the receiver keeps going, and writes resume on its return
+    without a gap in the sequence numbers it hands out."""
+    port = free_tcp_port()
+    with running_s3_server(tmp_path / "before", port) as server:
+        uri = server.uri("outage")
+        queue = SegmentQueue(
+            SegmentWriter(uri, "udp-0", fsync=False), depth=0, unavailable_retry_s=(0.1, 0.1)
+        )
+        queue.append(_batch("q", 1, 1000), Heartbeat(1000, False))
+        assert [s.sequence for s in list_segments(uri, "udp-0")] == [0]
+        assert queue.take_counts().segments_written == 1
+    queue.append(_batch("q", 2, 2000), Heartbeat(2000, False))  # retried, then refused
+    queue.append(_batch("q", 3, 3000), Heartbeat(3000, False))  # tried once, refused
+    counts = queue.take_counts()
+    assert counts.refused_samples == {REFUSED_SPOOL_UNAVAILABLE: 2}
+    assert counts.refused_partials == {REFUSED_SPOOL_UNAVAILABLE: 2}
+    assert counts.segments_written == 0
+    with running_s3_server(tmp_path / "after", port):
+        queue.append(_batch("q", 4, 4000), Heartbeat(4000, True))
+        queue.close()
+        segments = list_segments(uri, "udp-0")
+        assert [s.sequence for s in segments] == [1]  # refusals used no sequence number
+        assert _sums(segments) == [4.0] and read_heartbeat(segments[0]) == Heartbeat(4000, True)
+    assert queue.take_counts().segments_written == 1
