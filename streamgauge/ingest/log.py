@@ -243,6 +243,8 @@ REFUSED_DISK_FULL = "disk_full"  # the file system said ENOSPC / EDQUOT
 REFUSED_SPOOL_UNAVAILABLE = "spool_unavailable"  # the object store did not take the segment
 #: Waits before the retries of a segment the object store did not take (then it is refused).
 UNAVAILABLE_RETRY_S = (0.5, 1.0, 2.0, 4.0)
+#: The receiver's own rows carried from unwritten segments into the next (a few per roll).
+CARRY_MAX_ROWS = 50_000
 DEFAULT_WRITE_QUEUE_DEPTH = 4
 SPOOL_RESCAN_MS = 5_000
 
@@ -349,6 +351,7 @@ class SegmentQueue:
         self._refusing: str | None = None  # the reason, while refusing (for the log)
         self._unavailable_retry_s = unavailable_retry_s
         self._unavailable = False  # the object store failed the last segment: no retries
+        self._carried: pa.RecordBatch | None = None  # own rows of a segment not written
         self._thread: threading.Thread | None = None
         if depth > 0:
             self._thread = threading.Thread(
@@ -430,6 +433,9 @@ class SegmentQueue:
                 self._cond.notify_all()
 
     def _write(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> None:
+        if self._carried is not None:
+            batch = pa.concat_batches([self._carried, batch.cast(self._carried.schema)])
+            self._carried = None
         refused_now = False
         if self._quota and self._usage.used() + batch.nbytes > self._quota:
             refused_now = True
@@ -442,7 +448,7 @@ class SegmentQueue:
             if error.errno in (errno.ENOSPC, errno.EDQUOT):
                 # The disk filled up under us (other files, or no --spool-quota): refuse and
                 # count, the stream stays gapless, the next segment carries a later heartbeat.
-                self._refuse(batch, REFUSED_DISK_FULL)
+                self._refuse_keeping_own_rows(batch, REFUSED_DISK_FULL)
                 return
             if self._writer.spool.renames:
                 raise  # a local file system failing otherwise: stop, do not guess
@@ -452,7 +458,7 @@ class SegmentQueue:
                 _log.warning("%s: the spool %s did not take a segment: %s", self.receiver,
                              spool, reason)  # fmt: skip
             self._unavailable = True
-            self._refuse(batch, REFUSED_SPOOL_UNAVAILABLE)
+            self._refuse_keeping_own_rows(batch, REFUSED_SPOOL_UNAVAILABLE)
             return
         self._unavailable = False
         written = self._writer.last_bytes
@@ -479,6 +485,19 @@ class SegmentQueue:
                     raise
                 time.sleep(wait_s)
         self._writer.append(batch, heartbeat)
+
+    def _refuse_keeping_own_rows(self, batch: pa.RecordBatch, reason: str) -> None:
+        """Refuse a segment that could not be written, but carry the receiver's own rows
+        (its counts, the refusals among them) into the next one, up to ``CARRY_MAX_ROWS``,
+        so that the store learns what was refused once writing resumes. They are not late
+        there: the heartbeat of the refused segment was never written either."""
+        own = pc.starts_with(batch.column("metric"), SELF_METRIC_PREFIX)
+        self._refuse(batch.filter(pc.invert(own)), reason)
+        own_rows = batch.filter(own)
+        dropped = max(0, own_rows.num_rows - CARRY_MAX_ROWS)  # the oldest go, counted
+        self._refuse(own_rows.slice(0, dropped), reason)
+        kept = own_rows.slice(dropped)
+        self._carried = kept if kept.num_rows else None
 
     def _refuse(self, refused: pa.RecordBatch, reason: str) -> None:
         if not refused.num_rows:

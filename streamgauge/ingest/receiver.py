@@ -29,9 +29,10 @@ those lines are still aggregated. Rejects and adjustments share a bounded sample
 for debugging, and every count is fed back into the pipeline as ordinary metrics named
 ``streamgauge.ingest.*``. Besides the line counts: ``refused{reason}`` and
 ``refused_partials{reason}`` (samples and partials the segment writer did not write:
-``spool_quota``, ``disk_full``, ``spool_unavailable``; received and accounted, not in the log), ``write_backpressure``
-and ``write_blocked_ms``, ``read_ahead_full``, and the gauges ``series_active{receiver}`` and
-``segment_lag_ms{receiver}`` (age of the oldest segment the window job has not committed).
+``spool_quota``, ``disk_full``, ``spool_unavailable``; received and accounted, not in the
+log), ``write_backpressure`` and ``write_blocked_ms``, ``read_ahead_full``, and the gauges
+``series_active{receiver}`` and ``segment_lag_ms{receiver}`` (age of the oldest segment the
+window job has not committed).
 
 Event time and heartbeats: a sample's event time is its ``|T`` when within the skew, else the
 receive time. A client timestamp in the past puts the partial in its own, older pane; the

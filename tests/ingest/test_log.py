@@ -187,7 +187,9 @@ def test_over_the_quota_data_is_refused_and_counted_self_metrics_and_heartbeat_k
     assert _beats(tmp_path, "udp-0") == [1_500, 2_500, 3_500]
 
 
-def test_a_full_disk_refuses_the_segment_and_keeps_the_stream_gapless(tmp_path: Path) -> None:
+def test_a_full_disk_refuses_the_data_carries_the_own_rows_and_keeps_the_stream_gapless(
+    tmp_path: Path,
+) -> None:
     class FullDisk(SegmentWriter):
         full = True
 
@@ -199,10 +201,14 @@ def test_a_full_disk_refuses_the_segment_and_keeps_the_stream_gapless(tmp_path: 
     writer = FullDisk(tmp_path, "udp-0", fsync=False)
     queue = SegmentQueue(writer, depth=0)
     queue.append(_with_self_metrics(1_000), Heartbeat(1_500, False))
-    assert queue.take_counts().refused_samples == {REFUSED_DISK_FULL: 3}
+    assert queue.take_counts().refused_samples == {REFUSED_DISK_FULL: 2}  # 5|c and 3|ms
     writer.full = False
     queue.append(_with_self_metrics(2_000), Heartbeat(2_500, False))
-    assert [s.sequence for s in list_segments(tmp_path, "udp-0")] == [0]
+    [segment] = list_segments(tmp_path, "udp-0")
+    assert segment.sequence == 0
+    rows = [row for batch in read_segment(segment) for row in batch.to_pylist()]
+    own = [(r["pane_start_ms"], r["sum"]) for r in rows if r["metric"].startswith("streamgauge.")]
+    assert own == [(1_000, 2.0), (2_000, 2.0)]  # the refused segment's own row carried over
 
 
 def test_spool_usage_counts_every_stream_and_its_own_writes_between_scans(

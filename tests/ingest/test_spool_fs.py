@@ -194,8 +194,9 @@ def test_status_describes_an_s3_spool_without_its_credentials(
 def test_an_object_store_outage_refuses_and_counts_then_writing_resumes(tmp_path: Path) -> None:
     """The S3 server goes away mid-stream (nothing listens on its port) and comes back empty
     (moto keeps objects in memory): the segments it could not take are refused and counted
-    under ``spool_unavailable``, the receiver keeps going, and writes resume on its return
-    without a gap in the sequence numbers it hands out."""
+    under ``spool_unavailable``, except the receiver's own rows, carried into the next segment
+    so the refusal reaches the store; writes resume on the server's return without a gap in
+    the sequence numbers."""
     port = free_tcp_port()
     with running_s3_server(tmp_path / "before", port) as server:
         uri = server.uri("outage")
@@ -206,7 +207,8 @@ def test_an_object_store_outage_refuses_and_counts_then_writing_resumes(tmp_path
         assert [s.sequence for s in list_segments(uri, "udp-0")] == [0]
         assert queue.take_counts().segments_written == 1
     queue.append(_batch("q", 2, 2000), Heartbeat(2000, False))  # retried, then refused
-    queue.append(_batch("q", 3, 3000), Heartbeat(3000, False))  # tried once, refused
+    own = _batch("streamgauge.ingest.lines", 7, 3000)  # the receiver's count: carried over
+    queue.append(pa.concat_batches([_batch("q", 3, 3000), own]), Heartbeat(3000, False))
     counts = queue.take_counts()
     assert counts.refused_samples == {REFUSED_SPOOL_UNAVAILABLE: 2}
     assert counts.refused_partials == {REFUSED_SPOOL_UNAVAILABLE: 2}
@@ -216,5 +218,6 @@ def test_an_object_store_outage_refuses_and_counts_then_writing_resumes(tmp_path
         queue.close()
         segments = list_segments(uri, "udp-0")
         assert [s.sequence for s in segments] == [1]  # refusals used no sequence number
-        assert _sums(segments) == [4.0] and read_heartbeat(segments[0]) == Heartbeat(4000, True)
+        assert _sums(segments) == [7.0, 4.0]  # the own row of the refused segment first
+        assert read_heartbeat(segments[0]) == Heartbeat(4000, True)
     assert queue.take_counts().segments_written == 1
