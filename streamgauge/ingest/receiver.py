@@ -300,12 +300,13 @@ class Receiver:
         proc_net: Path = kernel.PROC_NET,
         fast_path: bool = True,
         recvmmsg: bool = True,
-        checkpoints: Path | None = None,
+        checkpoints: Sequence[Path] | None = None,
         read_ahead_bytes: int = READ_AHEAD_BYTES,
     ) -> None:
         """``writer``: a ``SegmentQueue`` writes on its own thread; a bare ``SegmentWriter``
         writes in ``roll`` itself. ``recvmmsg``: many datagrams per system call on Linux.
-        ``checkpoints``: the window job's checkpoint root, for the segment lag.
+        ``checkpoints``: the running config's query checkpoints (``all_checkpoints``), for
+        the segment lag.
         ``read_ahead_bytes``: while ``run`` runs, datagram sockets are read by ``ReadAhead``
         threads holding up to this much (0: read by the loop itself)."""
         if max_skew_ms < 0:
@@ -325,7 +326,7 @@ class Receiver:
         self._read_ahead_bytes = read_ahead_bytes
         self._read_ahead: ReadAhead | None = None
         self._read_ahead_full_seen = 0
-        self._checkpoints = checkpoints
+        self._checkpoints = list(checkpoints) if checkpoints is not None else None
         self._next_lag_poll_ms = 0
         self._lag_ms: int | None = None
         self._first_segment: int | None = None
@@ -710,35 +711,31 @@ class Receiver:
 
     def _poll_lag(self, now_ms: int) -> None:
         """Segment lag: how old the oldest segment of this stream is that the window job has
-        not committed yet (0 when it has read everything), every LAG_POLL_MS.
+        not committed yet (0 when every query read everything), every LAG_POLL_MS.
 
-        The job's position is the furthest any of its queries under ``checkpoints`` committed
-        for this stream: a checkpoint left by an older config stops moving and must not look
-        like lag. Before any query read the stream, its oldest segment counts.
+        The window job runs several queries over the stream (per window a native lane, a
+        sketch lane or a late query, each with its own checkpoint), and a segment is done only
+        once *all* of them committed it: the oldest unread segment is the one after the
+        *smallest* committed sequence. Only the running config's checkpoints count
+        (``checkpoints``, from ``all_checkpoints``): one left by an older config stops moving
+        and is not lag. A query that has committed nothing of this stream yet (a new
+        checkpoint rebuilding from the log) has the stream's first segment as its oldest.
         """
         if self._checkpoints is None or now_ms < self._next_lag_poll_ms:
             return
         self._next_lag_poll_ms = now_ms + LAG_POLL_MS
         writer = self._writer.writer
         receiver = writer.receiver
-        positions = []
-        if self._checkpoints.is_dir():
-            for checkpoint in self._checkpoints.glob("*/*"):
-                try:
-                    committed = committed_sequences(checkpoint)
-                except (OSError, ValueError, KeyError):  # a commit being written right now
-                    continue
-                if committed and receiver in committed:
-                    positions.append(committed[receiver])
-        if positions:
-            oldest = max(positions) + 1
-        else:
-            # nothing read yet: the stream's first segment (listed once, while it exists)
-            first = self._first_segment
-            if first is None or not segment_path(writer.spool, receiver, first).exists():
-                existing = list_segments(writer.spool, receiver, upto=writer.next_sequence)
-                first = self._first_segment = existing[0].sequence if existing else None
-            oldest = first if first is not None else writer.next_sequence
+        oldest = writer.next_sequence  # every query read everything written
+        for checkpoint in self._checkpoints:
+            try:
+                committed = committed_sequences(checkpoint)
+            except (OSError, ValueError, KeyError):  # a commit being written right now
+                continue
+            if committed and receiver in committed:
+                oldest = min(oldest, committed[receiver] + 1)
+            else:
+                oldest = min(oldest, self._first_sequence())
         lag = 0
         if oldest < writer.next_sequence:
             try:
@@ -748,6 +745,15 @@ class Receiver:
                 lag = self.stats.segment_lag_ms
         self.stats.segment_lag_ms = lag
         self._lag_ms = lag
+
+    def _first_sequence(self) -> int:
+        """The stream's oldest segment still in the spool (listed once, while it exists)."""
+        writer = self._writer.writer
+        first = self._first_segment
+        if first is None or not segment_path(writer.spool, writer.receiver, first).exists():
+            existing = list_segments(writer.spool, writer.receiver, upto=writer.next_sequence)
+            first = self._first_segment = existing[0].sequence if existing else None
+        return first if first is not None else writer.next_sequence
 
     def _poll_kernel(self, now_ms: int, *, force: bool = False) -> None:
         """Per-socket drops and the namespace's RcvbufErrors, at most once per second."""
