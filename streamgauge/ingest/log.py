@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -297,6 +298,13 @@ def spool_bytes(spool: Path) -> int:
     return total
 
 
+class BatchBuilder(Protocol):
+    """A segment's rows not built yet (``combiner.PaneDrain``): the writer thread builds them,
+    so the receive loop does not."""
+
+    def build(self) -> pa.RecordBatch: ...
+
+
 class SegmentQueue:
     """Writes a receiver's segments on a writer thread, in order, within a disk quota.
 
@@ -335,7 +343,8 @@ class SegmentQueue:
         self._quota = quota_bytes
         self._usage = usage if usage is not None else SpoolUsage(writer.spool)
         self._cond = threading.Condition()
-        self._pending: collections.deque[tuple[pa.RecordBatch, Heartbeat]] = collections.deque()
+        self._pending: collections.deque[tuple[pa.RecordBatch | BatchBuilder, Heartbeat]] = (
+            collections.deque())
         self._counts = WriterCounts()
         self._error: BaseException | None = None
         self._closing = False
@@ -355,9 +364,10 @@ class SegmentQueue:
     def writer(self) -> SegmentWriter:
         return self._writer
 
-    def append(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> None:
-        """Queue one segment; waits (counted) while ``depth`` are queued already. Raises what
-        made the writer thread fail, if it did."""
+    def append(self, batch: pa.RecordBatch | BatchBuilder, heartbeat: Heartbeat) -> None:
+        """Queue one segment (its batch, or what builds it on the writer thread); waits
+        (counted) while ``depth`` are queued already. Raises what made the writer thread
+        fail, if it did."""
         if self._thread is None:
             self._write(batch, heartbeat)
             return
@@ -420,7 +430,8 @@ class SegmentQueue:
                 self._pending.popleft()
                 self._cond.notify_all()
 
-    def _write(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> None:
+    def _write(self, pending: pa.RecordBatch | BatchBuilder, heartbeat: Heartbeat) -> None:
+        batch = pending if isinstance(pending, pa.RecordBatch) else pending.build()
         refused_now = False
         if self._quota and self._usage.used() + batch.nbytes > self._quota:
             refused_now = True

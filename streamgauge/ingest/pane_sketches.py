@@ -63,6 +63,17 @@ class PaneSketches:
     def __len__(self) -> int:
         return len(self._values.keys() | self._scalars.keys()) + len(self._members)
 
+    def detach(self) -> PaneSketches:
+        """Everything held so far, moved to a new ``PaneSketches`` (same parameters); this
+        one starts empty. The combiner hands the detached one to the segment writer thread,
+        which builds the columns there (``columns``) while the receive loop goes on."""
+        held = PaneSketches.__new__(PaneSketches)
+        held._params, held._kll_k, held._layout = self._params, self._kll_k, self._layout
+        held._values, self._values = self._values, defaultdict(list)
+        held._scalars, self._scalars = self._scalars, defaultdict(list)
+        held._members, self._members = self._members, defaultdict(list)
+        return held
+
     def _take_values(self) -> dict[PartialKey, np.ndarray]:
         taken: dict[PartialKey, np.ndarray] = {}
         for key in self._values.keys() | self._scalars.keys():

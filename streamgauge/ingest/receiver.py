@@ -563,9 +563,7 @@ class Receiver:
         pending = pending[np.argsort(combiner.seen_ms[pending], kind="stable")]
         seen = combiner.seen_ms[pending]
         series = combiner.slot_series
-        refresh = self._guard.refresh
-        for slot, seen_ms in zip(pending.tolist(), seen.tolist(), strict=True):
-            refresh(series[slot], seen_ms)  # type: ignore[arg-type]
+        self._guard.refresh_many([series[slot] for slot in pending.tolist()], seen.tolist())
         combiner.synced_ms[pending] = seen
 
     def _accept(self, listener: socket.socket) -> None:
@@ -687,8 +685,9 @@ class Receiver:
         # Every datagram combined so far was received at or before now_ms, and every later
         # one will be stamped at or after it (now_ms never goes backwards): the heartbeat.
         # Client timestamps (|T) in the past do not hold it back: those partials are late.
-        batch = self._combiner.drain()
-        self._writer.append(batch, Heartbeat(now_ms, closed))  # written by the writer thread
+        # Detached, not built: the writer thread builds the batch (Arrow columns, sketches)
+        # and writes it, in append order, so the heartbeat still follows all of its rows.
+        self._writer.append(self._combiner.detach(), Heartbeat(now_ms, closed))
         self.stats.segments += 1
         self._last_segment_ms = now_ms
         self._take_writer_counts()  # in the stats now, in the log with the next segment
