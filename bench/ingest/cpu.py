@@ -97,16 +97,20 @@ def measure(args: argparse.Namespace, per: int, recvmmsg: bool, queued: bool) ->
         pass
     receiver.roll(receiver.now_ms())
     count = 60_000 if per == 1 else 8_000
-    cpu, rolls = [], []
+    cpu, rolls, roll_cpu, with_roll = [], [], [], []
     for _ in range(args.repeat):
         fill(sock, payloads, count)
         before, received = time.thread_time(), receiver.stats.datagrams
         while receiver.receive_available():
             pass
-        cpu.append((time.thread_time() - before) / (receiver.stats.datagrams - received))
-        started = time.perf_counter()
+        taken = time.thread_time() - before
+        datagram_count = receiver.stats.datagrams - received
+        cpu.append(taken / datagram_count)
+        started, started_cpu = time.perf_counter(), time.thread_time()
         receiver.roll(receiver.now_ms() + 1000)  # heartbeat due: always a segment
         rolls.append(time.perf_counter() - started)
+        roll_cpu.append(time.thread_time() - started_cpu)
+        with_roll.append((taken + roll_cpu[-1]) / datagram_count)
     receiver.close()
     sock.close()
     PaneDrain.build = build  # type: ignore[method-assign]
@@ -114,7 +118,9 @@ def measure(args: argparse.Namespace, per: int, recvmmsg: bool, queued: bool) ->
         "ns_per_datagram": statistics.median(cpu) * 1e9,
         "ns_per_line": statistics.median(cpu) * 1e9 / per,
         "syscalls_per_datagram": receiver.stats.syscalls / receiver.stats.datagrams,
+        "ns_per_line_roll": statistics.median(with_roll) * 1e9 / per,
         "roll_ms": statistics.median(rolls) * 1e3,
+        "roll_cpu_ms": statistics.median(roll_cpu) * 1e3,
         "detach_ms": statistics.median(detached[1:]) * 1e3,
         "build_ms": statistics.median(built[1:]) * 1e3,
         "append_ms": statistics.median(appended[1:-1]) * 1e3,
@@ -126,17 +132,20 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--series", type=int, default=10_000)
     args = parser.parse_args()
-    print(f"medians of {args.repeat}; receive thread CPU per datagram/line; wall time per roll "
-          "of the receive thread, of drain, and of handing the segment over (append)")
-    print("lines/dgram  reader    segments  ns/dgram  ns/line  syscalls/dgram  roll_ms  drain_ms"
-          "  append_ms")
+    print(f"medians of {args.repeat}; receive thread CPU per datagram/line (+roll: with the "
+          "roll's receive-thread CPU spread over the lines); wall time per roll of the receive "
+          "thread (its CPU), of detach (receive thread), of build (writer thread unless inline), "
+          "and of handing the segment over (append)")
+    print("lines/dgram  reader    segments  ns/dgram  ns/line  ns/line+roll  syscalls/dgram  "
+          "roll_ms  roll_cpu_ms  detach_ms  build_ms  append_ms")
     for per in (20, 1):
         for recvmmsg, queued in ((False, False), (True, False), (True, True)):
             m = measure(args, per, recvmmsg, queued)
             print(f"{per:>11}  {'recvmmsg' if recvmmsg else 'recv':<8}  "
                   f"{'thread' if queued else 'inline':<8}  {m['ns_per_datagram']:>8.0f}  "
-                  f"{m['ns_per_line']:>7.0f}  {m['syscalls_per_datagram']:>14.3f}  "
-                  f"{m['roll_ms']:>7.1f}  {m['detach_ms']:>9.2f}  {m['build_ms']:>8.1f}  "
+                  f"{m['ns_per_line']:>7.0f}  {m['ns_per_line_roll']:>12.0f}  "
+                  f"{m['syscalls_per_datagram']:>14.3f}  {m['roll_ms']:>7.1f}  "
+                  f"{m['roll_cpu_ms']:>11.1f}  {m['detach_ms']:>9.2f}  {m['build_ms']:>8.1f}  "
                   f"{m['append_ms']:>9.2f}",
                   flush=True)
     return 0

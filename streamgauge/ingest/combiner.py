@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
-from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, PaneSketches
+from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, FastValues, PaneSketches
 from streamgauge.ingest.protocol import Sample
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
@@ -467,11 +467,46 @@ class PaneDrain:
     def __len__(self) -> int:
         return len(self.partials) + len(self.slots)
 
+    def _group_fast_sketched(self, first_fast_row: int) -> FastValues | None:
+        """The fast lane's buffered values grouped by (series, pane), each group matched to
+        its row: fast-lane rows are ``first_fast_row + i`` for (``slots[i]``, ``panes[i]``).
+        A group whose partial moved to the general lane meanwhile goes to ``sketches``
+        under its key instead, as ``resolve_fast_sketched`` would have put it."""
+        if not self.fast_sketched:
+            return None
+        batches, self.fast_sketched = self.fast_sketched, []
+        panes = np.concatenate([np.full(len(s), pane, dtype=np.int64) for pane, s, _ in batches])
+        slots = np.concatenate([s for _, s, _ in batches])
+        values = np.concatenate([v for _, _, v in batches])
+        order = np.lexsort((slots, panes))  # stable: values keep their line order in a group
+        slots, panes, values = slots[order], panes[order], values[order]
+        bounds = np.flatnonzero((slots[1:] != slots[:-1]) | (panes[1:] != panes[:-1])) + 1
+        starts = np.concatenate([[0], bounds]).astype(np.int64)
+        ends = np.concatenate([bounds, [len(slots)]]).astype(np.int64)
+        group_slots, group_panes = slots[starts], panes[starts]
+        unique_panes, pane_index = np.unique(
+            np.concatenate([self.panes, group_panes]), return_inverse=True)
+        row_codes = self.slots * len(unique_panes) + pane_index[: len(self.panes)]
+        group_codes = group_slots * len(unique_panes) + pane_index[len(self.panes) :]
+        found = np.zeros(len(starts), dtype=bool)
+        at = np.zeros(len(starts), dtype=np.int64)
+        if len(row_codes):
+            by_code = np.argsort(row_codes)
+            position = np.minimum(
+                np.searchsorted(row_codes[by_code], group_codes), len(row_codes) - 1)
+            at = by_code[position]
+            found = row_codes[at] == group_codes
+        for group in np.flatnonzero(~found).tolist():
+            key = self.slot_keys[int(group_slots[group])]
+            assert key is not None
+            self.sketches.add_values(
+                (key, int(group_panes[group])), values[starts[group] : ends[group]])
+        return FastValues(first_fast_row + at[found], starts[found], ends[found], values)
+
     def build(self) -> pa.RecordBatch:
         """The segment's record batch, ordered by (pane, metric, type, tags)."""
-        resolve_fast_sketched(self.fast_sketched, self.slot_keys, self.sketches)
-        self.fast_sketched = []
         items = list(self.partials.items())
+        fast_values = self._group_fast_sketched(len(items))
         self.partials = {}
         slot_keys = self.slot_keys
         fast_keys = [slot_keys[slot] for slot in self.slots.tolist()]
@@ -504,7 +539,7 @@ class PaneDrain:
         partial_keys = [(key, pane) for (key, pane), _ in items] + list(
             zip(fast_keys, self.panes.tolist(), strict=True)
         )
-        columns += self.sketches.columns(partial_keys)
+        columns += self.sketches.columns(partial_keys, fast_values)
         batch = pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
         # Ordered by (pane, metric, type, tags), as sorted() over the keys would give them
         # (UTF-8 byte order is code point order).
