@@ -308,11 +308,12 @@ class BatchBuilder(Protocol):
 class SegmentQueue:
     """Writes a receiver's segments on a writer thread, in order, within a disk quota.
 
-    The receive loop drains its combiner into a record batch and ``append``s it with its
-    heartbeat; the writer thread writes the segments (temporary name, fsync, rename) in the
-    order they were appended, so the loop goes back to its socket instead of waiting for the
-    disk. A heartbeat stays true: every batch appended later holds only data received later,
-    and is written later under a higher sequence number.
+    The receive loop detaches its combiner's partials and ``append``s them with their
+    heartbeat; the writer thread builds each batch (``BatchBuilder``) and writes the segments
+    (temporary name, fsync, rename) in the order they were appended, so the loop goes back to
+    its socket instead of waiting for either. A heartbeat stays true: every batch appended
+    later holds only data received later, and is written later under a higher sequence
+    number.
 
     ``depth`` batches may be queued (the one being written included). An append that finds
     the queue full waits for the writer — backpressure: the socket buffer takes the input

@@ -9,12 +9,16 @@ heartbeat. When input is idle it still writes a heartbeat-only segment every
 Three threads keep the socket buffers from overflowing while the loop is busy:
 
     reader thread(s)  ──recvmmsg──▶ ReadAhead (≤ 16 MiB) ──wake fd──▶ receive loop
-    receive loop: parse, combine; every roll_ms drain ──▶ SegmentQueue (≤ 4 segments)
-    writer thread: Arrow IPC to a temporary, fsync, rename, in order
+    receive loop: parse, combine; every roll_ms detach ──▶ SegmentQueue (≤ 4 segments)
+    writer thread: build the batch (columns, sketches), Arrow IPC to a temporary, fsync,
+                   rename, in order
 
 Datagram sockets are read by a ``ReadAhead`` thread each (many datagrams per ``recvmmsg``),
-so a long ``drain`` does not stop the reading; segments are written by the ``SegmentQueue``'s
-thread, so the disk does not stop it either. Both are bounded and count when they are full:
+so a busy loop does not stop the reading. At a roll the loop only *detaches* what it combined
+(``PaneCombiner.detach``: numpy copies and container swaps, about a millisecond at 10k
+series); the ``SegmentQueue``'s thread builds the record batch and its pane sketches (~50–100
+ms of CPU per roll at 10k series) and writes it, so neither the build nor the disk stops the
+loop. Both queues are bounded and count when they are full:
 ``read_ahead_full`` (the kernel buffer then takes the input; its drops are ``kernel_drops``)
 and ``write_backpressure`` / ``write_blocked_ms`` (the loop waited for the disk).
 
@@ -115,10 +119,11 @@ class ReadAhead:
     """Reads datagram sockets on threads of their own, so a busy receive loop does not leave
     the kernel's socket buffer to overflow.
 
-    A roll's ``drain`` holds the receive loop for tens of milliseconds at 10k active series;
-    meanwhile a reader thread (blocked in ``select``/``recvmmsg`` without the GIL most of the
-    time) keeps moving datagrams into memory, up to ``limit_bytes``; beyond that it waits
-    (counted in ``full_waits``) and the kernel buffer fills, and drops are counted as kernel
+    The loop can still be held for milliseconds (a roll, the general parser on new series,
+    the GIL taken by the writer thread building a segment); meanwhile a reader thread
+    (blocked in ``select``/``recvmmsg`` without the GIL most of the time) keeps moving
+    datagrams into memory, up to ``limit_bytes``; beyond that it waits (counted in
+    ``full_waits``) and the kernel buffer fills, and drops are counted as kernel
     drops. Buffers are handed over in read order by ``take``. The receive loop stamps the
     receive time when it takes them, never earlier, so a heartbeat written before stays true.
     """
