@@ -272,6 +272,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     )
     from streamgauge.ingest.protocol import DEFAULT_LIMITS
     from streamgauge.ingest.transports import DEFAULT_RCVBUF_BYTES, parse_listen_spec
+    from streamgauge.windows.checkpoints import JobPaths, all_checkpoints
 
     config = _load_config_or_exit(args.config)
     try:
@@ -297,6 +298,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             spool_quota_bytes=parse_byte_size(args.spool_quota, "--spool-quota"),
             sketches=config.sketches, kll_k=config.kll_k,
         )
+        paths = JobPaths(settings.spool, settings.checkpoints)
+        settings = dataclasses.replace(
+            settings, query_checkpoints=tuple(all_checkpoints(paths, config)))
     except ValueError as error:
         print(f"streamgauge ingest: {error}", file=sys.stderr)
         return 2

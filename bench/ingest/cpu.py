@@ -9,9 +9,11 @@ filled first (64 MiB, SO_RCVBUFFORCE, so nothing is dropped), then the receiver 
 while ``time.thread_time`` counts only its own CPU. For each shape (1 and 20 lines per
 datagram) and reader (recvmmsg, one recv per datagram) it prints the median over
 ``--repeat`` fills of ns per datagram and per line; then, per roll of the whole batch, the
-receive thread's wall time with the segments written inline (the old loop) and handed to the
-writer thread (``SegmentQueue``), what ``drain`` alone costs and what the hand-over costs
-(inline: Arrow IPC write + fsync + rename; thread: a queue put). A script, not a test.
+receive thread's wall time with the segments built and written inline (the old loop) and
+handed to the writer thread (``SegmentQueue``), what ``detach`` costs (the combiner's partials
+handed over: on the receive thread), what ``build`` costs (the Arrow batch and the pane
+sketches: on the writer thread unless inline) and what the hand-over costs (inline: build +
+Arrow IPC write + fsync + rename; thread: a queue put). A script, not a test.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from streamgauge.clock import SystemClock
-from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.combiner import PaneCombiner, PaneDrain
 from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import SegmentQueue, SegmentWriter
 from streamgauge.ingest.receiver import Receiver
@@ -68,41 +70,59 @@ def measure(args: argparse.Namespace, per: int, recvmmsg: bool, queued: bool) ->
         SystemClock(), cardinality=CardinalityLimits(max_series=0, max_series_per_metric=0),
         recvmmsg=recvmmsg,
     )  # fmt: skip
-    combiner: Any = receiver._combiner  # noqa: SLF001 - timing drain needs the instance
-    drain = combiner.drain
-    drained: list[float] = []
+    combiner: Any = receiver._combiner  # noqa: SLF001 - timing detach needs the instance
+    detach = combiner.detach
+    detached: list[float] = []
 
-    def timed_drain() -> Any:
+    def timed_detach() -> Any:
         started = time.perf_counter()
-        batch = drain()
-        drained.append(time.perf_counter() - started)
+        drained = detach()
+        detached.append(time.perf_counter() - started)
+        return drained
+
+    combiner.detach = timed_detach
+    built: list[float] = []
+    build = PaneDrain.build
+
+    def timed_build(self: PaneDrain) -> Any:  # on whichever thread builds it
+        started = time.perf_counter()
+        batch = build(self)
+        built.append(time.perf_counter() - started)
         return batch
 
-    combiner.drain = timed_drain
+    PaneDrain.build = timed_build  # type: ignore[method-assign]
     payloads = datagrams(args.series, per)
     fill(sock, datagrams(args.series, 1), args.series)  # warm-up: every series known
     while receiver.receive_available():
         pass
     receiver.roll(receiver.now_ms())
     count = 60_000 if per == 1 else 8_000
-    cpu, rolls = [], []
+    cpu, rolls, roll_cpu, with_roll = [], [], [], []
     for _ in range(args.repeat):
         fill(sock, payloads, count)
         before, received = time.thread_time(), receiver.stats.datagrams
         while receiver.receive_available():
             pass
-        cpu.append((time.thread_time() - before) / (receiver.stats.datagrams - received))
-        started = time.perf_counter()
+        taken = time.thread_time() - before
+        datagram_count = receiver.stats.datagrams - received
+        cpu.append(taken / datagram_count)
+        started, started_cpu = time.perf_counter(), time.thread_time()
         receiver.roll(receiver.now_ms() + 1000)  # heartbeat due: always a segment
         rolls.append(time.perf_counter() - started)
+        roll_cpu.append(time.thread_time() - started_cpu)
+        with_roll.append((taken + roll_cpu[-1]) / datagram_count)
     receiver.close()
     sock.close()
+    PaneDrain.build = build  # type: ignore[method-assign]
     return {
         "ns_per_datagram": statistics.median(cpu) * 1e9,
         "ns_per_line": statistics.median(cpu) * 1e9 / per,
         "syscalls_per_datagram": receiver.stats.syscalls / receiver.stats.datagrams,
+        "ns_per_line_roll": statistics.median(with_roll) * 1e9 / per,
         "roll_ms": statistics.median(rolls) * 1e3,
-        "drain_ms": statistics.median(drained[1:]) * 1e3,
+        "roll_cpu_ms": statistics.median(roll_cpu) * 1e3,
+        "detach_ms": statistics.median(detached[1:]) * 1e3,
+        "build_ms": statistics.median(built[1:]) * 1e3,
         "append_ms": statistics.median(appended[1:-1]) * 1e3,
     }
 
@@ -112,17 +132,21 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--series", type=int, default=10_000)
     args = parser.parse_args()
-    print(f"medians of {args.repeat}; receive thread CPU per datagram/line; wall time per roll "
-          "of the receive thread, of drain, and of handing the segment over (append)")
-    print("lines/dgram  reader    segments  ns/dgram  ns/line  syscalls/dgram  roll_ms  drain_ms"
-          "  append_ms")
+    print(f"medians of {args.repeat}; receive thread CPU per datagram/line (+roll: with the "
+          "roll's receive-thread CPU spread over the lines); wall time per roll of the receive "
+          "thread (its CPU), of detach (receive thread), of build (writer thread unless inline), "
+          "and of handing the segment over (append)")
+    print("lines/dgram  reader    segments  ns/dgram  ns/line  ns/line+roll  syscalls/dgram  "
+          "roll_ms  roll_cpu_ms  detach_ms  build_ms  append_ms")
     for per in (20, 1):
         for recvmmsg, queued in ((False, False), (True, False), (True, True)):
             m = measure(args, per, recvmmsg, queued)
             print(f"{per:>11}  {'recvmmsg' if recvmmsg else 'recv':<8}  "
                   f"{'thread' if queued else 'inline':<8}  {m['ns_per_datagram']:>8.0f}  "
-                  f"{m['ns_per_line']:>7.0f}  {m['syscalls_per_datagram']:>14.3f}  "
-                  f"{m['roll_ms']:>7.1f}  {m['drain_ms']:>8.1f}  {m['append_ms']:>9.2f}",
+                  f"{m['ns_per_line']:>7.0f}  {m['ns_per_line_roll']:>12.0f}  "
+                  f"{m['syscalls_per_datagram']:>14.3f}  {m['roll_ms']:>7.1f}  "
+                  f"{m['roll_cpu_ms']:>11.1f}  {m['detach_ms']:>9.2f}  {m['build_ms']:>8.1f}  "
+                  f"{m['append_ms']:>9.2f}",
                   flush=True)
     return 0
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
-from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, PaneSketches
+from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, FastValues, PaneSketches
 from streamgauge.ingest.protocol import Sample
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
@@ -396,44 +396,123 @@ class PaneCombiner:
 
     def _resolve_fast_sketched(self) -> None:
         """Hand the fast lane's buffered values to ``_sketches`` under their series keys."""
-        if not self._fast_sketched:
-            return
-        by_pane: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        for pane, slots, values in self._fast_sketched:
-            by_pane.setdefault(pane, []).append((slots, values))
-        self._fast_sketched = []
-        for pane, parts in by_pane.items():
-            slots = np.concatenate([p[0] for p in parts])
-            values = np.concatenate([p[1] for p in parts])
-            order = np.argsort(slots, kind="stable")  # stable: values keep their line order
-            slots, values = slots[order], values[order]
-            unique, starts = np.unique(slots, return_index=True)
-            ends = [*starts[1:].tolist(), len(slots)]
-            for slot, start, end in zip(unique.tolist(), starts.tolist(), ends, strict=True):
-                key = self.slot_keys[slot]
-                assert key is not None
-                self._sketches.add_values((key, pane), values[start:end])
+        if self._fast_sketched:
+            resolve_fast_sketched(self._fast_sketched, self.slot_keys, self._sketches)
+            self._fast_sketched = []
 
     def drain(self) -> pa.RecordBatch:
         """Hand over everything combined so far as one record batch and start afresh."""
-        self._resolve_fast_sketched()
-        items = list(self._partials.items())
-        self._partials = {}
-        fast = np.flatnonzero(self.f_count[: self.slots_used])
-        live = self._sealed["live"] if self._sealed_live else np.zeros(0, dtype=bool)
-        sealed_slots = self._sealed["slot"][live] if self._sealed_live else np.zeros(0, np.int64)
-        fast_keys = [self.slot_keys[slot] for slot in np.concatenate([fast, sealed_slots]).tolist()]
-        keys = [key for (key, _), _ in items]
-        partials = [partial for _, partial in items]
-        n_fast = len(fast)
+        return self.detach().build()
+
+    def detach(self) -> PaneDrain:
+        """Hand over everything combined so far, to be built into a record batch later
+        (``PaneDrain.build``, on the segment writer thread), and start afresh.
+
+        Only numpy copies of the fast lane's columns and swaps of containers happen here, so
+        the receive loop is back at its socket within a millisecond or two at 10k series;
+        turning partials and raw values into Arrow columns and sketches (~100 ms per roll at
+        10k series, most of it building t-digests) is left to ``build``.
+        """
+        used = self.slots_used
+        fast = np.flatnonzero(self.f_count[:used])
+        sealed_live = self._sealed_live
+        live = self._sealed["live"] if sealed_live else np.zeros(0, dtype=bool)
+        sealed_slots = self._sealed["slot"][live] if sealed_live else np.zeros(0, np.int64)
+        lanes = {}
+        for name in self._COLUMNS:
+            column: np.ndarray = getattr(self, name)[fast]
+            if sealed_live:
+                column = np.concatenate([column, self._sealed[name][live]])
+            lanes[name] = column
         fast_pane = self.fast_pane if self.fast_pane is not None else 0
         sealed_pane = self._sealed_pane if self._sealed_pane is not None else 0
+        panes = np.concatenate([np.full(len(fast), fast_pane, dtype=np.int64),
+                                np.full(len(sealed_slots), sealed_pane, dtype=np.int64)])
+        drained = PaneDrain(
+            partials=self._partials,
+            # a shallow copy: a slot freed and reused later must not rename these partials
+            slot_keys=list(self.slot_keys),
+            slots=np.concatenate([fast, sealed_slots]),
+            panes=panes,
+            lanes=lanes,
+            fast_sketched=self._fast_sketched,
+            sketches=self._sketches.detach(),
+        )
+        self._partials = {}
+        self._fast_sketched = []
+        self._reset_fast(fast)
+        self._n_fast = 0
+        if sealed_live:
+            self.sealed_row[sealed_slots] = -1
+        self._sealed, self._sealed_pane, self._sealed_live = {}, None, 0
+        self.in_dict[:used] = False
+        return drained
 
-        def lane(name: str) -> np.ndarray:
-            column: np.ndarray = getattr(self, name)[fast]
-            if self._sealed_live:
-                column = np.concatenate([column, self._sealed[name][live]])
-            return column
+
+@dataclass(slots=True)
+class PaneDrain:
+    """One roll's partials, detached from the combiner: the general lane's ``Partial``
+    objects, the fast lane's columns (rows ``slots`` of the combiner, pane ``panes``), the
+    raw values of sketched series. Owned by whoever builds it; shares nothing mutable with
+    the combiner, so ``build`` may run on another thread while the receive loop goes on."""
+
+    partials: dict[tuple[SeriesKey, int], Partial]
+    slot_keys: list[SeriesKey | None]
+    slots: np.ndarray
+    panes: np.ndarray
+    lanes: dict[str, np.ndarray]
+    fast_sketched: list[tuple[int, np.ndarray, np.ndarray]]
+    sketches: PaneSketches
+
+    def __len__(self) -> int:
+        return len(self.partials) + len(self.slots)
+
+    def _group_fast_sketched(self, first_fast_row: int) -> FastValues | None:
+        """The fast lane's buffered values grouped by (series, pane), each group matched to
+        its row: fast-lane rows are ``first_fast_row + i`` for (``slots[i]``, ``panes[i]``).
+        A group whose partial moved to the general lane meanwhile goes to ``sketches``
+        under its key instead, as ``resolve_fast_sketched`` would have put it."""
+        if not self.fast_sketched:
+            return None
+        batches, self.fast_sketched = self.fast_sketched, []
+        panes = np.concatenate([np.full(len(s), pane, dtype=np.int64) for pane, s, _ in batches])
+        slots = np.concatenate([s for _, s, _ in batches])
+        values = np.concatenate([v for _, _, v in batches])
+        order = np.lexsort((slots, panes))  # stable: values keep their line order in a group
+        slots, panes, values = slots[order], panes[order], values[order]
+        bounds = np.flatnonzero((slots[1:] != slots[:-1]) | (panes[1:] != panes[:-1])) + 1
+        starts = np.concatenate([[0], bounds]).astype(np.int64)
+        ends = np.concatenate([bounds, [len(slots)]]).astype(np.int64)
+        group_slots, group_panes = slots[starts], panes[starts]
+        unique_panes, pane_index = np.unique(
+            np.concatenate([self.panes, group_panes]), return_inverse=True)
+        row_codes = self.slots * len(unique_panes) + pane_index[: len(self.panes)]
+        group_codes = group_slots * len(unique_panes) + pane_index[len(self.panes) :]
+        found = np.zeros(len(starts), dtype=bool)
+        at = np.zeros(len(starts), dtype=np.int64)
+        if len(row_codes):
+            by_code = np.argsort(row_codes)
+            position = np.minimum(
+                np.searchsorted(row_codes[by_code], group_codes), len(row_codes) - 1)
+            at = by_code[position]
+            found = row_codes[at] == group_codes
+        for group in np.flatnonzero(~found).tolist():
+            key = self.slot_keys[int(group_slots[group])]
+            assert key is not None
+            self.sketches.add_values(
+                (key, int(group_panes[group])), values[starts[group] : ends[group]])
+        return FastValues(first_fast_row + at[found], starts[found], ends[found], values)
+
+    def build(self) -> pa.RecordBatch:
+        """The segment's record batch, ordered by (pane, metric, type, tags)."""
+        items = list(self.partials.items())
+        fast_values = self._group_fast_sketched(len(items))
+        self.partials = {}
+        slot_keys = self.slot_keys
+        fast_keys = [slot_keys[slot] for slot in self.slots.tolist()]
+        keys = [key for (key, _), _ in items]
+        partials = [partial for _, partial in items]
+        lanes = self.lanes
 
         def ints(general: list[int], lane: np.ndarray) -> pa.Array:
             return pa.array(np.concatenate([np.array(general, dtype=np.int64), lane]), pa.int64())
@@ -443,33 +522,24 @@ class PaneCombiner:
                 np.concatenate([np.array(general, dtype=np.float64), lane]), pa.float64()
             )
 
-        panes = np.concatenate([np.full(n_fast, fast_pane, dtype=np.int64),
-                                np.full(len(sealed_slots), sealed_pane, dtype=np.int64)])
-
         columns = [
             pa.array([k[0] for k in keys] + [k[0] for k in fast_keys], pa.string()),
             pa.array([k[1] for k in keys] + [k[1] for k in fast_keys], pa.string()),
             pa.array([k[2] for k in keys] + [k[2] for k in fast_keys], pa.string()),
-            ints([pane for (_, pane), _ in items], panes),
-            ints([p.count for p in partials], lane("f_count")),
-            floats([p.total for p in partials], lane("f_total")),
-            floats([p.minimum for p in partials], lane("f_min")),
-            floats([p.maximum for p in partials], lane("f_max")),
-            floats([p.last for p in partials], lane("f_last")),
-            ints([p.last_event_ms for p in partials], lane("f_last_event")),
-            ints([p.first_recv_ms for p in partials], lane("f_first_recv")),
-            ints([p.last_recv_ms for p in partials], lane("f_last_recv")),
+            ints([pane for (_, pane), _ in items], self.panes),
+            ints([p.count for p in partials], lanes["f_count"]),
+            floats([p.total for p in partials], lanes["f_total"]),
+            floats([p.minimum for p in partials], lanes["f_min"]),
+            floats([p.maximum for p in partials], lanes["f_max"]),
+            floats([p.last for p in partials], lanes["f_last"]),
+            ints([p.last_event_ms for p in partials], lanes["f_last_event"]),
+            ints([p.first_recv_ms for p in partials], lanes["f_first_recv"]),
+            ints([p.last_recv_ms for p in partials], lanes["f_last_recv"]),
         ]
         partial_keys = [(key, pane) for (key, pane), _ in items] + list(
-            zip(fast_keys, panes.tolist(), strict=True)
+            zip(fast_keys, self.panes.tolist(), strict=True)
         )
-        columns += self._sketches.columns(partial_keys)
-        self._reset_fast(fast)
-        self._n_fast = 0
-        if self._sealed_live:
-            self.sealed_row[sealed_slots] = -1
-        self._sealed, self._sealed_pane, self._sealed_live = {}, None, 0
-        self.in_dict[: self.slots_used] = False
+        columns += self.sketches.columns(partial_keys, fast_values)
         batch = pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
         # Ordered by (pane, metric, type, tags), as sorted() over the keys would give them
         # (UTF-8 byte order is code point order).
@@ -479,3 +549,26 @@ class PaneCombiner:
                        ("pane_start_ms", "metric", "metric_type", "tags")],
         )
         return batch.take(order)
+
+
+def resolve_fast_sketched(
+    fast_sketched: list[tuple[int, np.ndarray, np.ndarray]],
+    slot_keys: list[SeriesKey | None],
+    sketches: PaneSketches,
+) -> None:
+    """Hand the fast lane's buffered values, (pane, slots, values) per wake-up, to
+    ``sketches`` under their series keys: one array per (series, pane), in line order."""
+    by_pane: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for pane, slots, values in fast_sketched:
+        by_pane.setdefault(pane, []).append((slots, values))
+    for pane, parts in by_pane.items():
+        slots = np.concatenate([p[0] for p in parts])
+        values = np.concatenate([p[1] for p in parts])
+        order = np.argsort(slots, kind="stable")  # stable: values keep their line order
+        slots, values = slots[order], values[order]
+        unique, starts = np.unique(slots, return_index=True)
+        ends = [*starts[1:].tolist(), len(slots)]
+        for slot, start, end in zip(unique.tolist(), starts.tolist(), ends, strict=True):
+            key = slot_keys[slot]
+            assert key is not None
+            sketches.add_values((key, pane), values[start:end])

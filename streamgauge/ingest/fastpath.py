@@ -9,7 +9,12 @@ this module finds, with numpy over the whole buffer at once:
   digits): parsed exactly, as ``m / 10**k`` with both exact in a double — a correctly rounded
   quotient, the same double ``float(text)`` gives;
 - the line's **key**, the line with its value cut out (``name:`` + ``|type|...``), looked up
-  with one ``pyarrow.compute.index_in`` call among the keys the general parser accepted before.
+  among the keys the general parser accepted before: with one ``pyarrow.compute.index_in``
+  call over the buffer's pieces, which finds the line's *name* (``name:``) and *rest*
+  (``|type|...``) among the known names and rests, then the (name, rest) pair with a
+  ``searchsorted`` among the known pairs. No key is built, and the value set ``index_in``
+  hashes on every call holds names and rests, not their products (10k series of 100 names
+  on 100 hosts: ~500 parts instead of 10k keys).
 
 A key is cached only after ``parse_line`` accepted a line with it (no ``|T``), so what the
 cache says about a key — its series, sample rate, type — is what ``parse_line`` says about any
@@ -69,6 +74,12 @@ class FastPath:
         self._key_rate = np.zeros(0, dtype=np.float64)
         self._pending: list[tuple[bytes, int, int, float]] = []
         self._known: pa.Array | None = None
+        # A key is name + rest, split at its first ":" (the name holds no other): each part
+        # has an id among the known parts, a key is the pair, sorted by its code.
+        self._part_index: dict[bytes, int] = {}
+        self._parts: pa.Array = pa.array([], pa.binary())
+        self._pair_codes = np.zeros(0, dtype=np.int64)  # sorted (name id << 32) | rest id
+        self._pair_keys = np.zeros(0, dtype=np.int64)  # key id of each code
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -110,6 +121,8 @@ class FastPath:
             self._key_rate = self._key_rate[keep]
             self._index = {key: i for i, key in enumerate(self._keys)}
             self._known = pa.array(self._keys, pa.binary())
+            self._part_index = {}  # parts of dropped keys go too
+            self._index_pairs(0)
         slots, gen_list, rates = [], [], []
         updates: list[tuple[int, int, int, float]] = []
         for key, slot, gen, rate in self._pending:
@@ -131,10 +144,30 @@ class FastPath:
             self._key_gen[index] = gen
             self._key_rate[index] = rate
         if slots:
+            first_new = len(self._key_slot)
             self._key_slot = np.concatenate([self._key_slot, np.array(slots, dtype=np.int64)])
             self._key_gen = np.concatenate([self._key_gen, np.array(gen_list, dtype=np.int64)])
             self._key_rate = np.concatenate([self._key_rate, np.array(rates, dtype=np.float64)])
             self._known = pa.array(self._keys, pa.binary())
+            self._index_pairs(first_new)
+
+    def _index_pairs(self, first: int) -> None:
+        """Give the keys from ``first`` on their (name, rest) pair codes (all keys: afresh)."""
+        parts = self._part_index
+        codes = []
+        for key in self._keys[first:]:
+            cut = key.index(b":") + 1
+            name_id = parts.setdefault(key[:cut], len(parts))
+            rest_id = parts.setdefault(key[cut:], len(parts))
+            codes.append((name_id << 32) | rest_id)
+        self._parts = pa.array(list(parts), pa.binary())
+        ids = np.arange(first, len(self._keys), dtype=np.int64)
+        new_codes = np.array(codes, dtype=np.int64)
+        if first:
+            new_codes = np.concatenate([self._pair_codes, new_codes])
+            ids = np.concatenate([self._pair_keys, ids])
+        order = np.argsort(new_codes, kind="stable")
+        self._pair_codes, self._pair_keys = new_codes[order], ids[order]
 
     def split(self, buffer: bytes, recv_ms: int) -> Split:
         """Split ``buffer`` (lines ending in ``\\n``) into fast and general lines."""
@@ -212,27 +245,48 @@ class FastPath:
             [None, pa.py_buffer(offsets.astype(offset_type.to_pandas_dtype())),
              pa.py_buffer(buffer)],
         )
-        picks = np.arange(0, 4 * n, 4)
-        names = pieces.take(pa.array(picks))
-        rests = pieces.take(pa.array(picks + 2))
-        keys = pc.binary_join_element_wise(names, rests, pa.scalar(b"", binary_type))
-        if binary_type != pa.binary():
-            keys = keys.cast(pa.binary())
-        if len(self._keys) > DICT_LOOKUP_RATIO * n:
-            # Few lines against many known keys: index_in would hash every known key again
+        if len(self._part_index) > DICT_LOOKUP_RATIO * n:
+            # Few lines against many known parts: index_in would hash every known part again
             # (76 % of a receiver's CPU in the 100k-series soak, py-spy).
+            picks = np.arange(0, 4 * n, 4)
+            names = pieces.take(pa.array(picks))
+            rests = pieces.take(pa.array(picks + 2))
+            keys = pc.binary_join_element_wise(names, rests, pa.scalar(b"", binary_type))
             index = self._index
             return np.fromiter((index.get(key, -1) for key in keys.to_pylist()), np.int64, n)
-        found = pc.index_in(keys, value_set=self._known)
-        ids: np.ndarray = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        if not len(self._pair_codes):
+            return np.full(n, -1, dtype=np.int64)
+        parts = self._parts if binary_type == pa.binary() else self._parts.cast(binary_type)
+        part_ids, found = _ids(pc.index_in(pieces, value_set=parts))
+        name_ids, rest_ids = part_ids[0::4].astype(np.int64), part_ids[2::4].astype(np.int64)
+        codes = (name_ids << 32) | rest_ids  # meaningless where not found: masked below
+        pair_codes = self._pair_codes
+        at = np.minimum(np.searchsorted(pair_codes, codes), len(pair_codes) - 1)
+        hit = found[0::4] & found[2::4] & (pair_codes[at] == codes)
+        ids: np.ndarray = np.where(hit, self._pair_keys[at], -1)
         return ids
 
 
-#: ``_lookup`` looks keys up one by one in the dict when the known keys outnumber the lines by
-#: this much: ``pc.index_in`` hashes its whole value set again on every call. Measured here:
-#: index_in about 100 ns per known key + 25 ns per line, the dict about 250 ns per line
-#: (``to_pylist`` and ``get``); 100k known keys and 400 lines: 43 ms against 0.06 ms.
+#: ``_lookup`` looks keys up one by one in the dict when the known names and rests outnumber
+#: the lines by this much: ``pc.index_in`` hashes its whole value set again on every call.
+#: Measured here: index_in about 100 ns per known key + 25 ns per line, the dict about 250 ns
+#: per line (``to_pylist`` and ``get``); 100k known keys and 400 lines: 43 ms against 0.06 ms.
 DICT_LOOKUP_RATIO = 2
+
+
+def _ids(found: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``index_in``'s result read from its buffers: (int32 ids, found); an id is undefined
+    where not found. ``fill_null(-1).to_numpy()`` cost several times as much (a float64
+    round trip over every piece)."""
+    m = len(found)
+    validity, values = found.buffers()[0], found.buffers()[1]
+    ids = np.frombuffer(values, dtype=np.int32, count=found.offset + m)[found.offset :]
+    if validity is None or found.null_count == 0:
+        return ids, np.ones(m, dtype=bool)
+    valid = np.unpackbits(
+        np.frombuffer(validity, dtype=np.uint8), count=found.offset + m, bitorder="little"
+    )[found.offset :].view(bool)
+    return ids, valid
 
 
 def _parse_values(
@@ -247,26 +301,32 @@ def _parse_values(
     if n == 0:
         empty = np.zeros(0)
         return empty, np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
-    width = int(widths.max())
-    columns = np.arange(width)
-    inside = columns[None, :] < widths[:, None]
-    positions = np.minimum(starts[:, None] + columns[None, :], len(data) - 1)
-    chars = np.where(inside, data[positions], 0)
-    digit = chars - 48
-    is_digit = inside & (chars >= 48) & (chars <= 57)
-    is_dot = chars == _DOT
-    negative = chars[:, 0] == _MINUS
-    other = inside & ~is_digit & ~is_dot
-    other[:, 0] &= ~negative
-    ndigits = is_digit.sum(axis=1)
-    after_dot = np.cumsum(is_dot, axis=1) > 0
-    fraction_digits = (is_digit & after_dot).sum(axis=1)
+    # One pass per character column, each over every line at once (1-D: row-wise reductions
+    # over a lines x width matrix cost several times as much for the usual 1-3 characters).
+    last = len(data) - 1
+    negative = data[starts] == _MINUS
     mantissa = np.zeros(n, dtype=np.int64)
-    for column in range(width):
-        mantissa = np.where(is_digit[:, column], mantissa * 10 + digit[:, column], mantissa)
+    ndigits = np.zeros(n, dtype=np.int64)
+    fraction_digits = np.zeros(n, dtype=np.int64)
+    dots = np.zeros(n, dtype=np.int64)
+    bad = np.zeros(n, dtype=bool)
+    for column in range(int(widths.max())):
+        inside = widths > column
+        chars = data[np.minimum(starts + column, last)]
+        digit = chars.astype(np.int64) - 48
+        is_digit = inside & (digit >= 0) & (digit <= 9)
+        is_dot = inside & (chars == _DOT)
+        other = inside & ~is_digit & ~is_dot
+        if column == 0:
+            other &= ~negative
+        bad |= other
+        mantissa = np.where(is_digit, mantissa * 10 + digit, mantissa)
+        ndigits += is_digit
+        fraction_digits += is_digit & (dots > 0)
+        dots += is_dot
     ok = (
-        ~other.any(axis=1) & (is_dot.sum(axis=1) <= 1) & (ndigits >= 1)
-        & (ndigits <= MAX_DIGITS) & ~(negative & (mantissa == 0))
+        ~bad & (dots <= 1) & (ndigits >= 1) & (ndigits <= MAX_DIGITS)
+        & ~(negative & (mantissa == 0))
     )
     values = mantissa / _POW10[np.minimum(fraction_digits, MAX_DIGITS)]
     values = np.where(negative, -values, values)

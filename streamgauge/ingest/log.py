@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -300,14 +301,22 @@ def spool_bytes(spool: SpoolLike | Spool) -> int:
     return sum(where.directory_bytes(receiver) for receiver in list_receivers(where))
 
 
+class BatchBuilder(Protocol):
+    """A segment's rows not built yet (``combiner.PaneDrain``): the writer thread builds them,
+    so the receive loop does not."""
+
+    def build(self) -> pa.RecordBatch: ...
+
+
 class SegmentQueue:
     """Writes a receiver's segments on a writer thread, in order, within a disk quota.
 
-    The receive loop drains its combiner into a record batch and ``append``s it with its
-    heartbeat; the writer thread writes the segments (temporary name, fsync, rename) in the
-    order they were appended, so the loop goes back to its socket instead of waiting for the
-    disk. A heartbeat stays true: every batch appended later holds only data received later,
-    and is written later under a higher sequence number.
+    The receive loop detaches its combiner's partials and ``append``s them with their
+    heartbeat; the writer thread builds each batch (``BatchBuilder``) and writes the segments
+    (temporary name, fsync, rename) in the order they were appended, so the loop goes back to
+    its socket instead of waiting for either. A heartbeat stays true: every batch appended
+    later holds only data received later, and is written later under a higher sequence
+    number.
 
     ``depth`` batches may be queued (the one being written included). An append that finds
     the queue full waits for the writer — backpressure: the socket buffer takes the input
@@ -344,7 +353,8 @@ class SegmentQueue:
         self._quota = quota_bytes
         self._usage = usage if usage is not None else SpoolUsage(writer.spool)
         self._cond = threading.Condition()
-        self._pending: collections.deque[tuple[pa.RecordBatch, Heartbeat]] = collections.deque()
+        self._pending: collections.deque[tuple[pa.RecordBatch | BatchBuilder, Heartbeat]] = (
+            collections.deque())
         self._counts = WriterCounts()
         self._error: BaseException | None = None
         self._closing = False
@@ -367,9 +377,10 @@ class SegmentQueue:
     def writer(self) -> SegmentWriter:
         return self._writer
 
-    def append(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> None:
-        """Queue one segment; waits (counted) while ``depth`` are queued already. Raises what
-        made the writer thread fail, if it did."""
+    def append(self, batch: pa.RecordBatch | BatchBuilder, heartbeat: Heartbeat) -> None:
+        """Queue one segment (its batch, or what builds it on the writer thread); waits
+        (counted) while ``depth`` are queued already. Raises what made the writer thread
+        fail, if it did."""
         if self._thread is None:
             self._write(batch, heartbeat)
             return
@@ -432,7 +443,8 @@ class SegmentQueue:
                 self._pending.popleft()
                 self._cond.notify_all()
 
-    def _write(self, batch: pa.RecordBatch, heartbeat: Heartbeat) -> None:
+    def _write(self, pending: pa.RecordBatch | BatchBuilder, heartbeat: Heartbeat) -> None:
+        batch = pending if isinstance(pending, pa.RecordBatch) else pending.build()
         if self._carried is not None:
             batch = pa.concat_batches([self._carried, batch.cast(self._carried.schema)])
             self._carried = None

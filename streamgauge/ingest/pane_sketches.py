@@ -23,6 +23,7 @@ Columns produced (``SEGMENT_SCHEMA``):
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +39,17 @@ SKETCHED_TYPES = ("d", "h", "ms")
 
 SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
 PartialKey = tuple[SeriesKey, int]  # series, pane start
+
+
+@dataclass(frozen=True, slots=True)
+class FastValues:
+    """The fast lane's raw values of one segment, grouped by row: ``values[starts[i]:ends[i]]``
+    (in line order) belong to row ``rows[i]``, each row at most once."""
+
+    rows: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    values: np.ndarray
 
 
 class PaneSketches:
@@ -63,47 +75,81 @@ class PaneSketches:
     def __len__(self) -> int:
         return len(self._values.keys() | self._scalars.keys()) + len(self._members)
 
-    def _take_values(self) -> dict[PartialKey, np.ndarray]:
-        taken: dict[PartialKey, np.ndarray] = {}
-        for key in self._values.keys() | self._scalars.keys():
-            parts = self._values.get(key, [])
-            scalars = self._scalars.get(key)
-            if scalars:
-                parts = [*parts, np.array(scalars, dtype=np.float64)]
-            taken[key] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        self._values.clear()
-        self._scalars.clear()
-        return taken
+    def detach(self) -> PaneSketches:
+        """Everything held so far, moved to a new ``PaneSketches`` (same parameters); this
+        one starts empty. The combiner hands the detached one to the segment writer thread,
+        which builds the columns there (``columns``) while the receive loop goes on."""
+        held = PaneSketches.__new__(PaneSketches)
+        held._params, held._kll_k, held._layout = self._params, self._kll_k, self._layout
+        held._values, self._values = self._values, defaultdict(list)
+        held._scalars, self._scalars = self._scalars, defaultdict(list)
+        held._members, self._members = self._members, defaultdict(list)
+        return held
 
-    def columns(self, keys: list[PartialKey]) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
+    def columns(
+        self, keys: list[PartialKey], fast: FastValues | None = None
+    ) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
         """``sketch``, ``hdr_bucket``, ``hdr_count``, ``kll`` for the partials ``keys`` (in row
-        order), taking every held value; partials without values get NULLs."""
-        values = self._take_values()
-        members, self._members = self._members, defaultdict(list)
+        order), taking every held value; partials without values get NULLs.
+
+        ``fast``: the fast lane's values, already grouped by row (``FastValues``): a row's
+        values are those held under its key, then its fast-lane values, then its scalars.
+        Matching rows by position, not by key, spares a dict lookup per partial: at 10k
+        series this was a third of the segment's build time."""
         n = len(keys)
+        held, scalars, members = self._values, self._scalars, self._members
+        self._values, self._scalars, self._members = (
+            defaultdict(list), defaultdict(list), defaultdict(list))
+        # row -> its values, in order; fast-only rows are sliced in the loop below
+        merged: dict[int, list[np.ndarray]] = {}
+        set_rows: list[tuple[int, list[str]]] = []
+        fast_slices: dict[int, tuple[int, int]] = {}
+        if fast is not None:
+            fast_slices = dict(zip(fast.rows.tolist(),
+                                   zip(fast.starts.tolist(), fast.ends.tolist(), strict=True),
+                                   strict=True))  # fmt: skip
+        if held or scalars or members:
+            row_of = {key: row for row, key in enumerate(keys)}
+            for key in held.keys() | scalars.keys():
+                row = row_of.get(key)
+                if row is None:  # values without a partial: cannot happen (add makes both)
+                    continue
+                parts = list(held.get(key, []))
+                if row in fast_slices and fast is not None:
+                    start, end = fast_slices.pop(row)
+                    parts.append(fast.values[start:end])
+                if scalars.get(key):
+                    parts.append(np.array(scalars[key], dtype=np.float64))
+                merged[row] = parts
+            set_rows = [(row_of[key], member_list) for key, member_list in members.items()
+                        if key in row_of]
         sketches: list[bytes | None] = [None] * n
         klls: list[bytes | None] = [None] * n
         rows: list[int] = []
         arrays: list[np.ndarray] = []
-        for row, key in enumerate(keys):
-            array = values.get(key)
-            if array is not None:
-                digest = new_tdigest(self._params.tdigest_k)
-                digest.update(array)
-                sketches[row] = serialize_tdigest(digest)
-                if self._kll_k is not None:
-                    kll = new_kll(self._kll_k)
-                    kll.update(array)
-                    klls[row] = serialize_kll(kll)
-                rows.append(row)
-                arrays.append(array)
-                continue
-            set_members = members.get(key)
-            if set_members is not None:
-                hll = new_hll(self._params.hll_lg_k)
-                for member in set_members:
-                    hll.update(member)
-                sketches[row] = serialize_hll(hll)
+        tdigest_k, kll_k = self._params.tdigest_k, self._kll_k
+        fast_values = fast.values if fast is not None else np.zeros(0)
+        for row in sorted(fast_slices.keys() | merged.keys()):
+            row_parts = merged.get(row)
+            if row_parts is None:
+                start, end = fast_slices[row]
+                array = fast_values[start:end]
+            else:
+                array = row_parts[0] if len(row_parts) == 1 else np.concatenate(row_parts)
+            digest = new_tdigest(tdigest_k)
+            digest.update(array)
+            sketches[row] = serialize_tdigest(digest)
+            if kll_k is not None:
+                kll = new_kll(kll_k)
+                kll.update(array)
+                klls[row] = serialize_kll(kll)
+            rows.append(row)
+            arrays.append(array)
+        for row, member_list in set_rows:
+            hll = new_hll(self._params.hll_lg_k)
+            for member in member_list:
+                hll.update(member)
+            sketches[row] = serialize_hll(hll)
         bucket, count = self._hdr_lists(n, rows, arrays)
         return pa.array(sketches, pa.binary()), bucket, count, pa.array(klls, pa.binary())
 

@@ -76,6 +76,9 @@ class IngestSettings:
     #: ``PipelineConfig.kll_k``: the k of the KLL sketch timer/histogram/distribution partials
     #: carry for ``quantiles: kll`` windows; ``None``: no window reads one, none is built.
     kll_k: int | None = None
+    #: The running config's query checkpoints (``windows.checkpoints.all_checkpoints``) whose
+    #: commits give ``segment_lag_ms``; ``None``: the lag is not measured.
+    query_checkpoints: tuple[Path, ...] | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -111,7 +114,7 @@ class IngestSettings:
 
     @property
     def checkpoints(self) -> Path:
-        """Where the window job commits what it read (for the segment lag)."""
+        """The root of the window job's checkpoints (``JobPaths.checkpoints``)."""
         return self.data_dir / "checkpoints"
 
 
@@ -183,7 +186,7 @@ def run_ingest(
         max_skew_ms=settings.max_skew_ms,
         cardinality=settings.cardinality,
         stats_path=settings.stats_path,
-        checkpoints=settings.checkpoints,
+        checkpoints=settings.query_checkpoints,
     )
     log.info("ingest %s: receiving on %s, writing to %s", settings.receiver,
              " ".join(receiver.listening), receiver_spool)

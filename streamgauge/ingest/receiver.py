@@ -9,12 +9,16 @@ heartbeat. When input is idle it still writes a heartbeat-only segment every
 Three threads keep the socket buffers from overflowing while the loop is busy:
 
     reader thread(s)  ──recvmmsg──▶ ReadAhead (≤ 16 MiB) ──wake fd──▶ receive loop
-    receive loop: parse, combine; every roll_ms drain ──▶ SegmentQueue (≤ 4 segments)
-    writer thread: Arrow IPC to a temporary, fsync, rename, in order
+    receive loop: parse, combine; every roll_ms detach ──▶ SegmentQueue (≤ 4 segments)
+    writer thread: build the batch (columns, sketches), Arrow IPC to a temporary, fsync,
+                   rename, in order
 
 Datagram sockets are read by a ``ReadAhead`` thread each (many datagrams per ``recvmmsg``),
-so a long ``drain`` does not stop the reading; segments are written by the ``SegmentQueue``'s
-thread, so the disk does not stop it either. Both are bounded and count when they are full:
+so a busy loop does not stop the reading. At a roll the loop only *detaches* what it combined
+(``PaneCombiner.detach``: numpy copies and container swaps, about a millisecond at 10k
+series); the ``SegmentQueue``'s thread builds the record batch and its pane sketches (~50–100
+ms of CPU per roll at 10k series) and writes it, so neither the build nor the disk stops the
+loop. Both queues are bounded and count when they are full:
 ``read_ahead_full`` (the kernel buffer then takes the input; its drops are ``kernel_drops``)
 and ``write_backpressure`` / ``write_blocked_ms`` (the loop waited for the disk).
 
@@ -116,10 +120,11 @@ class ReadAhead:
     """Reads datagram sockets on threads of their own, so a busy receive loop does not leave
     the kernel's socket buffer to overflow.
 
-    A roll's ``drain`` holds the receive loop for tens of milliseconds at 10k active series;
-    meanwhile a reader thread (blocked in ``select``/``recvmmsg`` without the GIL most of the
-    time) keeps moving datagrams into memory, up to ``limit_bytes``; beyond that it waits
-    (counted in ``full_waits``) and the kernel buffer fills, and drops are counted as kernel
+    The loop can still be held for milliseconds (a roll, the general parser on new series,
+    the GIL taken by the writer thread building a segment); meanwhile a reader thread
+    (blocked in ``select``/``recvmmsg`` without the GIL most of the time) keeps moving
+    datagrams into memory, up to ``limit_bytes``; beyond that it waits (counted in
+    ``full_waits``) and the kernel buffer fills, and drops are counted as kernel
     drops. Buffers are handed over in read order by ``take``. The receive loop stamps the
     receive time when it takes them, never earlier, so a heartbeat written before stays true.
     """
@@ -301,12 +306,13 @@ class Receiver:
         proc_net: Path = kernel.PROC_NET,
         fast_path: bool = True,
         recvmmsg: bool = True,
-        checkpoints: Path | None = None,
+        checkpoints: Sequence[Path] | None = None,
         read_ahead_bytes: int = READ_AHEAD_BYTES,
     ) -> None:
         """``writer``: a ``SegmentQueue`` writes on its own thread; a bare ``SegmentWriter``
         writes in ``roll`` itself. ``recvmmsg``: many datagrams per system call on Linux.
-        ``checkpoints``: the window job's checkpoint root, for the segment lag.
+        ``checkpoints``: the running config's query checkpoints (``all_checkpoints``), for
+        the segment lag.
         ``read_ahead_bytes``: while ``run`` runs, datagram sockets are read by ``ReadAhead``
         threads holding up to this much (0: read by the loop itself)."""
         if max_skew_ms < 0:
@@ -326,7 +332,7 @@ class Receiver:
         self._read_ahead_bytes = read_ahead_bytes
         self._read_ahead: ReadAhead | None = None
         self._read_ahead_full_seen = 0
-        self._checkpoints = checkpoints
+        self._checkpoints = list(checkpoints) if checkpoints is not None else None
         self._next_lag_poll_ms = 0
         self._lag_ms: int | None = None
         self._first_segment: int | None = None
@@ -568,9 +574,7 @@ class Receiver:
         pending = pending[np.argsort(combiner.seen_ms[pending], kind="stable")]
         seen = combiner.seen_ms[pending]
         series = combiner.slot_series
-        refresh = self._guard.refresh
-        for slot, seen_ms in zip(pending.tolist(), seen.tolist(), strict=True):
-            refresh(series[slot], seen_ms)  # type: ignore[arg-type]
+        self._guard.refresh_many([series[slot] for slot in pending.tolist()], seen.tolist())
         combiner.synced_ms[pending] = seen
 
     def _accept(self, listener: socket.socket) -> None:
@@ -692,8 +696,9 @@ class Receiver:
         # Every datagram combined so far was received at or before now_ms, and every later
         # one will be stamped at or after it (now_ms never goes backwards): the heartbeat.
         # Client timestamps (|T) in the past do not hold it back: those partials are late.
-        batch = self._combiner.drain()
-        self._writer.append(batch, Heartbeat(now_ms, closed))  # written by the writer thread
+        # Detached, not built: the writer thread builds the batch (Arrow columns, sketches)
+        # and writes it, in append order, so the heartbeat still follows all of its rows.
+        self._writer.append(self._combiner.detach(), Heartbeat(now_ms, closed))
         self.stats.segments += 1
         self._last_segment_ms = now_ms
         self._take_writer_counts()  # in the stats now, in the log with the next segment
@@ -716,35 +721,31 @@ class Receiver:
 
     def _poll_lag(self, now_ms: int) -> None:
         """Segment lag: how old the oldest segment of this stream is that the window job has
-        not committed yet (0 when it has read everything), every LAG_POLL_MS.
+        not committed yet (0 when every query read everything), every LAG_POLL_MS.
 
-        The job's position is the furthest any of its queries under ``checkpoints`` committed
-        for this stream: a checkpoint left by an older config stops moving and must not look
-        like lag. Before any query read the stream, its oldest segment counts.
+        The window job runs several queries over the stream (per window a native lane, a
+        sketch lane or a late query, each with its own checkpoint), and a segment is done only
+        once *all* of them committed it: the oldest unread segment is the one after the
+        *smallest* committed sequence. Only the running config's checkpoints count
+        (``checkpoints``, from ``all_checkpoints``): one left by an older config stops moving
+        and is not lag. A query that has committed nothing of this stream yet (a new
+        checkpoint rebuilding from the log) has the stream's first segment as its oldest.
         """
         if self._checkpoints is None or now_ms < self._next_lag_poll_ms:
             return
         self._next_lag_poll_ms = now_ms + LAG_POLL_MS
         writer = self._writer.writer
         receiver = writer.receiver
-        positions = []
-        if self._checkpoints.is_dir():
-            for checkpoint in self._checkpoints.glob("*/*"):
-                try:
-                    committed = committed_sequences(checkpoint)
-                except (OSError, ValueError, KeyError):  # a commit being written right now
-                    continue
-                if committed and receiver in committed:
-                    positions.append(committed[receiver])
-        if positions:
-            oldest = max(positions) + 1
-        else:
-            # nothing read yet: the stream's first segment (listed once, while it exists)
-            first = self._first_segment
-            if first is None or not segment_at(writer.spool, receiver, first).exists():
-                existing = list_segments(writer.spool, receiver, upto=writer.next_sequence)
-                first = self._first_segment = existing[0].sequence if existing else None
-            oldest = first if first is not None else writer.next_sequence
+        oldest = writer.next_sequence  # every query read everything written
+        for checkpoint in self._checkpoints:
+            try:
+                committed = committed_sequences(checkpoint)
+            except (OSError, ValueError, KeyError):  # a commit being written right now
+                continue
+            if committed and receiver in committed:
+                oldest = min(oldest, committed[receiver] + 1)
+            else:
+                oldest = min(oldest, self._first_sequence())
         lag = 0
         if oldest < writer.next_sequence:
             try:
@@ -754,6 +755,15 @@ class Receiver:
                 lag = self.stats.segment_lag_ms
         self.stats.segment_lag_ms = lag
         self._lag_ms = lag
+
+    def _first_sequence(self) -> int:
+        """The stream's oldest segment still in the spool (listed once, while it exists)."""
+        writer = self._writer.writer
+        first = self._first_segment
+        if first is None or not segment_at(writer.spool, writer.receiver, first).exists():
+            existing = list_segments(writer.spool, writer.receiver, upto=writer.next_sequence)
+            first = self._first_segment = existing[0].sequence if existing else None
+        return first if first is not None else writer.next_sequence
 
     def _poll_kernel(self, now_ms: int, *, force: bool = False) -> None:
         """Per-socket drops and the namespace's RcvbufErrors, at most once per second."""

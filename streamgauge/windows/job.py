@@ -58,13 +58,11 @@ window is one streaming query instead of two.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +79,13 @@ from streamgauge.sinks.store import Finalization, ResultStore
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows import sketch_windows
+
+# The checkpoint paths live in a Spark-free module (the receivers need them); re-exported.
+from streamgauge.windows.checkpoints import JobPaths as JobPaths
+from streamgauge.windows.checkpoints import all_checkpoints as all_checkpoints
+from streamgauge.windows.checkpoints import checkpoint_dir as checkpoint_dir
+from streamgauge.windows.checkpoints import sketch_checkpoint as sketch_checkpoint
+from streamgauge.windows.checkpoints import sketch_params as sketch_params
 from streamgauge.windows.session_windows import (
     OUTPUT_DDL,
     STATE_DDL,
@@ -97,74 +102,8 @@ from streamgauge.windows.source import (
 log = logging.getLogger(__name__)
 
 _QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "distinct_count")
-_LANE_LAYOUT = 3
-"""Bumped when a lane's state layout changes (2: sets' HLL in the native aggregation, timers
-in the sketch lane; 3: late rows in the sketch lane's query), so a checkpoint of an older
-layout is not resumed (see checkpoint_dir)."""
 NO_WATERMARK_MS = 0
 """Before any heartbeat: every window is held (all event times are after the epoch)."""
-
-
-@dataclass(frozen=True)
-class JobPaths:
-    spool: Path | str  # a directory, or a pyarrow.fs URI (streamgauge.ingest.spool_fs)
-    checkpoints: Path
-
-
-def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) -> Path:
-    """Checkpoint per (config, window definition).
-
-    Spark's state layout is tied to the query's shape; a changed size or lateness under the
-    same name gets a fresh checkpoint (and rebuilds from the retained log) instead of a
-    start-up failure on incompatible state.
-    """
-    shape: list[object] = [
-        config.pane_ms, window.kind, window.size_ms, window.offset_ms, window.watermark_delay_ms,
-        window.allowed_lateness_ms, list(window.metrics), list(window.group_by),
-    ]  # fmt: skip
-    if window.kind == "session":  # appended only here: other kinds keep their checkpoints
-        shape += [window.gap_ms, window.key]
-    elif window.kind != "sliding":
-        shape += [_LANE_LAYOUT]
-        if window.uses_kll:  # appended only here: tdigest windows keep their checkpoints
-            shape += ["kll", sketch_params(config).kll_k]
-    fingerprint = json.dumps(shape)
-    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
-    return paths.checkpoints / config.name / f"{window.name}-{digest}"
-
-
-def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
-    """Every checkpoint the running queries of ``config`` use (window and late queries)."""
-    found = []
-    for window in config.windows:
-        checkpoint = checkpoint_dir(paths, config, window)
-        found.append(checkpoint)
-        if window.kind in ("session", "sliding"):
-            found.append(checkpoint.with_name(checkpoint.name + ".late"))
-        elif window.uses_kll:  # one query: late rows ride in it (kll_lane_with_late_rows)
-            continue
-        else:  # late rows ride in the sketch lane (sketch_lane_with_late_rows)
-            found.append(sketch_checkpoint(checkpoint, sketch_params(config)))
-    return found
-
-
-def sketch_checkpoint(checkpoint: Path, params: SketchParams) -> Path:
-    """Checkpoint of a window's sketch lane, beside the window's own.
-
-    Its state holds HDR bucket *indices*, which mean values only under one layout, so the
-    layout is part of the name: a config whose ``quantile_error``/``value_range`` changed
-    starts the lane afresh instead of reading old indices with the new layout.
-    """
-    layout = [params.hdr_lowest, params.hdr_highest, params.hdr_significant_digits,
-              params.value_scale]  # fmt: skip
-    digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:8]
-    return checkpoint.with_name(f"{checkpoint.name}.sketches-{digest}")
-
-
-def sketch_params(config: PipelineConfig) -> SketchParams:
-    """The config's compiled sketch accuracy (the documented defaults when it sets none)."""
-    compiled = getattr(config, "sketches", None)
-    return compiled if isinstance(compiled, SketchParams) else compile_accuracy()
 
 
 REVISION_BASE_FILE = "streamgauge-revision-base.json"

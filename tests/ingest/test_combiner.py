@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.protocol import parse_line
 
@@ -59,3 +61,41 @@ def test_a_name_keeps_its_first_type() -> None:
     combiner.remember_type(first[0])
     combiner.remember_type(second[0])  # a later type never replaces the first
     assert combiner.known_type("x") == "c" != second[0].metric_type
+
+
+def _inputs(combiner: PaneCombiner) -> None:
+    """Both lanes, two panes, a timer with values in both lanes, a set."""
+    _feed(combiner, b"lat:5|ms", 1_100)
+    _feed(combiner, b"hits:2|c", 1_200)
+    _feed(combiner, b"users:ann|s", 1_300)
+    lat = combiner.slot_of(("lat", "ms", "{}"))
+    hits = combiner.slot_of(("hits", "c", "{}"))
+    assert lat is not None and hits is not None
+    slots = np.array([lat, hits, lat, lat], dtype=np.int64)
+    combiner.add_fast(slots, np.array([7.0, 3.0, 1.5, 9.0]), 1_400)  # pane 1000
+    combiner.add_fast(slots[:2], np.array([4.0, 1.0]), 2_050)  # pane 2000: 1000 is sealed
+    _feed(combiner, b"lat:11|ms", 2_060)  # the fast partial of (lat, 2000) moves over
+
+
+def test_detached_partials_build_what_drain_gives_after_the_combiner_moved_on() -> None:
+    """The writer thread builds a detached roll while the receive loop goes on: freeing the
+    slots and reusing them for other series must not rename or change what was detached."""
+    expected = PaneCombiner(1000)
+    _inputs(expected)
+    combiner = PaneCombiner(1000)
+    _inputs(combiner)
+    detached = combiner.detach()
+    assert len(combiner) == 0
+    combiner.forget("lat", "ms", ())
+    combiner.forget("hits", "c", ())
+    _feed(combiner, b"other:1|d", 2_500)  # takes a freed slot
+    _feed(combiner, b"again:3|ms", 2_600)
+    batch = detached.build()
+    assert batch.equals(expected.drain())
+    rows = {(r["metric"], r["pane_start_ms"]): r for r in batch.to_pylist()}
+    assert sorted(rows) == [("hits", 1000), ("hits", 2000), ("lat", 1000), ("lat", 2000),
+                            ("users", 1000)]
+    assert rows[("lat", 1000)]["count"] == 4 and rows[("lat", 1000)]["sum"] == 22.5
+    assert sum(rows[("lat", 1000)]["hdr_count"]) == 4
+    assert rows[("lat", 2000)]["count"] == 2 and sum(rows[("lat", 2000)]["hdr_count"]) == 2
+    assert [r["metric"] for r in combiner.drain().to_pylist()] == ["again", "other"]

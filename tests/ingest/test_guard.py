@@ -43,3 +43,18 @@ def test_zero_disables_both_limits() -> None:
 def test_limits_are_validated_with_every_problem_named() -> None:
     with pytest.raises(ValueError, match="max_series must be >= 0.*ttl_ms must be positive"):
         CardinalityLimits(max_series=-1, ttl_ms=0)
+
+
+def test_refresh_many_is_refresh_in_order() -> None:
+    """The fast path's bulk report: the same order and times as one ``refresh`` per series,
+    series that are not active (or freed slots, None) ignored."""
+    one, many = CardinalityGuard(), CardinalityGuard()
+    series = [("m", "c", (("host", str(i)),)) for i in range(4)]
+    for guard in (one, many):
+        for index, s in enumerate(series[:3]):
+            assert guard.admit(s, 1_000 + index)
+    for s, seen in ((series[1], 2_000), (series[3], 2_001), (series[0], 2_002)):
+        one.refresh(s, seen)
+    many.refresh_many([series[1], series[3], None, series[0]], [2_000, 2_001, 2_001, 2_002])
+    assert list(many._last_seen.items()) == list(one._last_seen.items()) == [
+        (series[2], 1_002), (series[1], 2_000), (series[0], 2_002)]

@@ -484,8 +484,8 @@ def test_segment_lag_is_the_age_of_the_oldest_segment_the_job_has_not_committed(
     tmp_path: Path,
 ) -> None:
     sock = bind_udp("127.0.0.1", 0)
-    checkpoints = tmp_path / "checkpoints"
-    receiver, clock = _manual_receiver(tmp_path / "spool", sock, checkpoints=checkpoints)
+    live = tmp_path / "checkpoints" / "cfg" / "w-1234"
+    receiver, clock = _manual_receiver(tmp_path / "spool", sock, checkpoints=[live])
     for _ in range(3):  # heartbeat segments 0, 1, 2 at T0, T0+1 s, T0+2 s
         receiver.roll(clock.now_ms())
         clock.advance(1_000)
@@ -494,17 +494,47 @@ def test_segment_lag_is_the_age_of_the_oldest_segment_the_job_has_not_committed(
     receiver.roll(clock.now_ms())  # and writes segment 3
     assert receiver.stats.segment_lag_ms == 10_000
     # a stale checkpoint of an older config stays at sequence 0; the live query read up to 2
-    _commit(checkpoints / "cfg" / "old-window", 0, {"udp-0": 0})
-    _commit(checkpoints / "cfg" / "w-1234", 7, {"udp-0": 2, "udp-9": 5})
+    _commit(live.with_name("old-window"), 0, {"udp-0": 0})
+    _commit(live, 7, {"udp-0": 2, "udp-9": 5})
     clock.set(T0 + 15_000)
     _send_and_roll(receiver, clock, sock.getsockname()[1], [b"a:1|c"])  # at T0 + 15.3 s
     assert receiver.stats.segment_lag_ms == 5_300  # segment 3's age
     rows = [r for r in _rows(tmp_path / "spool") if r["metric"].endswith("segment_lag_ms")]
     assert [(r["last"], r["tags"]) for r in rows] == [(5_300, '{"receiver":"udp-0"}')]
-    _commit(checkpoints / "cfg" / "w-1234", 8, {"udp-0": 4})  # read everything written
+    _commit(live, 8, {"udp-0": 4})  # read everything written
     clock.set(T0 + 20_300)
     receiver.roll(clock.now_ms())
     assert receiver.stats.segment_lag_ms == 0
+    sock.close()
+
+
+def test_segment_lag_follows_the_slowest_query_of_the_running_config(tmp_path: Path) -> None:
+    """A window's native lane and sketch lane commit separately: a segment is unread until
+    both committed it, so the lag is the age of the segment after the smaller offset (the
+    10-minute soak reported the furthest-ahead query's 9.9 s while the slowest was 20.5 s
+    behind)."""
+    sock = bind_udp("127.0.0.1", 0)
+    root = tmp_path / "checkpoints" / "cfg"
+    native, sketches = root / "w-1234", root / "w-1234.sketches-abcd"
+    receiver, clock = _manual_receiver(
+        tmp_path / "spool", sock, checkpoints=[native, sketches]
+    )
+    for _ in range(6):  # heartbeat segments 0..5 at T0, T0+1 s, ..., T0+5 s
+        receiver.roll(clock.now_ms())
+        clock.advance(1_000)
+    _commit(native, 3, {"udp-0": 4})  # the native lane read segments 0..4
+    clock.set(T0 + 30_000)
+    receiver.roll(clock.now_ms())  # writes segment 6
+    assert receiver.stats.segment_lag_ms == 30_000  # the sketch lane read nothing: segment 0
+    _commit(sketches, 2, {"udp-0": 1})  # the sketch lane read 0..1: segment 2 is its oldest
+    _commit(root / "old-window", 9, {"udp-0": 6})  # an older config's: not one of the queries
+    clock.set(T0 + 35_000)
+    receiver.roll(clock.now_ms())
+    assert receiver.stats.segment_lag_ms == 33_000  # segment 2 (T0 + 2 s), not 5 (T0 + 5 s)
+    _commit(sketches, 3, {"udp-0": 4})  # both at 4 now: segment 5 is the oldest unread
+    clock.set(T0 + 40_000)
+    receiver.roll(clock.now_ms())
+    assert receiver.stats.segment_lag_ms == 35_000
     sock.close()
 
 

@@ -1,0 +1,87 @@
+"""Where the window job's streaming queries keep their checkpoints, without Spark.
+
+The window job (``job.py``), retention and the receivers' ``segment_lag_ms`` all need the
+checkpoint directories of the *running* config's queries: retention deletes only what every
+one of them committed, and the lag is the age of the oldest segment not committed by all of
+them. A checkpoint left under ``checkpoints/`` by an older config (a window renamed, resized,
+or a changed sketch layout) stops moving for good and must not count for either. The
+receivers run in their own processes, where importing pyspark would cost ~1.7 s and ~70 MB
+per process: hence this module, which ``job.py`` re-exports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamgauge.configs import PipelineConfig, WindowSpec
+from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
+
+LANE_LAYOUT = 3
+"""Bumped when a lane's state layout changes (2: sets' HLL in the native aggregation, timers
+in the sketch lane; 3: late rows in the sketch lane's query), so a checkpoint of an older
+layout is not resumed (see checkpoint_dir)."""
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    spool: Path | str  # a directory, or a pyarrow.fs URI (streamgauge.ingest.spool_fs)
+    checkpoints: Path
+
+
+def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) -> Path:
+    """Checkpoint per (config, window definition).
+
+    Spark's state layout is tied to the query's shape; a changed size or lateness under the
+    same name gets a fresh checkpoint (and rebuilds from the retained log) instead of a
+    start-up failure on incompatible state.
+    """
+    shape: list[object] = [
+        config.pane_ms, window.kind, window.size_ms, window.offset_ms, window.watermark_delay_ms,
+        window.allowed_lateness_ms, list(window.metrics), list(window.group_by),
+    ]  # fmt: skip
+    if window.kind == "session":  # appended only here: other kinds keep their checkpoints
+        shape += [window.gap_ms, window.key]
+    elif window.kind != "sliding":
+        shape += [LANE_LAYOUT]
+        if window.uses_kll:  # appended only here: tdigest windows keep their checkpoints
+            shape += ["kll", sketch_params(config).kll_k]
+    fingerprint = json.dumps(shape)
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
+    return paths.checkpoints / config.name / f"{window.name}-{digest}"
+
+
+def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
+    """Every checkpoint the running queries of ``config`` use (window and late queries)."""
+    found = []
+    for window in config.windows:
+        checkpoint = checkpoint_dir(paths, config, window)
+        found.append(checkpoint)
+        if window.kind in ("session", "sliding"):
+            found.append(checkpoint.with_name(checkpoint.name + ".late"))
+        elif window.uses_kll:  # one query: late rows ride in it (kll_lane_with_late_rows)
+            continue
+        else:  # late rows ride in the sketch lane (sketch_lane_with_late_rows)
+            found.append(sketch_checkpoint(checkpoint, sketch_params(config)))
+    return found
+
+
+def sketch_checkpoint(checkpoint: Path, params: SketchParams) -> Path:
+    """Checkpoint of a window's sketch lane, beside the window's own.
+
+    Its state holds HDR bucket *indices*, which mean values only under one layout, so the
+    layout is part of the name: a config whose ``quantile_error``/``value_range`` changed
+    starts the lane afresh instead of reading old indices with the new layout.
+    """
+    layout = [params.hdr_lowest, params.hdr_highest, params.hdr_significant_digits,
+              params.value_scale]  # fmt: skip
+    digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:8]
+    return checkpoint.with_name(f"{checkpoint.name}.sketches-{digest}")
+
+
+def sketch_params(config: PipelineConfig) -> SketchParams:
+    """The config's compiled sketch accuracy (the documented defaults when it sets none)."""
+    compiled = getattr(config, "sketches", None)
+    return compiled if isinstance(compiled, SketchParams) else compile_accuracy()
