@@ -80,7 +80,7 @@ from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sinks.store import Finalization, ResultStore
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
-from streamgauge.windows import sketch_windows
+from streamgauge.windows import hopping_windows, sketch_windows
 from streamgauge.windows.session_windows import (
     OUTPUT_DDL,
     STATE_DDL,
@@ -140,21 +140,25 @@ def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
         elif window.uses_kll:  # one query: late rows ride in it (kll_lane_with_late_rows)
             continue
         else:  # late rows ride in the sketch lane (sketch_lane_with_late_rows)
-            found.append(sketch_checkpoint(checkpoint, sketch_params(config)))
+            found.append(sketch_checkpoint(checkpoint, sketch_params(config), window))
     return found
 
 
-def sketch_checkpoint(checkpoint: Path, params: SketchParams) -> Path:
+def sketch_checkpoint(checkpoint: Path, params: SketchParams, window: WindowSpec) -> Path:
     """Checkpoint of a window's sketch lane, beside the window's own.
 
     Its state holds HDR bucket *indices*, which mean values only under one layout, so the
     layout is part of the name: a config whose ``quantile_error``/``value_range`` changed
-    starts the lane afresh instead of reading old indices with the new layout.
+    starts the lane afresh instead of reading old indices with the new layout. A hopping
+    window's lane is the pane-merge operator (``hopping_windows``), whose state and input
+    differ from the copied rows' operator: ``.panes`` in the name starts it afresh too (a
+    new checkpoint's revisions start above the stored ones, ``revision_base``).
     """
     layout = [params.hdr_lowest, params.hdr_highest, params.hdr_significant_digits,
               params.value_scale]  # fmt: skip
     digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:8]
-    return checkpoint.with_name(f"{checkpoint.name}.sketches-{digest}")
+    lane = "panes" if window.kind == "hopping" and window.hop_ms else "sketches"
+    return checkpoint.with_name(f"{checkpoint.name}.{lane}-{digest}")
 
 
 def sketch_params(config: PipelineConfig) -> SketchParams:
@@ -361,6 +365,8 @@ def sketched_window_partials(
     """The sketch lane of ``window``: on-time timer/histogram/distribution partials merged
     per window by the stateful operator of ``sketch_windows`` (same watermark horizon as the
     native lane, so it evicts the same windows at the same time)."""
+    if window.kind == "hopping" and window.hop_ms:
+        return hopping_partials(source, window, params)
     # Only what the operator reads (and the event-time column the watermark is defined on):
     # every column shipped to Python costs Arrow conversion per group.
     on_time = (
@@ -372,6 +378,49 @@ def sketched_window_partials(
         sketch_windows.sketch_state_function(params),
         sketch_windows.OUTPUT_DDL,
         sketch_windows.STATE_DDL,
+        "Update",
+        "EventTimeTimeout",
+    )
+
+
+def hopping_partials(
+    source: DataFrame, window: WindowSpec, params: SketchParams, *, sketched: bool = True
+) -> DataFrame:
+    """Pane merge of a hopping window (``hopping_windows``): each partial once, keyed by
+    series, with its pane (``pane_ms``) and the first window start it is on time for
+    (``from_start_ms``); the operator merges it once into its pane and the pane into the
+    windows. ``sketched``: the sketch lane's types (timers, histograms, distributions).
+
+    ``from_start``: the windows holding pane ``p`` start at ``p - size + hop .. p``; a partial is
+    late for ``[s, s + size)`` when ``s + size + lateness <= W'`` (``assign_windows``), so it
+    is on time from the first start ``s > W' - size - lateness`` on. A partial late for all of
+    them (``from_start > p``) is left to ``late_partials``, whose rows are unchanged.
+    """
+    assert window.size_ms is not None and window.hop_ms is not None
+    size, hop, lateness = window.size_ms, window.hop_ms, window.allowed_lateness_ms
+    event_ms = F.least(F.col("pane_start_ms"), F.col("segment_heartbeat_ms"))
+    pane = event_ms - F.pmod(event_ms - F.lit(window.offset_ms), F.lit(hop))
+    oldest = pane - F.lit(size - hop)
+    # Windows before the first on-time one: ceil((W' - size - lateness + 1 - oldest) / hop).
+    behind = (F.col("prior_heartbeat_ms") - F.lit(window.watermark_delay_ms + size + lateness)
+              - oldest + F.lit(hop))  # fmt: skip
+    skipped = F.greatest(F.lit(0), (behind - F.pmod(behind, F.lit(hop))) / F.lit(hop))
+    horizon_ms = window.watermark_delay_ms + lateness + size
+    lane = is_sketched() if sketched else ~is_sketched()
+    on_time = (
+        source.withColumn("pane_ms", pane)
+        .withColumn("from_start_ms", oldest + skipped.cast("long") * F.lit(hop))
+        .withColumn("tags", series_tags(window.group_by))
+        .where(metric_filter(window.metrics) & lane & (F.col("from_start_ms") <= F.col("pane_ms")))
+        # The newest window end the partial reaches: the copied rows' watermark, unchanged.
+        .withColumn("reach_ts", F.timestamp_millis(F.col("pane_ms") + F.lit(size)))
+        .withWatermark("reach_ts", f"{horizon_ms} milliseconds")
+        .select(*hopping_windows.INPUT_COLUMNS, "reach_ts")
+    )
+    return on_time.groupBy("metric", "tags").applyInPandasWithState(
+        hopping_windows.hopping_state_function(window, params),
+        hopping_windows.OUTPUT_DDL,
+        hopping_windows.STATE_DDL,
         "Update",
         "EventTimeTimeout",
     )
@@ -939,7 +988,7 @@ def start_window_queries(
             writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
             changes = windowed_partials(_read_spool(spark, paths), window)
             params = sketch_params(config)
-            lane_checkpoint = sketch_checkpoint(checkpoint, params)
+            lane_checkpoint = sketch_checkpoint(checkpoint, params, window)
             queries.append(
                 _start(
                     sketch_lane_with_late_rows(_read_spool(spark, paths), window, params),
