@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/windows.py --series 10000 --seconds 60 --kind tumbling
     .venv/bin/python bench/windows.py --series 10000 --seconds 60 --type ms   # sketch lane
+    .venv/bin/python bench/windows.py --series 10000 --seconds 60 --kind hopping --size 10s --hop 1s
 
 A writer appends one segment per second to a live spool, holding one pane partial per active
 series (what ingest writes at 1 s panes), with a heartbeat. The real window job (Spark
@@ -65,10 +66,10 @@ class TimedStore(ResultStore):
 
 
 WINDOWS = {
-    "tumbling": "{name: w, kind: tumbling, size: 10s, watermark_delay: 1s, allowed_lateness: 2s}",
-    "hopping": "{name: w, kind: hopping, size: 10s, hop: 5s, watermark_delay: 1s, "
+    "tumbling": "{name: w, kind: tumbling, size: SIZE, watermark_delay: 1s, allowed_lateness: 2s}",
+    "hopping": "{name: w, kind: hopping, size: SIZE, hop: HOP, watermark_delay: 1s, "
     "allowed_lateness: 2s}",
-    "sliding": "{name: w, kind: sliding, size: 10s, watermark_delay: 1s, allowed_lateness: 2s}",
+    "sliding": "{name: w, kind: sliding, size: SIZE, watermark_delay: 1s, allowed_lateness: 2s}",
     "session": "{name: w, kind: session, gap: 3s, watermark_delay: 1s, allowed_lateness: 2s}",
 }
 
@@ -199,6 +200,9 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--kind", choices=sorted(WINDOWS), default="tumbling")
+    parser.add_argument("--size", default="10s", help="window size (tumbling, hopping, sliding)")
+    parser.add_argument("--hop", default="5s", help="hopping windows' hop (size/hop windows "
+                        "hold each instant: e.g. --size 60s --hop 1s)")
     parser.add_argument("--type", choices=("c", "ms", "s"), default="c",
                         help="metric type of every series (ms: the sketch lane)")
     parser.add_argument("--shuffle-partitions", type=int, default=None,
@@ -216,9 +220,10 @@ def main() -> None:
     url = server.start()
     try:
         ResultStore(url).ensure_schema()
-        windows = [WINDOWS[args.kind]]
+        shape = WINDOWS[args.kind].replace("SIZE", args.size).replace("HOP", args.hop)
+        windows = [shape]
         if args.compare_kll:
-            windows.append(WINDOWS[args.kind].replace("name: w,", "name: wk, quantiles: kll,"))
+            windows.append(shape.replace("name: w,", "name: wk, quantiles: kll,"))
         text = f"name: bench\npane: 1s\nwindows: [{', '.join(windows)}]\n"
         config = parse_config(text, "bench")
         conf = {}
@@ -258,7 +263,9 @@ def main() -> None:
                  for p in progress]  # fmt: skip
         durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
         rows_per_s = args.series  # one partial per series per second
-        print(f"window job, {args.kind} 10 s, {args.series} series of type {args.type!r} "
+        hop = f" hop {args.hop}" if args.kind == "hopping" else ""
+        print(f"window job, {args.kind} {args.size}{hop}, {args.series} series of type "
+              f"{args.type!r} "
               f"(query {lane}) at 1 s panes "
               f"({rows_per_s} partial rows/s offered), {args.seconds} s, local[2], "
               f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
