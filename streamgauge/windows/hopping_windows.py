@@ -35,7 +35,10 @@ per window) come from the stateless ``job.late_partials``, exactly as before.
 
 Determinism: within a call a pane delta merges its partials in ``sketch_windows.MERGE_ORDER``
 (a total order of the rows, whatever order Spark's shuffle gives) and windows absorb deltas
-by pane, then ``from_start``; so a replayed micro-batch gives the same bytes.
+by pane, then ``from_start``; so a replayed micro-batch gives the same bytes. A window absorbs
+all of a batch's deltas in one t-digest merge (its digest read and written once per batch, as
+``sketch_windows.merge_rows`` does), and a pane of a single partial is that partial's sketches
+as they are (no merge).
 
 State per series: the metric type and the open windows (those Spark's watermark has not
 passed), each a fixed record and its sketches (``window_sketches.pack_records``), as the
@@ -51,12 +54,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from streamgauge.configs import WindowSpec
+from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.hll import serialize_hll, union_hll
 from streamgauge.windows import window_sketches
-from streamgauge.windows.sketch_windows import MERGE_ORDER
+from streamgauge.windows.sketch_windows import MERGE_ORDER, merge_digest, merge_hdr
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
 #: One window in a state blob: start, count, sum, min, max, last, last_event_ms.
@@ -91,14 +97,36 @@ class Aggregate:
     last_event_ms: int = -1
     sketches: Sketches = field(default_factory=Sketches)
 
-    def merge(self, other: Aggregate, merger: SketchMerger) -> None:
-        self.count += other.count
-        self.sum += other.sum
-        self.min = min(self.min, other.min)
-        self.max = max(self.max, other.max)
-        if other.last_event_ms > self.last_event_ms:
-            self.last, self.last_event_ms = other.last, other.last_event_ms
-        merger.absorb(self.sketches, other.sketches)
+    def merge_all(self, others: list[Aggregate], merger: SketchMerger) -> None:
+        """Merge ``others`` in order; their sketches in one call per kind (``absorb_all``)."""
+        for other in others:
+            self.count += other.count
+            self.sum += other.sum
+            self.min = min(self.min, other.min)
+            self.max = max(self.max, other.max)
+            if other.last_event_ms > self.last_event_ms:
+                self.last, self.last_event_ms = other.last, other.last_event_ms
+        absorb_all(self.sketches, [other.sketches for other in others], merger)
+
+
+def absorb_all(sketches: Sketches, others: list[Sketches], merger: SketchMerger) -> None:
+    """``SketchMerger.absorb`` of each of ``others`` in turn, with one t-digest (de)serialisation
+    and one HDR merge for them all: the window's digest is read and written once per batch, not
+    once per pane (the round trips dominated the cost: bench/windows.py --catch-up)."""
+    digests = [other.digest for other in others if other.digest]
+    if digests:
+        sketches.digest = merge_digest(sketches.digest, digests, merger.k)
+    with_buckets = [other for other in others if len(other.buckets)]
+    if with_buckets:
+        sketches.buckets, sketches.counts = merge_hdr(
+            sketches.buckets, sketches.counts,
+            [o.buckets for o in with_buckets], [o.counts for o in with_buckets],
+        )  # fmt: skip
+    hlls = [other.hll for other in others if other.hll]
+    if hlls:
+        merged = [sketches.hll, *hlls] if sketches.hll else hlls
+        sketches.hll = serialize_hll(union_hll(merged, merger.lg_k))
+    sketches.complete = sketches.complete and all(other.complete for other in others)
 
 
 def pack(windows: dict[int, Aggregate], merger: SketchMerger) -> bytes:
@@ -117,6 +145,20 @@ def unpack(blob: bytes, merger: SketchMerger) -> dict[int, Aggregate]:
     return windows
 
 
+def partial_sketches(metric_type: str, sketch: Any, hdr_bucket: Any, hdr_count: Any) -> Sketches:
+    """One partial's sketch columns as :class:`Sketches`, as they are: a pane of one partial
+    (the usual case: ``pane == hop``) costs no merge; windows merge it at their accuracy."""
+    if sketch is not None and metric_type == "s":
+        return Sketches(hll=bytes(sketch))
+    if metric_type not in SKETCHED_TYPES:
+        return Sketches()
+    found = Sketches(digest=b"" if sketch is None else bytes(sketch))
+    if hdr_bucket is not None:
+        found.buckets = np.asarray(hdr_bucket, dtype=np.int32)
+        found.counts = np.asarray(hdr_count, dtype=np.int64)
+    return found
+
+
 def pane_deltas(
     batch: pd.DataFrame, merger: SketchMerger
 ) -> dict[tuple[int, int], Aggregate]:
@@ -125,19 +167,21 @@ def pane_deltas(
     keyed = batch.assign(_sketch_key=batch["sketch"].map(lambda b: b"" if b is None else bytes(b)))
     ordered = keyed.sort_values(["pane_ms", "from_start_ms", *MERGE_ORDER, "_sketch_key"],
                                 kind="stable")  # fmt: skip
-    deltas: dict[tuple[int, int], Aggregate] = {}
+    grouped: dict[tuple[int, int], list[Aggregate]] = {}
     for row in ordered.itertuples(index=False):
-        key = (int(row.pane_ms), int(row.from_start_ms))
-        delta = deltas.get(key)
-        if delta is None:
-            delta = deltas[key] = Aggregate()
-        delta.count += int(row.count)
-        delta.sum += float(row.sum)
-        delta.min = min(delta.min, float(row.min))
-        delta.max = max(delta.max, float(row.max))
-        if int(row.last_event_ms) > delta.last_event_ms:
-            delta.last, delta.last_event_ms = float(row.last), int(row.last_event_ms)
-        merger.add(delta.sketches, row.metric_type, row.sketch, row.hdr_bucket, row.hdr_count)
+        partial = Aggregate(
+            int(row.count), float(row.sum), float(row.min), float(row.max), float(row.last),
+            int(row.last_event_ms),
+            partial_sketches(row.metric_type, row.sketch, row.hdr_bucket, row.hdr_count),
+        )  # fmt: skip
+        grouped.setdefault((int(row.pane_ms), int(row.from_start_ms)), []).append(partial)
+    deltas = {}
+    for key, partials in grouped.items():
+        if len(partials) == 1:
+            deltas[key] = partials[0]
+        else:
+            deltas[key] = delta = Aggregate()
+            delta.merge_all(partials, merger)
     return deltas
 
 
@@ -161,13 +205,13 @@ def hopping_state_function(window: WindowSpec, params: SketchParams) -> Any:
             batch = pd.concat(list(frames), ignore_index=True)
             types = batch["metric_type"].tolist()
             metric_type = min([*types, metric_type] if metric_type else types)
+            reaching: dict[int, list[Aggregate]] = {}
             for (pane, from_start), delta in sorted(pane_deltas(batch, merger).items()):
                 for start in range(max(from_start, pane - size + hop), pane + 1, hop):
-                    target = windows.get(start)
-                    if target is None:
-                        target = windows[start] = Aggregate()
-                    target.merge(delta, merger)
-                    changed.add(start)
+                    reaching.setdefault(start, []).append(delta)
+            for start, deltas in reaching.items():
+                windows.setdefault(start, Aggregate()).merge_all(deltas, merger)
+                changed.add(start)
         out = [
             ("upsert", metric, tags, metric_type, start, start + size, w.count, w.sum, w.min,
              w.max, w.last, *merger.columns(w.sketches, metric_type or ""))
