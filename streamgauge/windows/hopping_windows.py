@@ -164,9 +164,13 @@ def pane_deltas(
 ) -> dict[tuple[int, int], Aggregate]:
     """A micro-batch's partials of one series merged per ``(pane, from_start)``, each partial
     once, in ``MERGE_ORDER`` (with the sketch bytes as the last tie-break)."""
-    keyed = batch.assign(_sketch_key=batch["sketch"].map(lambda b: b"" if b is None else bytes(b)))
-    ordered = keyed.sort_values(["pane_ms", "from_start_ms", *MERGE_ORDER, "_sketch_key"],
-                                kind="stable")  # fmt: skip
+    ordered = batch
+    if len(batch) > 1:  # a live batch usually holds one partial: nothing to order
+        keyed = batch.assign(
+            _sketch_key=batch["sketch"].map(lambda b: b"" if b is None else bytes(b))
+        )
+        ordered = keyed.sort_values(["pane_ms", "from_start_ms", *MERGE_ORDER, "_sketch_key"],
+                                    kind="stable")  # fmt: skip
     grouped: dict[tuple[int, int], list[Aggregate]] = {}
     for row in ordered.itertuples(index=False):
         partial = Aggregate(
