@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/windows.py --series 10000 --seconds 60 --kind tumbling
     .venv/bin/python bench/windows.py --series 10000 --seconds 60 --type ms   # sketch lane
+    .venv/bin/python bench/windows.py --series 10000 --seconds 60 --kind hopping --size 10s --hop 1s
 
 A writer appends one segment per second to a live spool, holding one pane partial per active
 series (what ingest writes at 1 s panes), with a heartbeat. The real window job (Spark
@@ -23,6 +24,15 @@ stateful operator). Same series count, same rows: the ratio is the sketch lane's
 receivers write them when a window uses kll). Both windows run in the same job on the same
 load, so the machine's noise hits both; the t-digest sketch lane (query ``bench.w.sketches``)
 and the kll window's one query (``bench.wk``) are printed side by side, with their ratio.
+
+``--catch-up``: instead of a live writer, ``--seconds`` one-second segments are written first
+(pane ``i``, heartbeat at its end) and the job processes them with ``availableNow``; printed are
+the lane query's rows per second of batch time and the wall time to drain the log. On a busy
+shared machine live batches stretch and freshness means little; a drained log compares code
+paths (e.g. hopping by pane merge vs. copied rows, run alternately) far more steadily::
+
+    .venv/bin/python bench/windows.py --catch-up --series 2000 --seconds 30 --kind hopping \
+        --hop 1s --type ms
 
 Targets (issue): 100k active series at 1 s panes sustained; p50 freshness <= 1 s.
 """
@@ -65,10 +75,10 @@ class TimedStore(ResultStore):
 
 
 WINDOWS = {
-    "tumbling": "{name: w, kind: tumbling, size: 10s, watermark_delay: 1s, allowed_lateness: 2s}",
-    "hopping": "{name: w, kind: hopping, size: 10s, hop: 5s, watermark_delay: 1s, "
+    "tumbling": "{name: w, kind: tumbling, size: SIZE, watermark_delay: 1s, allowed_lateness: 2s}",
+    "hopping": "{name: w, kind: hopping, size: SIZE, hop: HOP, watermark_delay: 1s, "
     "allowed_lateness: 2s}",
-    "sliding": "{name: w, kind: sliding, size: 10s, watermark_delay: 1s, allowed_lateness: 2s}",
+    "sliding": "{name: w, kind: sliding, size: SIZE, watermark_delay: 1s, allowed_lateness: 2s}",
     "session": "{name: w, kind: session, gap: 3s, watermark_delay: 1s, allowed_lateness: 2s}",
 }
 
@@ -192,6 +202,40 @@ def compare_kll(tdigest: list[dict], kll: list[dict], kll_k: int) -> None:  # ty
           "reads them all and keeps the timer rows)")
 
 
+def catch_up(spark, config, paths, url, args) -> None:  # type: ignore[no-untyped-def]
+    """Write ``args.seconds`` segments, then drain them with ``availableNow``."""
+    writer = Writer(paths.spool, args.series, args.seconds, args.type, config.kll_k)
+    rng = np.random.default_rng(7)
+    base = (time.time_ns() // 1_000_000) // 1000 * 1000 - args.seconds * 1000
+    for i in range(args.seconds):
+        pane = base + i * 1000
+        batch = pane_batch(writer.names, pane, rng, args.type, config.kll_k)
+        writer.writer.append(batch, Heartbeat(pane + 1000, i == args.seconds - 1))
+    started = time.monotonic()
+    queries = start_window_queries(
+        spark, config, paths, lambda: TimedStore(url), SystemClock(), trigger_interval=None
+    )
+    for query in queries:
+        query.awaitTermination()
+    wall = time.monotonic() - started
+    sketched = args.type in ("ms", "h", "d") and args.kind in ("tumbling", "hopping")
+    lane = "bench.w.sketches" if sketched else "bench.w"
+    for query in queries:
+        progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+        rows = sum(p["numInputRows"] for p in progress)
+        busy = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+        mark = " <- lane measured" if query.name == lane else ""
+        print(f"query {query.name}: {len(progress)} batches, {rows} input rows, "
+              f"{busy:.1f} s of batch time, {rows / max(busy, 1e-9):.0f} rows/s, "
+              f"exception: {query.exception()}{mark}")  # fmt: skip
+    _, stored = run_sql(url, "select count(*) from window_results")
+    hop = f" hop {args.hop}" if args.kind == "hopping" else ""
+    print(f"catch-up: {args.kind} {args.size}{hop}, {args.series} series of type "
+          f"{args.type!r} x {args.seconds} panes = {args.series * args.seconds} partials, "
+          f"drained in {wall:.1f} s wall, {stored[0][0]} window rows stored")  # fmt: skip
+    spark.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -199,8 +243,13 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--kind", choices=sorted(WINDOWS), default="tumbling")
+    parser.add_argument("--size", default="10s", help="window size (tumbling, hopping, sliding)")
+    parser.add_argument("--hop", default="5s", help="hopping windows' hop (size/hop windows "
+                        "hold each instant: e.g. --size 60s --hop 1s)")
     parser.add_argument("--type", choices=("c", "ms", "s"), default="c",
                         help="metric type of every series (ms: the sketch lane)")
+    parser.add_argument("--catch-up", action="store_true",
+                        help="write --seconds segments first, then drain them (availableNow)")
     parser.add_argument("--shuffle-partitions", type=int, default=None,
                         help="state partitions (default: 2 per core)")
     parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
@@ -216,9 +265,10 @@ def main() -> None:
     url = server.start()
     try:
         ResultStore(url).ensure_schema()
-        windows = [WINDOWS[args.kind]]
+        shape = WINDOWS[args.kind].replace("SIZE", args.size).replace("HOP", args.hop)
+        windows = [shape]
         if args.compare_kll:
-            windows.append(WINDOWS[args.kind].replace("name: w,", "name: wk, quantiles: kll,"))
+            windows.append(shape.replace("name: w,", "name: wk, quantiles: kll,"))
         text = f"name: bench\npane: 1s\nwindows: [{', '.join(windows)}]\n"
         config = parse_config(text, "bench")
         conf = {}
@@ -232,6 +282,9 @@ def main() -> None:
         )  # fmt: skip
         paths = JobPaths(spool=root / "spool", checkpoints=root / "checkpoints")
         paths.spool.mkdir()
+        if args.catch_up:
+            catch_up(spark, config, paths, url, args)
+            return
         queries = start_window_queries(
             spark, config, paths, lambda: TimedStore(url), SystemClock(),
             trigger_interval="0.5 seconds",
@@ -258,7 +311,9 @@ def main() -> None:
                  for p in progress]  # fmt: skip
         durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
         rows_per_s = args.series  # one partial per series per second
-        print(f"window job, {args.kind} 10 s, {args.series} series of type {args.type!r} "
+        hop = f" hop {args.hop}" if args.kind == "hopping" else ""
+        print(f"window job, {args.kind} {args.size}{hop}, {args.series} series of type "
+              f"{args.type!r} "
               f"(query {lane}) at 1 s panes "
               f"({rows_per_s} partial rows/s offered), {args.seconds} s, local[2], "
               f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "

@@ -64,21 +64,25 @@ def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
         elif window.uses_kll:  # one query: late rows ride in it (kll_lane_with_late_rows)
             continue
         else:  # late rows ride in the sketch lane (sketch_lane_with_late_rows)
-            found.append(sketch_checkpoint(checkpoint, sketch_params(config)))
+            found.append(sketch_checkpoint(checkpoint, sketch_params(config), window))
     return found
 
 
-def sketch_checkpoint(checkpoint: Path, params: SketchParams) -> Path:
+def sketch_checkpoint(checkpoint: Path, params: SketchParams, window: WindowSpec) -> Path:
     """Checkpoint of a window's sketch lane, beside the window's own.
 
     Its state holds HDR bucket *indices*, which mean values only under one layout, so the
     layout is part of the name: a config whose ``quantile_error``/``value_range`` changed
-    starts the lane afresh instead of reading old indices with the new layout.
+    starts the lane afresh instead of reading old indices with the new layout. A hopping
+    window's lane is the pane-merge operator (``hopping_windows``), whose state and input
+    differ from the copied rows' operator: ``.panes`` in the name starts it afresh too (a
+    new checkpoint's revisions start above the stored ones, ``revision_base``).
     """
     layout = [params.hdr_lowest, params.hdr_highest, params.hdr_significant_digits,
               params.value_scale]  # fmt: skip
     digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:8]
-    return checkpoint.with_name(f"{checkpoint.name}.sketches-{digest}")
+    lane = "panes" if window.kind == "hopping" and window.hop_ms else "sketches"
+    return checkpoint.with_name(f"{checkpoint.name}.{lane}-{digest}")
 
 
 def sketch_params(config: PipelineConfig) -> SketchParams:

@@ -44,7 +44,9 @@ native lane (counters, gauges, sets) merges partials with Spark's own aggregates
 ``hll_union_agg``; the sketch lane (timers, histograms, distributions) merges t-digests and
 HDR buckets in a stateful operator (``sketch_windows``: Spark has no t-digest aggregate).
 Each lane commits its own rows under its own query name and watermark, and the store scopes
-emission and finality to the lane's metric types. Session and sliding windows run one query of
+emission and finality to the lane's metric types. A hopping window's sketch lane merges each
+partial once into its hop-wide pane and the pane into its size/hop windows (``hopping_windows``)
+instead of copying the partial into every window. Session and sliding windows run one query of
 their own operator for every type, which merges the sketches too (``window_sketches``:
 percentiles, histograms and distinct counts as in the two lanes).
 
@@ -78,7 +80,7 @@ from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sinks.store import Finalization, ResultStore
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
-from streamgauge.windows import sketch_windows
+from streamgauge.windows import hopping_windows, sketch_windows
 
 # The checkpoint paths live in a Spark-free module (the receivers need them); re-exported.
 from streamgauge.windows.checkpoints import JobPaths as JobPaths
@@ -199,8 +201,10 @@ def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> D
         t = 12 s      [5 s ........... 15 s)
                            [10 s .......... 20 s)
 
-    This slice assigns each partial to its size/hop windows (one output row per window);
-    merging hop-wide panes instead is the planned optimisation.
+    Here each partial is copied into its size/hop windows (one output row per window): what
+    the native lane, ``late_partials`` and ``replay`` use. A hopping window's sketch lane
+    merges hop-wide panes instead (``hopping_partials``, ``pane_and_first_start``: the same
+    per-window late rule, computed once per partial).
 
     Session windows (``gap``): the row's own possible session ``[t, t + gap)``, with the
     same late rule on that end (see ``session_windows``, which merges them per series)::
@@ -304,6 +308,8 @@ def sketched_window_partials(
     """The sketch lane of ``window``: on-time timer/histogram/distribution partials merged
     per window by the stateful operator of ``sketch_windows`` (same watermark horizon as the
     native lane, so it evicts the same windows at the same time)."""
+    if window.kind == "hopping" and window.hop_ms:
+        return hopping_partials(source, window, params)
     # Only what the operator reads (and the event-time column the watermark is defined on):
     # every column shipped to Python costs Arrow conversion per group.
     on_time = (
@@ -315,6 +321,60 @@ def sketched_window_partials(
         sketch_windows.sketch_state_function(params),
         sketch_windows.OUTPUT_DDL,
         sketch_windows.STATE_DDL,
+        "Update",
+        "EventTimeTimeout",
+    )
+
+
+def pane_and_first_start(window: WindowSpec) -> tuple[Column, Column]:
+    """A partial's hop-wide pane and the first start of the windows holding it that it is on
+    time for (``> pane``: late for all of them), from the columns ``assign_windows`` reads.
+
+    The windows holding pane ``p`` start at ``p - size + hop, ..., p``; the partial is late for
+    ``[s, s + size)`` when ``s + size + lateness <= W'`` (``W'`` = prior heartbeat - delay),
+    so the late ones are the first ``floor((W' - size - lateness - oldest) / hop) + 1``.
+    """
+    assert window.size_ms is not None and window.hop_ms is not None
+    size, hop, lateness = window.size_ms, window.hop_ms, window.allowed_lateness_ms
+    event_ms = F.least(F.col("pane_start_ms"), F.col("segment_heartbeat_ms"))
+    pane = event_ms - F.pmod(event_ms - F.lit(window.offset_ms), F.lit(hop))
+    oldest = pane - F.lit(size - hop)
+    behind = (F.col("prior_heartbeat_ms") - F.lit(window.watermark_delay_ms + size + lateness)
+              - oldest + F.lit(hop))  # fmt: skip
+    late_windows = F.greatest(F.lit(0), (behind - F.pmod(behind, F.lit(hop))) / F.lit(hop))
+    return pane, oldest + late_windows.cast("long") * F.lit(hop)
+
+
+def hopping_partials(
+    source: DataFrame, window: WindowSpec, params: SketchParams, *, sketched: bool = True
+) -> DataFrame:
+    """Pane merge of a hopping window (``hopping_windows``): each partial once, keyed by
+    series, with its pane (``pane_ms``) and the first window start it is on time for
+    (``from_start_ms``); the operator merges it once into its pane and the pane into the
+    windows. ``sketched``: the sketch lane's types (timers, histograms, distributions).
+
+    A partial late for every window it lies in (``from_start > pane``) is left to
+    ``late_partials``, whose rows are unchanged (``pane_and_first_start``).
+    """
+    assert window.size_ms is not None
+    size = window.size_ms
+    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + size
+    lane = is_sketched() if sketched else ~is_sketched()
+    pane, from_start = pane_and_first_start(window)
+    on_time = (
+        source.withColumn("pane_ms", pane)
+        .withColumn("from_start_ms", from_start)
+        .withColumn("tags", series_tags(window.group_by))
+        .where(metric_filter(window.metrics) & lane & (F.col("from_start_ms") <= F.col("pane_ms")))
+        # The newest window end the partial reaches: the copied rows' watermark, unchanged.
+        .withColumn("reach_ts", F.timestamp_millis(F.col("pane_ms") + F.lit(size)))
+        .withWatermark("reach_ts", f"{horizon_ms} milliseconds")
+        .select(*hopping_windows.INPUT_COLUMNS, "reach_ts")
+    )
+    return on_time.groupBy("metric", "tags").applyInPandasWithState(
+        hopping_windows.hopping_state_function(window, params),
+        hopping_windows.OUTPUT_DDL,
+        hopping_windows.STATE_DDL,
         "Update",
         "EventTimeTimeout",
     )
@@ -882,7 +942,7 @@ def start_window_queries(
             writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
             changes = windowed_partials(log, window)
             params = sketch_params(config)
-            lane_checkpoint = sketch_checkpoint(checkpoint, params)
+            lane_checkpoint = sketch_checkpoint(checkpoint, params, window)
             queries.append(
                 _start(
                     sketch_lane_with_late_rows(

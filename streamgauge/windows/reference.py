@@ -41,8 +41,10 @@ window merges the panes inside it in time order. So for one receiver whose heart
 increase (each segment sorts after the previous one in the operators' order too) a session or
 sliding window's digest and HLL are byte for byte the operators'; otherwise (several receivers,
 equal heartbeats, and tumbling/hopping windows, whose sketch lane merges a micro-batch's
-partials at once) the digest merge order differs and quantiles agree within the t-digest's rank
-error. HDR buckets add per index and the HLL union keeps the maximum per register, so bucket
+partials at once; hopping: into a delta per pane, which each window holding the pane absorbs)
+the digest merge order differs and quantiles agree within the t-digest's rank error. This
+windower copies a hopping partial into each window it lies in: the definition the pane merge
+must equal. HDR buckets add per index and the HLL union keeps the maximum per register, so bucket
 rows and distinct counts agree exactly whatever the order.
 
 Early emission (``early_every``, the store's ``_EARLY``): each ``feed`` is one micro-batch.
