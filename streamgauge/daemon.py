@@ -199,24 +199,25 @@ class Janitor:
             self._enforce_quota()
 
     def _enforce_quota(self) -> None:
-        quota = self._spool_quota_bytes
         try:
-            if spool_bytes(self._paths.spool) > quota * QUOTA_HIGH_WATER:
-                prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
-                            self._retain_log_ms, self._clock, quota_bytes=quota)  # fmt: skip
+            if spool_bytes(self._paths.spool) > self._spool_quota_bytes * QUOTA_HIGH_WATER:
+                self._prune_spool()
         except Exception as error:  # noqa: BLE001 - retention must never stop the daemon
             log.warning("retention: spool quota check skipped: %s", str(error).splitlines()[0])
 
     def _run(self) -> None:
-        clock = self._clock
         try:
-            prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
-                        self._retain_log_ms, clock,
-                        quota_bytes=self._spool_quota_bytes)  # fmt: skip
+            self._prune_spool()
             with ResultStore(self._url, retry=RetryPolicy(max_attempts=1)) as store:
-                store.prune(clock.now_ms() - self._retain_results_ms)
+                store.prune(self._clock.now_ms() - self._retain_results_ms)
         except Exception as error:  # noqa: BLE001 - retention must never stop the daemon
             log.warning("retention skipped this round: %s", str(error).splitlines()[0])
+
+    def _prune_spool(self) -> None:
+        """Committed segments past the age, and, over the quota, the oldest committed ones."""
+        prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
+                    self._retain_log_ms, self._clock,
+                    quota_bytes=self._spool_quota_bytes)  # fmt: skip
 
 
 def wait_between_batches(query: Any, timeout_s: float) -> None:
