@@ -13,7 +13,9 @@ receive thread's wall time with the segments built and written inline (the old l
 handed to the writer thread (``SegmentQueue``), what ``detach`` costs (the combiner's partials
 handed over: on the receive thread), what ``build`` costs (the Arrow batch and the pane
 sketches: on the writer thread unless inline) and what the hand-over costs (inline: build +
-Arrow IPC write + fsync + rename; thread: a queue put). A script, not a test.
+Arrow IPC write + fsync + rename; thread: a queue put). Last, ``recvmmsg alone``: the same fills
+drained by ``recvmmsg`` with nothing done with the data, the kernel's share of a datagram
+(the floor under every other row). A script, not a test.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from streamgauge.ingest.combiner import PaneCombiner, PaneDrain
 from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import SegmentQueue, SegmentWriter
 from streamgauge.ingest.receiver import Receiver
-from streamgauge.ingest.transports import bind_udp
+from streamgauge.ingest.transports import DATAGRAM_SLOTS, DatagramReader, bind_udp
 
 TYPES = ("c", "ms", "g", "d")
 
@@ -127,6 +129,25 @@ def measure(args: argparse.Namespace, per: int, recvmmsg: bool, queued: bool) ->
     }
 
 
+def kernel_floor(args: argparse.Namespace, per: int) -> float:
+    """ns of thread CPU per datagram for ``recvmmsg`` alone (256 per call, through ctypes,
+    nothing done with the data): what the kernel charges the receive thread before any
+    parsing, the floor under every row above."""
+    sock = bind_udp("127.0.0.1", 0, 64 << 20)
+    reader = DatagramReader()
+    payloads = datagrams(args.series, per)
+    count = 60_000 if per == 1 else 8_000
+    samples = []
+    for _ in range(args.repeat):
+        fill(sock, payloads, count)
+        before, received = time.thread_time(), 0
+        while batch := reader.read(sock, DATAGRAM_SLOTS):
+            received += len(batch)
+        samples.append((time.thread_time() - before) / received)
+    sock.close()
+    return statistics.median(samples) * 1e9
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -148,6 +169,10 @@ def main() -> int:
                   f"{m['roll_cpu_ms']:>11.1f}  {m['detach_ms']:>9.2f}  {m['build_ms']:>8.1f}  "
                   f"{m['append_ms']:>9.2f}",
                   flush=True)
+    for per in (20, 1):
+        floor = kernel_floor(args, per)
+        print(f"{per:>11}  recvmmsg  alone     {floor:>8.0f}  {floor / per:>7.0f}  "
+              "(the kernel's share: recvmmsg with nothing done with the datagrams)", flush=True)
     return 0
 
 
