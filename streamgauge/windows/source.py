@@ -58,6 +58,19 @@ segment admitted is at or below the bound).
 
 Offsets keep their format: ``seq``/``heartbeat_ms``/``closed`` of the last segment admitted.
 Batch reads (``replay``) read the whole log.
+
+**Each query reads only the rows it can use** (``RowFilter``, the ``lane`` and
+``lateMarginMs`` options). Every query scans the log for itself, and handing a row from the
+Python worker to the JVM (Arrow to ``UnsafeRow``) is a large part of a batch's cost; a
+tumbling window's two lanes used to take every row each, three times in all (the sketch
+lane's query scans twice: lane and late rows). Now the native lane takes counters, gauges and
+sets, the sketch lane timers, histograms and distributions, and a query that records late
+rows also every row that *may* be late: a row is late for a window only if that window closed
+before the row's segment was written, and every window holding the row ends after its event
+time, so ``event < prior_heartbeat - (watermark_delay + allowed_lateness)`` keeps a superset
+(the job's own late rule then decides). Spark's watermark of a lane now follows that lane's
+own rows: it can only be lower than before, so it drops nothing more; it frees state later
+while a lane's types are idle.
 """
 
 from __future__ import annotations
@@ -66,10 +79,12 @@ import json
 import os
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
@@ -89,9 +104,14 @@ from streamgauge.ingest.log import (
     read_segment,
     segment_at,
 )
+from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.ingest.spool_fs import SpoolLike
 
 SOURCE_NAME = "streamgauge_spool"
+
+_SKETCHED = pa.array(SKETCHED_TYPES, pa.string())
+#: ``lane`` option values: which metric types a query reads whole.
+LANES = ("all", "native", "sketch", "none")
 
 
 def register_source_for_query(spark: SparkSession, query_name: str) -> str:
@@ -115,6 +135,7 @@ def register_source_for_query(spark: SparkSession, query_name: str) -> str:
     spark.dataSource.register(per_query)
     return name
 
+
 #: The Spark schema of the source: SEGMENT_SCHEMA, plus the receiver the row came from.
 SOURCE_DDL = (
     "metric string, metric_type string, tags string, pane_start_ms bigint, count bigint, "
@@ -124,6 +145,49 @@ SOURCE_DDL = (
     "receiver string, segment_heartbeat_ms bigint, prior_heartbeat_ms bigint"
 )
 _ADDED_COLUMNS = 3
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Which rows a query is handed (see the module docstring): the metric types of ``lane``
+    (``all``, ``native``: not sketched, ``sketch``, ``none``), plus, with
+    ``late_margin_ms`` (the window's ``watermark_delay + allowed_lateness``), every row that
+    may be late."""
+
+    lane: str = "all"
+    late_margin_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.lane not in LANES:
+            raise ValueError(f"lane must be one of {', '.join(LANES)}, got {self.lane!r}")
+
+    @classmethod
+    def from_options(cls, options: Any) -> RowFilter:
+        margin = options.get("lateMarginMs")
+        return cls(str(options.get("lane", "all")), None if margin is None else int(margin))
+
+    def options(self) -> dict[str, str]:
+        margin = {} if self.late_margin_ms is None else {"lateMarginMs": str(self.late_margin_ms)}
+        return {"lane": self.lane, **margin}
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` (with the stream columns) without the rows this query cannot use."""
+        if self.lane == "all":
+            return batch
+        keep: pa.Array | None = None
+        if self.lane in ("native", "sketch"):
+            sketched = pc.is_in(batch.column("metric_type"), value_set=_SKETCHED)
+            keep = sketched if self.lane == "sketch" else pc.invert(sketched)
+        if self.late_margin_ms is not None:
+            event = pc.min_element_wise(
+                batch.column("pane_start_ms"), batch.column("segment_heartbeat_ms")
+            )
+            bound = pc.subtract(batch.column("prior_heartbeat_ms"), self.late_margin_ms)
+            maybe_late = pc.less(event, bound)
+            keep = maybe_late if keep is None else pc.or_(keep, maybe_late)
+        if keep is None:
+            return batch.slice(0, 0)
+        return batch.filter(keep)
 
 
 class SegmentPartition(InputPartition):
@@ -144,9 +208,12 @@ class SegmentPartition(InputPartition):
 
 
 class SpoolStreamReader(DataSourceStreamReader):
-    def __init__(self, spool: SpoolLike, max_segments_per_partition: int) -> None:
+    def __init__(
+        self, spool: SpoolLike, max_segments_per_partition: int, rows: RowFilter | None = None
+    ) -> None:
         self._spool = spool
         self._max_segments_per_partition = max_segments_per_partition
+        self._rows = rows or RowFilter()
 
     def initialOffset(self) -> dict[str, Any]:
         return {"receivers": {}}
@@ -208,7 +275,11 @@ class SpoolStreamReader(DataSourceStreamReader):
             heartbeat = read_heartbeat(segment).heartbeat_ms
             for batch in read_segment(segment):
                 if batch.num_rows:
-                    yield _with_stream_columns(batch, partition.receiver, heartbeat, prior)
+                    kept = self._rows.apply(
+                        _with_stream_columns(batch, partition.receiver, heartbeat, prior)
+                    )
+                    if kept.num_rows:
+                        yield kept
             prior = heartbeat
 
 
@@ -296,7 +367,7 @@ class SpoolDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         spool = str(self.options["path"])
         per_partition = int(self.options.get("maxSegmentsPerPartition", "64"))
-        return SpoolStreamReader(spool, per_partition)
+        return SpoolStreamReader(spool, per_partition, RowFilter.from_options(self.options))
 
 
 def batch_heartbeats(checkpoint: Path, batch_id: int) -> dict[str, dict[str, Any]]:
