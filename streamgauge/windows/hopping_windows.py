@@ -62,6 +62,7 @@ from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hll import serialize_hll, union_hll
 from streamgauge.windows import window_sketches
+from streamgauge.windows.aggregates import Scalars
 from streamgauge.windows.sketch_windows import MERGE_ORDER, merge_digest, merge_hdr
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
@@ -86,26 +87,16 @@ time for (``job.hopping_partials`` computes both in Spark)."""
 
 
 @dataclass(slots=True)
-class Aggregate:
-    """Merged values of a pane delta or of a window."""
+class Aggregate(Scalars):
+    """Merged values of a pane delta or of a window: count, sum, min, max, last,
+    last_event_ms (:class:`Scalars`, in that order), then the sketches."""
 
-    count: int = 0
-    sum: float = 0.0
-    min: float = float("inf")
-    max: float = float("-inf")
-    last: float = 0.0
-    last_event_ms: int = -1
     sketches: Sketches = field(default_factory=Sketches)
 
     def merge_all(self, others: list[Aggregate], merger: SketchMerger) -> None:
         """Merge ``others`` in order; their sketches in one call per kind (``absorb_all``)."""
         for other in others:
-            self.count += other.count
-            self.sum += other.sum
-            self.min = min(self.min, other.min)
-            self.max = max(self.max, other.max)
-            if other.last_event_ms > self.last_event_ms:
-                self.last, self.last_event_ms = other.last, other.last_event_ms
+            self.merge_scalars(other)
         absorb_all(self.sketches, [other.sketches for other in others], merger)
 
 
@@ -131,7 +122,7 @@ def absorb_all(sketches: Sketches, others: list[Sketches], merger: SketchMerger)
 
 def pack(windows: dict[int, Aggregate], merger: SketchMerger) -> bytes:
     records = [
-        (_RECORD.pack(start, w.count, w.sum, w.min, w.max, w.last, w.last_event_ms), w.sketches)
+        (_RECORD.pack(start, *w.record()), w.sketches)
         for start, w in sorted(windows.items())
     ]
     return window_sketches.pack_records(records, merger.fingerprint)
@@ -173,11 +164,9 @@ def pane_deltas(
                                     kind="stable")  # fmt: skip
     grouped: dict[tuple[int, int], list[Aggregate]] = {}
     for row in ordered.itertuples(index=False):
-        partial = Aggregate(
-            int(row.count), float(row.sum), float(row.min), float(row.max), float(row.last),
-            int(row.last_event_ms),
-            partial_sketches(row.metric_type, row.sketch, row.hdr_bucket, row.hdr_count),
-        )  # fmt: skip
+        partial = Aggregate.of_row(row)
+        partial.sketches = partial_sketches(row.metric_type, row.sketch, row.hdr_bucket,
+                                            row.hdr_count)  # fmt: skip
         grouped.setdefault((int(row.pane_ms), int(row.from_start_ms)), []).append(partial)
     deltas = {}
     for key, partials in grouped.items():
@@ -217,8 +206,8 @@ def hopping_state_function(window: WindowSpec, params: SketchParams) -> Any:
                 windows.setdefault(start, Aggregate()).merge_all(deltas, merger)
                 changed.add(start)
         out = [
-            ("upsert", metric, tags, metric_type, start, start + size, w.count, w.sum, w.min,
-             w.max, w.last, *merger.columns(w.sketches, metric_type or ""))
+            ("upsert", metric, tags, metric_type, start, start + size, *w.output_values(),
+             *merger.columns(w.sketches, metric_type or ""))
             for start in sorted(changed)
             for w in (windows[start],)
         ]  # fmt: skip

@@ -70,6 +70,7 @@ import pandas as pd
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.windows import window_sketches
+from streamgauge.windows.aggregates import Scalars
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
 #: One session in the state blob: start, end, count, sum, min, max, last, last_event_ms; its
@@ -121,28 +122,18 @@ def session_horizon_ms(window: WindowSpec) -> int:
 class Session:
     start: int
     end: int
-    count: int = 0
-    sum: float = 0.0
-    min: float = float("inf")
-    max: float = float("-inf")
-    last: float = 0.0
-    last_event_ms: int = -1
+    scalars: Scalars = field(default_factory=Scalars)
     sketches: Sketches = field(default_factory=Sketches)
 
     def absorb(self, other: Session, merger: SketchMerger) -> None:
         self.start = min(self.start, other.start)
         self.end = max(self.end, other.end)
-        self.count += other.count
-        self.sum += other.sum
-        self.min = min(self.min, other.min)
-        self.max = max(self.max, other.max)
-        if other.last_event_ms > self.last_event_ms:
-            self.last, self.last_event_ms = other.last, other.last_event_ms
+        self.scalars.merge_scalars(other.scalars)
         merger.absorb(self.sketches, other.sketches)
 
     def values(self) -> tuple[Any, ...]:
-        return (self.start, self.end, self.count, self.sum, self.min, self.max, self.last,
-                self.last_event_ms)  # fmt: skip
+        """The state record: start, end, then the scalars."""
+        return (self.start, self.end, *self.scalars.record())
 
 
 def pack_sessions(sessions: list[Session], merger: SketchMerger) -> bytes:
@@ -154,9 +145,8 @@ def pack_sessions(sessions: list[Session], merger: SketchMerger) -> bytes:
 def unpack_sessions(blob: bytes, merger: SketchMerger) -> list[Session]:
     sessions = []
     for fields, sketches in window_sketches.unpack_records(blob, _RECORD, merger.fingerprint):
-        session = Session(*fields)
-        session.sketches = sketches
-        sessions.append(session)
+        start, end, *scalars = fields
+        sessions.append(Session(start, end, Scalars(*scalars), sketches))
     return sessions
 
 
@@ -197,10 +187,7 @@ def session_state_function(window: WindowSpec, params: SketchParams) -> Any:
                          int(row.prior_heartbeat_ms), *no_sketches)
                     )  # fmt: skip
                     continue
-                merged = Session(
-                    t, t + gap, int(row.count), float(row.sum), float(row.min), float(row.max),
-                    float(row.last), int(row.last_event_ms),
-                )  # fmt: skip
+                merged = Session(t, t + gap, Scalars.of_row(row))
                 merger.add(merged.sketches, row.metric_type, row.sketch, row.hdr_bucket,
                            row.hdr_count)  # fmt: skip
                 # By start, not by the state's list order (which depends on batch cuts): the
@@ -219,8 +206,8 @@ def session_state_function(window: WindowSpec, params: SketchParams) -> Any:
             if before.get((session.start, session.end)) != session.values():
                 out.append(
                     ("upsert", metric, tags, metric_type, session.start, session.end,
-                     session.count, session.sum, session.min, session.max, session.last,
-                     *[None] * 5, *merger.columns(session.sketches, metric_type or ""))
+                     *session.scalars.output_values(), *[None] * 5,
+                     *merger.columns(session.sketches, metric_type or ""))
                 )  # fmt: skip
         # Free what no on-time partial can reach any more (see session_horizon_ms).
         watermark = state.getCurrentWatermarkMs()

@@ -46,6 +46,7 @@ import pandas as pd
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout, merge
 from streamgauge.sketches.tdigest import deserialize_tdigest, new_tdigest, quantiles
+from streamgauge.windows.aggregates import Scalars
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999")
@@ -74,25 +75,17 @@ class SketchWindow:
 
     start: int
     end: int
-    count: int = 0
-    sum: float = 0.0
-    min: float = float("inf")
-    max: float = float("-inf")
-    last: float = 0.0
-    last_event_ms: int = -1
+    scalars: Scalars = field(default_factory=Scalars)
     digest: bytes = b""
     buckets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    def scalars(self) -> tuple[Any, ...]:
-        return (self.count, self.sum, self.min, self.max, self.last, self.last_event_ms)
 
 
 def pack_windows(windows: list[SketchWindow]) -> bytes:
     parts: list[bytes] = []
     for w in windows:
-        parts.append(_HEADER.pack(w.start, w.end, w.count, w.sum, w.min, w.max, w.last,
-                                  w.last_event_ms, len(w.digest), len(w.buckets)))  # fmt: skip
+        parts.append(_HEADER.pack(w.start, w.end, *w.scalars.record(), len(w.digest),
+                                  len(w.buckets)))  # fmt: skip
         parts.append(pack_digest_and_buckets(w.digest, w.buckets, w.counts))
     return b"".join(parts)
 
@@ -124,8 +117,8 @@ def unpack_windows(blob: bytes) -> list[SketchWindow]:
         digest, buckets, counts, offset = unpack_digest_and_buckets(
             data, offset + _HEADER.size, n_digest, n_buckets
         )
-        windows.append(SketchWindow(start, end, count, total, lo, hi, last, last_ms, digest,
-                                    buckets, counts))  # fmt: skip
+        windows.append(SketchWindow(start, end, Scalars(count, total, lo, hi, last, last_ms),
+                                    digest, buckets, counts))  # fmt: skip
     return windows
 
 
@@ -189,14 +182,16 @@ def merge_rows(window: SketchWindow, rows: pd.DataFrame, k: int) -> None:
     """Fold pane partials (``INPUT_COLUMNS`` rows of this window) into ``window``, in
     ``MERGE_ORDER``."""
     rows = _in_merge_order(rows)
-    window.count += int(rows["count"].sum())
-    window.sum += float(rows["sum"].sum())
-    window.min = min(window.min, float(rows["min"].min()))
-    window.max = max(window.max, float(rows["max"].max()))
+    scalars = window.scalars
+    scalars.count += int(rows["count"].sum())
+    scalars.sum += float(rows["sum"].sum())
+    scalars.min = min(scalars.min, float(rows["min"].min()))
+    scalars.max = max(scalars.max, float(rows["max"].max()))
+    # Not ``merge_scalars``: on a tie of ``last_event_ms`` the rows' ``last`` wins here.
     newest = int(rows["last_event_ms"].values.argmax())
-    if int(rows["last_event_ms"].iloc[newest]) >= window.last_event_ms:
-        window.last = float(rows["last"].iloc[newest])
-        window.last_event_ms = int(rows["last_event_ms"].iloc[newest])
+    if int(rows["last_event_ms"].iloc[newest]) >= scalars.last_event_ms:
+        scalars.last = float(rows["last"].iloc[newest])
+        scalars.last_event_ms = int(rows["last_event_ms"].iloc[newest])
     window.digest = merge_digest(window.digest, rows["sketch"], k)
     window.buckets, window.counts = merge_hdr(
         window.buckets, window.counts, rows["hdr_bucket"], rows["hdr_count"]
@@ -219,9 +214,8 @@ def output_row(
     p = digest_quantiles(window.digest)
     encoded = layout.encode(window.buckets, window.counts) if len(window.buckets) else None
     return (
-        metric, tags, metric_type, window.start, window.end, window.count, window.sum,
-        window.min, window.max, window.last, *p, window.digest or None, encoded,
-        pack_buckets(window.buckets, window.counts),
+        metric, tags, metric_type, window.start, window.end, *window.scalars.output_values(),
+        *p, window.digest or None, encoded, pack_buckets(window.buckets, window.counts),
     )  # fmt: skip
 
 

@@ -110,6 +110,7 @@ from pyspark.sql import functions as F
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.windows import window_sketches
+from streamgauge.windows.aggregates import Scalars
 from streamgauge.windows.session_windows import sort_in_log_order
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
@@ -152,26 +153,16 @@ class Partial:
     """Merged aggregates of a pane or of a window; ``at`` is the pane time or window start."""
 
     at: int
-    count: int = 0
-    sum: float = 0.0
-    min: float = float("inf")
-    max: float = float("-inf")
-    last: float = 0.0
-    last_event_ms: int = -1
+    scalars: Scalars = field(default_factory=Scalars)
     sketches: Sketches = field(default_factory=Sketches)
 
     def merge(self, other: Partial, merger: SketchMerger) -> None:
-        self.count += other.count
-        self.sum += other.sum
-        self.min = min(self.min, other.min)
-        self.max = max(self.max, other.max)
-        if other.last_event_ms > self.last_event_ms:
-            self.last, self.last_event_ms = other.last, other.last_event_ms
+        self.scalars.merge_scalars(other.scalars)
         merger.absorb(self.sketches, other.sketches)
 
     def values(self) -> tuple[Any, ...]:
-        return (self.at, self.count, self.sum, self.min, self.max, self.last,
-                self.last_event_ms)  # fmt: skip
+        """The state record: ``at``, then the scalars."""
+        return (self.at, *self.scalars.record())
 
 
 def pack(records: dict[int, Partial], merger: SketchMerger) -> bytes:
@@ -184,8 +175,8 @@ def pack(records: dict[int, Partial], merger: SketchMerger) -> bytes:
 def unpack(blob: bytes, merger: SketchMerger) -> dict[int, Partial]:
     records = {}
     for fields, sketches in window_sketches.unpack_records(blob, _RECORD, merger.fingerprint):
-        records[fields[0]] = record = Partial(*fields)
-        record.sketches = sketches
+        at, *scalars = fields
+        records[at] = Partial(at, Scalars(*scalars), sketches)
     return records
 
 
@@ -237,10 +228,7 @@ def sliding_state_function(window: WindowSpec, pane_ms: int, params: SketchParam
             for row in batch.itertuples(index=False):
                 t = int(row.event_ms)
                 closed_before = int(row.prior_heartbeat_ms) - delay
-                partial = Partial(
-                    t, int(row.count), float(row.sum), float(row.min), float(row.max),
-                    float(row.last), int(row.last_event_ms),
-                )  # fmt: skip
+                partial = Partial(t, Scalars.of_row(row))
                 merger.add(partial.sketches, row.metric_type, row.sketch, row.hdr_bucket,
                            row.hdr_count)  # fmt: skip
                 if t in panes:
@@ -271,8 +259,8 @@ def sliding_state_function(window: WindowSpec, pane_ms: int, params: SketchParam
             if before.get(start) != windows[start].values():
                 w = windows[start]
                 out.append(
-                    ("upsert", metric, tags, metric_type, start, start + size, w.count, w.sum,
-                     w.min, w.max, w.last, *[None] * 5,
+                    ("upsert", metric, tags, metric_type, start, start + size,
+                     *w.scalars.output_values(), *[None] * 5,
                      *merger.columns(w.sketches, metric_type or ""))
                 )  # fmt: skip
         # Free what no partial Spark still lets through can reach (see sliding_horizon_ms).

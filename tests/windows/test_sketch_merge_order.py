@@ -36,5 +36,7 @@ def test_shuffled_partials_merge_to_the_same_bytes() -> None:
     for seed in range(5):
         window = SketchWindow(0, 30_000)
         merge_rows(window, rows.sample(frac=1.0, random_state=seed), PARAMS.tdigest_k)
-        merged.append((window.digest, window.sum, window.buckets.tolist(), window.counts.tolist()))
+        merged.append(
+            (window.digest, window.scalars.sum, window.buckets.tolist(), window.counts.tolist())
+        )
     assert all(m == merged[0] for m in merged[1:])

@@ -20,6 +20,7 @@ import pytest
 from streamgauge.configs import parse_config
 from streamgauge.ingest.pane_sketches import PaneSketches
 from streamgauge.sketches.accuracy import compile_accuracy
+from streamgauge.windows.aggregates import Scalars
 from streamgauge.windows.session_windows import (
     Session,
     pack_sessions,
@@ -50,14 +51,16 @@ def _pane_columns(kind: str, panes: int, per_pane: int, seed: int) -> list[tuple
 
 
 def _session(kind: str, panes: int, per_pane: int) -> Session:
-    session = Session(0, 1000, count=panes * per_pane)
+    session = Session(0, 1000, Scalars(count=panes * per_pane))
     for sketch, bucket, count in _pane_columns(kind, panes, per_pane, seed=panes):
         MERGER.add(session.sketches, kind, sketch, bucket, count)
     return session
 
 
 def test_state_round_trips_and_keeps_its_columns() -> None:
-    sessions = [_session("ms", 20, 100), _session("s", 20, 50), Session(5000, 9000, count=3)]
+    sessions = [
+        _session("ms", 20, 100), _session("s", 20, 50), Session(5000, 9000, Scalars(count=3))
+    ]
     restored = unpack_sessions(pack_sessions(sessions, MERGER), MERGER)
     assert [s.values() for s in restored] == [s.values() for s in sessions]
     for before, after in zip(sessions, restored, strict=True):
@@ -82,7 +85,7 @@ def test_state_written_before_sketches_reads_with_null_sketch_columns() -> None:
     old = struct.Struct("<qqqddddq").pack(1_700_000_000_000, 1_700_000_004_000, 2, 3.0, 1.0,
                                           2.0, 2.0, 1_700_000_000_500)  # fmt: skip
     (session,) = unpack_sessions(old, MERGER)
-    assert (session.start, session.count, session.sketches.complete) == (
+    assert (session.start, session.scalars.count, session.sketches.complete) == (
         1_700_000_000_000, 2, False
     )  # fmt: skip
     grown = _session("ms", 1, 10)

@@ -1,0 +1,134 @@
+"""The scalar aggregates every window operator shares (``windows/aggregates.py``), and the state
+bytes of the records built on them: those must not change, running checkpoints hold them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from streamgauge.sketches.accuracy import compile_accuracy
+from streamgauge.windows import hopping_windows, session_windows, sketch_windows, sliding_windows
+from streamgauge.windows.aggregates import Scalars
+from streamgauge.windows.window_sketches import Sketches, SketchMerger
+
+T0 = 1_700_000_000_000
+SCALARS = (3, 43.5, 1.5, 40.0, 2.25, T0 + 900)
+
+
+def test_merge_adds_counts_and_sums_and_compares_min_and_max() -> None:
+    merged = Scalars(*SCALARS)
+    merged.merge_scalars(Scalars(2, 6.5, 0.5, 6.0, 6.0, T0 + 100))
+    assert merged.record() == (5, 50.0, 0.5, 40.0, 2.25, T0 + 900)
+    assert merged.output_values() == (5, 50.0, 0.5, 40.0, 2.25)
+
+
+def test_last_is_that_of_the_latest_event_and_ours_on_a_tie() -> None:
+    merged = Scalars(*SCALARS)
+    merged.merge_scalars(Scalars(1, 7.0, 7.0, 7.0, 7.0, T0 + 901))
+    assert (merged.last, merged.last_event_ms) == (7.0, T0 + 901)
+    merged.merge_scalars(Scalars(1, 8.0, 8.0, 8.0, 8.0, T0 + 901))  # a tie: ours stays
+    assert (merged.last, merged.last_event_ms) == (7.0, T0 + 901)
+    merged.merge_scalars(Scalars(1, 9.0, 9.0, 9.0, 9.0, T0))  # earlier: ours stays
+    assert merged.record() == (6, 67.5, 1.5, 40.0, 7.0, T0 + 901)
+
+
+def test_an_empty_one_merges_into_the_other_values() -> None:
+    assert Scalars().record() == (0, 0.0, float("inf"), float("-inf"), 0.0, -1)
+    empty = Scalars()
+    empty.merge_scalars(Scalars(*SCALARS))
+    assert empty.record() == SCALARS
+
+
+def test_of_row_reads_a_partial_row() -> None:
+    frame = pd.DataFrame({"count": [3], "sum": [43.5], "min": [1.5], "max": [40.0],
+                          "last": [2.25], "last_event_ms": [T0 + 900]})  # fmt: skip
+    [row] = frame.itertuples(index=False)
+    assert Scalars.of_row(row).record() == SCALARS
+    assert isinstance(hopping_windows.Aggregate.of_row(row), hopping_windows.Aggregate)
+
+
+# Expected state blobs: computed once by running the code of main before aggregates.py existed
+# (commit bebf21b, where each record declared its own count..last_event_ms), on exactly the
+# windows built below; hard-coded so any change to the packed bytes fails here.
+HOPPING = bytes.fromhex(
+    "feffffffffffffff6c61796f757430310068e5cf8b01000003000000000000000000000000c0454000000000"
+    "0000f83f00000000000044400000000000000240846be5cf8b01000001060000000200000003000000646967"
+    "657374030000000700000005000000000000000100000000000000686c6cd06fe5cf8b010000000000000000"
+    "00000000000000000000000000000000f07f000000000000f0ff0000000000000000ffffffffffffffff0100"
+    "0000000000000000000000"
+)
+SESSION = bytes.fromhex(
+    "feffffffffffffff6c61796f757430310068e5cf8b010000887be5cf8b010000030000000000000000000000"
+    "00c04540000000000000f83f00000000000044400000000000000240846be5cf8b0100000106000000020000"
+    "0003000000646967657374030000000700000005000000000000000100000000000000686c6c288be5cf8b01"
+    "0000e096e5cf8b01000000000000000000000000000000000000000000000000f07f000000000000f0ff0000"
+    "000000000000ffffffffffffffff01000000000000000000000000"
+)
+SKETCH = bytes.fromhex(
+    "0068e5cf8b010000a077e5cf8b01000003000000000000000000000000c04540000000000000f83f00000000"
+    "000044400000000000000240846be5cf8b010000060000000200000064696765737403000000070000000500"
+    "0000000000000100000000000000a077e5cf8b0100004087e5cf8b0100000000000000000000000000000000"
+    "0000000000000000f07f000000000000f0ff0000000000000000ffffffffffffffff0000000000000000"
+)
+SLIDING = bytes.fromhex(
+    "feffffffffffffff6c61796f757430310068e5cf8b01000003000000000000000000000000c0454000000000"
+    "0000f83f00000000000044400000000000000240846be5cf8b01000001060000000200000003000000646967"
+    "657374030000000700000005000000000000000100000000000000686c6ce86be5cf8b010000000000000000"
+    "00000000000000000000000000000000f07f000000000000f0ff0000000000000000ffffffffffffffff0100"
+    "0000000000000000000000"
+)
+
+
+def _merger() -> SketchMerger:
+    merger = SketchMerger(compile_accuracy())
+    merger.fingerprint = b"layout01"  # fixed: the blobs must not depend on default accuracy
+    return merger
+
+
+def _sketches() -> Sketches:
+    # Packed as they are (no merge), so any bytes do.
+    return Sketches(b"digest", np.array([3, 7], np.int32), np.array([5, 1], np.int64), b"hll")
+
+
+def test_hopping_state_bytes_are_unchanged() -> None:
+    merger = _merger()
+    windows = {T0: hopping_windows.Aggregate(*SCALARS, _sketches()),
+               T0 + 2000: hopping_windows.Aggregate()}  # fmt: skip
+    blob = hopping_windows.pack(windows, merger)
+    assert blob == HOPPING
+    back = hopping_windows.unpack(blob, merger)
+    assert [w.record() for w in back.values()] == [w.record() for w in windows.values()]
+
+
+def test_session_state_bytes_are_unchanged() -> None:
+    merger = _merger()
+    sessions = [session_windows.Session(T0, T0 + 5000, Scalars(*SCALARS), _sketches()),
+                session_windows.Session(T0 + 9000, T0 + 12000)]  # fmt: skip
+    blob = session_windows.pack_sessions(sessions, merger)
+    assert blob == SESSION
+    back = session_windows.unpack_sessions(blob, merger)
+    assert [s.values() for s in back] == [s.values() for s in sessions]
+
+
+def test_sketch_lane_state_bytes_are_unchanged() -> None:
+    windows = [
+        sketch_windows.SketchWindow(T0, T0 + 4000, Scalars(*SCALARS), b"digest",
+                                    np.array([3, 7], np.int32), np.array([5, 1], np.int64)),
+        sketch_windows.SketchWindow(T0 + 4000, T0 + 8000),
+    ]  # fmt: skip
+    blob = sketch_windows.pack_windows(windows)
+    assert blob == SKETCH
+    back = sketch_windows.unpack_windows(blob)
+    assert [(w.start, w.end, w.scalars, w.digest) for w in back] == [
+        (w.start, w.end, w.scalars, w.digest) for w in windows
+    ]
+
+
+def test_sliding_state_bytes_are_unchanged() -> None:
+    merger = _merger()
+    records = {T0: sliding_windows.Partial(T0, Scalars(*SCALARS), _sketches()),
+               T0 + 1000: sliding_windows.Partial(T0 + 1000)}  # fmt: skip
+    blob = sliding_windows.pack(records, merger)
+    assert blob == SLIDING
+    back = sliding_windows.unpack(blob, merger)
+    assert [p.values() for p in back.values()] == [p.values() for p in records.values()]
