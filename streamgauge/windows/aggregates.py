@@ -1,4 +1,4 @@
-"""What the window operators share: a window's scalar aggregates.
+"""What the window operators share: a window's scalar aggregates, and a group's micro-batch.
 
 :class:`Scalars` is the count/sum/min/max/last of a window or pane (``last`` is the value of
 the latest event, ``last_event_ms``), merged the same way by the hopping, session and sliding
@@ -12,8 +12,11 @@ packs as ``0, 0.0, +inf, -inf, 0.0, -1``: running checkpoints hold those bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Self
+
+import pandas as pd
 
 
 @dataclass(slots=True)
@@ -51,3 +54,13 @@ class Scalars:
         """count, sum, min, max, last: the values of a window row (every ``OUTPUT_DDL``)."""
         return (self.count, self.sum, self.min, self.max, self.last)
 
+
+def read_batch(
+    frames: Iterator[pd.DataFrame], metric_type: str | None
+) -> tuple[pd.DataFrame, str]:
+    """A group's micro-batch (``applyInPandasWithState``'s ``frames``) as one frame, and the
+    series' metric type: the least of the batch's and ``metric_type`` (the state's; None
+    before its first batch)."""
+    batch = pd.concat(list(frames), ignore_index=True)
+    types = batch["metric_type"].tolist()
+    return batch, min([*types, metric_type] if metric_type else types)

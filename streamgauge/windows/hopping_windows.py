@@ -62,7 +62,7 @@ from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hll import serialize_hll, union_hll
 from streamgauge.windows import window_sketches
-from streamgauge.windows.aggregates import Scalars
+from streamgauge.windows.aggregates import Scalars, read_batch
 from streamgauge.windows.sketch_windows import MERGE_ORDER, merge_digest, merge_hdr
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
@@ -195,9 +195,7 @@ def hopping_state_function(window: WindowSpec, params: SketchParams) -> Any:
             windows = unpack(blob, merger)
         changed: set[int] = set()
         if not state.hasTimedOut:
-            batch = pd.concat(list(frames), ignore_index=True)
-            types = batch["metric_type"].tolist()
-            metric_type = min([*types, metric_type] if metric_type else types)
+            batch, metric_type = read_batch(frames, metric_type)
             reaching: dict[int, list[Aggregate]] = {}
             for (pane, from_start), delta in sorted(pane_deltas(batch, merger).items()):
                 for start in range(max(from_start, pane - size + hop), pane + 1, hop):

@@ -70,7 +70,7 @@ import pandas as pd
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.windows import window_sketches
-from streamgauge.windows.aggregates import Scalars
+from streamgauge.windows.aggregates import Scalars, read_batch
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
 #: One session in the state blob: start, end, count, sum, min, max, last, last_event_ms; its
@@ -169,9 +169,8 @@ def session_state_function(window: WindowSpec, params: SketchParams) -> Any:
         out: list[tuple[Any, ...]] = []
         no_sketches = (None,) * len(window_sketches.OUTPUT_COLUMNS)
         if not state.hasTimedOut:
-            batch = sort_in_log_order(pd.concat(list(frames), ignore_index=True))
-            types = batch["metric_type"].tolist()
-            metric_type = min([*types, metric_type] if metric_type else types)
+            batch, metric_type = read_batch(frames, metric_type)
+            batch = sort_in_log_order(batch)
             for row in batch.itertuples(index=False):
                 t = int(row.event_ms)
                 touched = [s for s in sessions if s.start - gap < t < s.end]

@@ -46,7 +46,7 @@ import pandas as pd
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout, merge
 from streamgauge.sketches.tdigest import deserialize_tdigest, new_tdigest, quantiles
-from streamgauge.windows.aggregates import Scalars
+from streamgauge.windows.aggregates import Scalars, read_batch
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999")
@@ -235,9 +235,7 @@ def sketch_state_function(params: SketchParams) -> Any:
             windows = {(w.start, w.end): w for w in unpack_windows(blob)}
         changed: list[tuple[int, int]] = []
         if not state.hasTimedOut:
-            batch = pd.concat(list(frames), ignore_index=True)
-            types = batch["metric_type"].tolist()
-            metric_type = min([*types, metric_type] if metric_type else types)
+            batch, metric_type = read_batch(frames, metric_type)
             for (start, end), rows in batch.groupby(["window_start_ms", "window_end_ms"]):
                 bounds = (int(start), int(end))
                 window = windows.setdefault(bounds, SketchWindow(*bounds))

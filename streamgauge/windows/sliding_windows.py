@@ -110,7 +110,7 @@ from pyspark.sql import functions as F
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.windows import window_sketches
-from streamgauge.windows.aggregates import Scalars
+from streamgauge.windows.aggregates import Scalars, read_batch
 from streamgauge.windows.session_windows import sort_in_log_order
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
@@ -222,9 +222,8 @@ def sliding_state_function(window: WindowSpec, pane_ms: int, params: SketchParam
         out: list[tuple[Any, ...]] = []
         no_sketches = (None,) * len(window_sketches.OUTPUT_COLUMNS)
         if not state.hasTimedOut:
-            batch = sort_in_log_order(pd.concat(list(frames), ignore_index=True))
-            types = batch["metric_type"].tolist()
-            metric_type = min([*types, metric_type] if metric_type else types)
+            batch, metric_type = read_batch(frames, metric_type)
+            batch = sort_in_log_order(batch)
             for row in batch.itertuples(index=False):
                 t = int(row.event_ms)
                 closed_before = int(row.prior_heartbeat_ms) - delay

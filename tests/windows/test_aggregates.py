@@ -8,7 +8,7 @@ import pandas as pd
 
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.windows import hopping_windows, session_windows, sketch_windows, sliding_windows
-from streamgauge.windows.aggregates import Scalars
+from streamgauge.windows.aggregates import Scalars, read_batch
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
 T0 = 1_700_000_000_000
@@ -45,6 +45,16 @@ def test_of_row_reads_a_partial_row() -> None:
     [row] = frame.itertuples(index=False)
     assert Scalars.of_row(row).record() == SCALARS
     assert isinstance(hopping_windows.Aggregate.of_row(row), hopping_windows.Aggregate)
+
+
+def test_read_batch_concatenates_and_takes_the_least_metric_type() -> None:
+    frames = [pd.DataFrame({"metric_type": ["ms", "h"], "x": [1, 2]}),
+              pd.DataFrame({"metric_type": ["ms"], "x": [3]})]  # fmt: skip
+    batch, metric_type = read_batch(iter(frames), None)
+    assert batch["x"].tolist() == [1, 2, 3] and list(batch.index) == [0, 1, 2]
+    assert metric_type == "h"
+    assert read_batch(iter(frames), "d")[1] == "d"
+    assert read_batch(iter(frames), "ms")[1] == "h"
 
 
 # Expected state blobs: computed once by running the code of main before aggregates.py existed
