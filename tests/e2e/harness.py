@@ -117,23 +117,41 @@ class Daemon:
 class PacedSender(threading.Thread):
     """Sends integer-valued counters and timers with the `statsd` client until stopped.
 
-    Integer values keep every sum exact whatever order Spark adds them in.
+    Integer values keep every sum exact whatever order Spark adds them in. One line per
+    datagram (a kernel drop is one line). First ``burst`` counter lines as fast as it goes
+    over ``burst_series`` names ``<prefix>.b.<n>``; then, paced, ``<prefix>.c.<n>`` over 7
+    names and (with ``timers``) a timer ``<prefix>.t`` with every fifth. ``sent`` counts the
+    counter lines.
     """
 
-    def __init__(self, port: int, lines_per_second: int = 400) -> None:
+    def __init__(
+        self,
+        port: int,
+        lines_per_second: int = 400,
+        *,
+        prefix: str = "e2e",
+        timers: bool = True,
+        burst: int = 0,
+        burst_series: int = 1,
+    ) -> None:
         super().__init__(daemon=True)
         self._client = statsd.StatsClient("127.0.0.1", port)
         self._interval_s = 1 / lines_per_second
         self._halt = threading.Event()
+        self._prefix, self._timers = prefix, timers
+        self._burst, self._burst_series = burst, burst_series
         self.sent = 0
 
     def run(self) -> None:
-        i = 0
+        for i in range(self._burst):
+            self._client.incr(f"{self._prefix}.b.{i % self._burst_series}")
+            self.sent += 1
+        i = self._burst
         while not self._halt.is_set():
             try:
-                self._client.incr(f"e2e.c.{i % 7}")
-                if i % 5 == 0:
-                    self._client.timing("e2e.t", i % 97)
+                self._client.incr(f"{self._prefix}.c.{i % 7}")
+                if self._timers and i % 5 == 0:
+                    self._client.timing(f"{self._prefix}.t", i % 97)
                 self.sent += 1
             except OSError:
                 pass  # nothing listens during a restart: those never reached the log

@@ -44,7 +44,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import statsd
 
 from streamgauge.ingest.log import (
     REFUSED_SPOOL_QUOTA,
@@ -54,6 +53,7 @@ from streamgauge.ingest.log import (
 )
 from tests.e2e.harness import (
     Daemon,
+    PacedSender,
     load,
     reference_rows,
     scratch_dir,
@@ -74,34 +74,6 @@ windows:
 QUOTA = "2MiB"
 BURST_LINES = 60_000  # ~3 MB of segments
 BURST_SERIES = 5_000
-
-
-class CounterSender(threading.Thread):
-    """Counters with the `statsd` client, one line per datagram (a kernel drop is one line),
-    known totals: first ``BURST_LINES`` as fast as it goes over ``BURST_SERIES`` names (big
-    segments: the quota fills in about a second), then ``quota.c.<n>:1|c`` over 7 names,
-    paced, until stopped."""
-
-    def __init__(self, port: int, lines_per_second: int = 400) -> None:
-        super().__init__(daemon=True)
-        self._client = statsd.StatsClient("127.0.0.1", port)
-        self._interval_s = 1 / lines_per_second
-        self._halt = threading.Event()
-        self.sent = 0
-
-    def run(self) -> None:
-        # a bound receiver on localhost: sendto does not fail (the client would swallow it)
-        for _ in range(BURST_LINES):
-            self._client.incr(f"quota.b.{self.sent % BURST_SERIES}")
-            self.sent += 1
-        while not self._halt.is_set():
-            self._client.incr(f"quota.c.{self.sent % 7}")
-            self.sent += 1
-            time.sleep(self._interval_s)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
 
 
 class LogCopy(threading.Thread):
@@ -173,7 +145,11 @@ def test_over_the_spool_quota_under_load_lines_are_refused_and_counted_then_rece
     processes.wait_for_receiver()
     copy = LogCopy(processes.spool, processes.root / "log-copy")
     copy.start()
-    sender = CounterSender(processes.port)
+    # Counters only, known totals: the burst's big segments fill the quota in about a second,
+    # then quota.c.<n>:1|c paced. A bound receiver on localhost: sendto does not fail (the
+    # client would swallow it), so ``sent`` is every line that left.
+    sender = PacedSender(processes.port, prefix="quota", timers=False, burst=BURST_LINES,
+                         burst_series=BURST_SERIES)  # fmt: skip
     sender.start()
     processes.wait(lambda: processes.stats().get("refused_samples", {}).get(REFUSED_SPOOL_QUOTA),
                    "the receiver refusing over the quota")  # fmt: skip
