@@ -273,6 +273,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=0,
                         help="seconds at the start left out of every figure: the JVM is still "
                         "compiling Spark's code for minutes (see README)")
+    parser.add_argument("--windows", type=int, default=1,
+                        help="windows of this shape in the config (all run; w is measured)")
     parser.add_argument("--catch-up", action="store_true",
                         help="write --seconds segments first, then drain them (availableNow)")
     parser.add_argument("--shuffle-partitions", type=int, default=None,
@@ -291,7 +293,10 @@ def main() -> None:
     try:
         ResultStore(url).ensure_schema()
         shape = WINDOWS[args.kind].replace("SIZE", args.size).replace("HOP", args.hop)
-        windows = [shape]
+        # --windows N: N - 1 more windows of the same shape (w2, w3, ...) share the job and the
+        # cores; "bench.w" is still the one measured.
+        windows = [shape] + [shape.replace("name: w,", f"name: w{i},")
+                             for i in range(2, args.windows + 1)]  # fmt: skip
         if args.compare_kll:
             windows.append(shape.replace("name: w,", "name: wk, quantiles: kll,"))
         text = f"name: bench\npane: 1s\nwindows: [{', '.join(windows)}]\n"
