@@ -170,8 +170,12 @@ class RowFilter:
         margin = {} if self.late_margin_ms is None else {"lateMarginMs": str(self.late_margin_ms)}
         return {"lane": self.lane, **margin}
 
-    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """``batch`` (with the stream columns) without the rows this query cannot use."""
+    def apply(
+        self, batch: pa.RecordBatch, heartbeat_ms: int, prior_heartbeat_ms: int
+    ) -> pa.RecordBatch:
+        """``batch`` (a segment's rows, whose heartbeat is ``heartbeat_ms`` and whose
+        stream's previous one ``prior_heartbeat_ms``) without the rows this query cannot use:
+        before the stream columns are added, so dropped rows never get them."""
         if self.lane == "all":
             return batch
         keep: pa.Array | None = None
@@ -180,10 +184,9 @@ class RowFilter:
             keep = sketched if self.lane == "sketch" else pc.invert(sketched)
         if self.late_margin_ms is not None:
             event = pc.min_element_wise(
-                batch.column("pane_start_ms"), batch.column("segment_heartbeat_ms")
+                batch.column("pane_start_ms"), pa.scalar(heartbeat_ms, pa.int64())
             )
-            bound = pc.subtract(batch.column("prior_heartbeat_ms"), self.late_margin_ms)
-            maybe_late = pc.less(event, bound)
+            maybe_late = pc.less(event, prior_heartbeat_ms - self.late_margin_ms)
             keep = maybe_late if keep is None else pc.or_(keep, maybe_late)
         if keep is None:
             return batch.slice(0, 0)
@@ -274,12 +277,9 @@ class SpoolStreamReader(DataSourceStreamReader):
             segment = segment_at(partition.spool, partition.receiver, sequence)
             heartbeat = read_heartbeat(segment).heartbeat_ms
             for batch in read_segment(segment):
-                if batch.num_rows:
-                    kept = self._rows.apply(
-                        _with_stream_columns(batch, partition.receiver, heartbeat, prior)
-                    )
-                    if kept.num_rows:
-                        yield kept
+                kept = self._rows.apply(batch, heartbeat, prior)
+                if kept.num_rows:
+                    yield _with_stream_columns(kept, partition.receiver, heartbeat, prior)
             prior = heartbeat
 
 
