@@ -64,7 +64,11 @@ class PaneSketches:
         self._members: defaultdict[PartialKey, list[str]] = defaultdict(list)
 
     def add_value(self, key: PartialKey, value: float) -> None:
-        self._scalars[key].append(value)
+        # + 0.0 turns -0.0 into 0.0 (and nothing else changes): a sketch keeps the first of
+        # equal values as its min/max, and a partial's fast-lane values come before these,
+        # so a signed zero would make the same lines give another sketch by which path took
+        # them. The fast lane never holds -0.0 ("-0" forms take this path).
+        self._scalars[key].append(value + 0.0)
 
     def add_values(self, key: PartialKey, values: np.ndarray) -> None:
         self._values[key].append(values)
