@@ -741,8 +741,20 @@ COMMENT ON COLUMN window_latest.early_as_of IS
     'window_results.early_as_of: set on early rows, NULL otherwise.';
 """
 
+_MIGRATION_7 = """
+-- window_pending is rewritten every micro-batch: each open window's row is updated whenever a
+-- batch changes it (a 10 s window at 1 s panes: about ten times). With full pages every update
+-- puts the new row version on another page and adds an entry to each of the table's indexes;
+-- with half of each page free the new version mostly stays on its page with no new index
+-- entries (a HOT update: no indexed column changes). Measured on 30k open windows per batch
+-- (issue #4): the upsert took 0.72 s at the default fillfactor, 0.37 s at 50. Applies to
+-- pages written from now on.
+ALTER TABLE window_pending SET (fillfactor = 50);
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6,
+    _MIGRATION_7,
 )
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 

@@ -179,3 +179,25 @@ def test_pipeline_metrics_one_row_per_name_labels_and_time(database: str) -> Non
             conn.execute(insert, ("2024-01-01", "streamgauge.store.errors", "{}", 3.0))
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(insert, ("2024-01-01", "streamgauge.store.errors", "[]", 3.0))
+
+
+def test_version_seven_leaves_room_on_window_pending_pages(database: str) -> None:
+    """Migration 7 over version-6 rows: window_pending (rewritten every batch) keeps half of
+    each page free for HOT updates; the rows stay."""
+    _apply(database, 6)
+    run_sql(
+        database,
+        "INSERT INTO window_pending (config_name, window_name, metric, window_start,"
+        " window_end, metric_type, count, revision, emitted_at) VALUES ('c', 'w', 'm',"
+        " '2024-01-01', '2024-01-01 00:00:10', 'c', 3, 1, now())",
+    )
+    with psycopg.connect(database, autocommit=True) as conn:
+        ensure_schema(conn)
+    _, options = run_sql(
+        database,
+        "SELECT relname, reloptions FROM pg_class"
+        " WHERE relname IN ('window_pending', 'window_results') ORDER BY relname",
+    )
+    assert options == [("window_pending", ["fillfactor=50"]), ("window_results", None)]
+    _, rows = run_sql(database, "SELECT count FROM window_pending")
+    assert rows == [(3,)]
