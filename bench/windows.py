@@ -56,8 +56,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psycopg
 import pyarrow as pa
 from pyspark.sql.streaming.query import StreamingQuery
+from spark_stages import KEEP_ALL_JOBS, batch_breakdown, print_breakdown
 
 from streamgauge.clock import SystemClock
 from streamgauge.configs import parse_config
@@ -104,6 +106,15 @@ def pane_batch(
     values = rng.integers(1, 100, n).astype(np.float64)
     times = np.full(n, pane_start_ms, dtype=np.int64)
     count = np.ones(n, dtype=np.int64)
+    if metric_type == "c":
+        # No sketch columns: NULLs, built without a Python object per series (this runs in
+        # the driver's process and holds the GIL the foreachBatch callbacks need).
+        sketch_fields = SEGMENT_SCHEMA.names[-4:]
+        nulls = [pa.nulls(n, SEGMENT_SCHEMA.field(name).type) for name in sketch_fields]
+        return pa.RecordBatch.from_arrays(
+            _scalar_columns(names, metric_type, times, count, values) + nulls,
+            schema=SEGMENT_SCHEMA,
+        )
     sketches = PaneSketches(compile_accuracy(), kll_k)
     keys = [((name, metric_type, "{}"), pane_start_ms) for name in names.to_pylist()]
     if metric_type == "ms":
@@ -118,10 +129,19 @@ def pane_batch(
             for member in row:
                 sketches.add_member(key, f"u{member}")
         count[:] = 20
-    columns = [
+    columns = _scalar_columns(names, metric_type, times, count, values)
+    return pa.RecordBatch.from_arrays([*columns, *sketches.columns(keys)], schema=SEGMENT_SCHEMA)
+
+
+def _scalar_columns(
+    names: pa.Array, metric_type: str, times: np.ndarray, count: np.ndarray, values: np.ndarray
+) -> list[pa.Array]:
+    """A pane batch's columns before the four sketch columns."""
+    n = len(names)
+    return [
         names,
-        pa.array(np.full(n, metric_type, dtype=object), pa.string()),
-        pa.array(np.full(n, "{}", dtype=object), pa.string()),
+        pa.repeat(pa.scalar(metric_type), n),
+        pa.repeat(pa.scalar("{}"), n),
         pa.array(times),
         pa.array(count),
         pa.array(values),
@@ -131,9 +151,7 @@ def pane_batch(
         pa.array(times + 500),
         pa.array(times + 500),
         pa.array(times + 500),
-        *sketches.columns(keys),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
 
 
 class Writer(threading.Thread):
@@ -169,19 +187,23 @@ def freshness(
     first_seen: dict[int, int] = {}
     deadline = time.monotonic() + seconds + 30
     newest = 0
+    # One connection for the whole poll: connecting every 100 ms cost this process (the
+    # driver's, whose GIL the foreachBatch callbacks need) more CPU than the queries.
+    poll = psycopg.connect(url, autocommit=True)
     while time.monotonic() < deadline and writer.is_alive() or time.monotonic() < deadline - 25:
         # Only ends newer than the newest seen (an index range scan on window_end): the
         # table grows by every series each window, and a full scan every 100 ms would load
         # the store the job writes to.
-        _, rows = run_sql(
-            url, "select distinct (extract(epoch from window_end) * 1000)::bigint "
+        rows = poll.execute(
+            "select distinct (extract(epoch from window_end) * 1000)::bigint "
             f"from window_results where window_end > to_timestamp({newest} / 1000.0)",
-        )  # fmt: skip
+        ).fetchall()  # fmt: skip
         now = time.time_ns() // 1_000_000
         for (end,) in rows:
             first_seen.setdefault(int(end), now)
             newest = max(newest, int(end))
         time.sleep(0.1)
+    poll.close()
     lags = []
     for end, seen in sorted(first_seen.items()):
         passed = [wall for beat, wall in writer.heartbeats if beat - delay_ms >= end]
@@ -280,6 +302,8 @@ def main() -> None:
     parser.add_argument("--shuffle-partitions", type=int, default=None,
                         help="state partitions (default: 2 per core)")
     parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra Spark setting for the job (repeatable)")
     parser.add_argument("--compare-kll", action="store_true",
                         help="with --type ms: also run the window with quantiles: kll (window wk) "
                         "on the same load and print both lanes side by side")
@@ -302,11 +326,14 @@ def main() -> None:
         text = f"name: bench\npane: 1s\nwindows: [{', '.join(windows)}]\n"
         config = parse_config(text, "bench")
         # Keep every batch's progress (Spark keeps the last 100): a long run is measured whole.
-        conf = {"spark.sql.streaming.numRecentProgressUpdates": "100000"}
+        conf = {"spark.sql.streaming.numRecentProgressUpdates": "100000", **KEEP_ALL_JOBS}
         if args.rocksdb:
             conf["spark.sql.streaming.stateStore.providerClass"] = (
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
             )
+        for setting in args.conf:
+            key, _, value = setting.partition("=")
+            conf[key] = value
         spark = build_spark_session(
             "local[2]", app_name="bench-windows", shuffle_partitions=args.shuffle_partitions,
             extra_conf=conf,
@@ -343,6 +370,10 @@ def main() -> None:
             print(f"query {query.name}: {len(batches)} progress reports, "
                   f"{sum(p['numInputRows'] for p in batches)} input rows, "
                   f"exception: {query.exception()}")
+        stages = batch_breakdown(
+            spark.sparkContext.uiWebUrl or "", spark.sparkContext.applicationId, lane,
+            writer.measured_from_ms,
+        )  # fmt: skip
         for query in queries:
             query.stop()
         spark.stop()
@@ -374,9 +405,15 @@ def main() -> None:
         for p in progress:
             for phase, ms in p["durationMs"].items():
                 phases.setdefault(phase, []).append(ms / 1000)
+            # Inside addBatch: the state store's own timings, summed over the query's
+            # stateful operators (Spark's StateOperatorProgress).
+            for phase in ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs"):
+                ms = sum(op.get(phase, 0) for op in p.get("stateOperators", []))
+                phases.setdefault(f"state.{phase[:-6]}", []).append(ms / 1000)
         print("where a micro-batch's time goes (median s):", ", ".join(
             f"{phase} {statistics.median(v):.2f}" for phase, v in sorted(phases.items())
         ))
+        print_breakdown(stages)
         sustained = bool(durations) and statistics.median(durations) <= 1.0
         print(f"sustained (median batch <= 1 s of input per second): {sustained}")
         if args.compare_kll:
