@@ -208,7 +208,13 @@ class FastPath:
             # a series the guard might expire must be re-admitted in line order: general path
             recv_ms - self._ttl_ms,
         )  # fmt: skip
-        return Split(buffer, starts, ends, slow, fast, slots, values)
+        # numba hands back arrays whose dtype is an equal but not the identical (canonical)
+        # dtype object; numpy's ufunc.at then takes its casting loop: add_fast's
+        # np.maximum.at ran ~20x slower (80 ns per value) until re-viewed here.
+        return Split(
+            buffer, starts.view(np.int64), ends.view(np.int64), slow.view(np.int64),
+            fast.view(np.int64), slots.view(np.int64), values.view(np.float64),
+        )
 
 
 @_jit
