@@ -102,10 +102,11 @@ class FastPath:
         self._table = np.full(1 << _MIN_TABLE_BITS, -1, dtype=np.int64)
         self._shift = np.uint64(64 - _MIN_TABLE_BITS)
         # Compile (or load from numba's cache) every jitted function now, not on the first
-        # datagram: the first compile takes seconds.
+        # datagram: the first compile takes seconds. Every later call must pass the same
+        # array types (a read-only array is another type: another compile, on the receive
+        # thread; test_fastpath_oracle checks there is none).
         _hash_keys(self._key_bytes, self._key_offsets, 0)
         _insert(self._table, self._shift, self._key_hash, 0)
-        _parse_values(np.zeros(1, dtype=np.uint8), np.zeros(1, np.int64), np.ones(1, np.int64))
         self.split(b"a:1|c\n", 0)
 
     def __len__(self) -> int:
@@ -180,7 +181,7 @@ class FastPath:
         table; a table more than half full is rebuilt at twice the size."""
         new = self._keys[first:]
         lengths = np.fromiter(map(len, new), dtype=np.int64, count=len(new))
-        new_bytes = np.frombuffer(b"".join(new), dtype=np.uint8)
+        new_bytes = np.frombuffer(bytearray(b"".join(new)), dtype=np.uint8)  # writable
         if first == 0:
             self._key_bytes, self._key_offsets = new_bytes, np.zeros(1, dtype=np.int64)
         else:

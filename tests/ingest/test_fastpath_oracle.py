@@ -11,6 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamgauge.ingest import fastpath
 from streamgauge.ingest.fastpath import FastPath, Split
 from tests.ingest.numpy_fastpath import NumpyFastPath
 
@@ -120,3 +121,18 @@ def test_many_keys_grow_the_table_and_all_are_found() -> None:
     near = [line.replace(b"host:", b"host;") for line in lines[:50]]
     near += [line + b"0" for line in lines[:50]]
     assert not len(fast.split(b"".join(line + b"\n" for line in near), 1000).fast)
+
+
+def test_nothing_is_compiled_after_construction() -> None:
+    """Registration, table growth, compaction and splits after ``FastPath()`` reuse the
+    signatures it compiled: a new one would compile on the receive thread, for seconds."""
+    combiner = FakeCombiner()
+    fast = FastPath(combiner, 8192, 600_000)  # type: ignore[arg-type]
+    functions: list[Any] = [fastpath._scan, fastpath._hash_keys, fastpath._insert]
+    compiled = [len(function.signatures) for function in functions]
+    for round_ in range(3):
+        for slot in range(SLOTS):
+            fast.remember(b"m%d.%d:1|c" % (slot, round_), slot, 1.0)
+        fast.split(b"m0.0:1|c\n", 1000)
+        combiner.slot_gen += 1  # every key stale: the next registration compacts
+    assert [len(function.signatures) for function in functions] == compiled
