@@ -25,6 +25,7 @@ from types import FrameType
 
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.fastpath import release_compiler_pages
 from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import (
     DEFAULT_WRITE_QUEUE_DEPTH,
@@ -188,8 +189,13 @@ def run_ingest(
         stats_path=settings.stats_path,
         checkpoints=settings.query_checkpoints,
     )
-    log.info("ingest %s: receiving on %s, writing to %s", settings.receiver,
-             " ".join(receiver.listening), receiver_spool)
+    # The fast path is compiled (or loaded from numba's cache) by now and LLVM is done: its
+    # ~108 MB of library code leaves this process's RSS (1.2 M lines/s at 20 per datagram,
+    # bench/ingest.py, medians of 3: peak RSS 274 MB, was 369 in one run; at 1 line per
+    # datagram the peak is now this start-up, 250 MB; see bench/ingest/README.md).
+    released_kb = release_compiler_pages()
+    log.info("ingest %s: receiving on %s, writing to %s (%d MB of LLVM code released)",
+             settings.receiver, " ".join(receiver.listening), receiver_spool, released_kb >> 10)
     try:
         receiver.run(stop)
     finally:
