@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+import pyarrow as pa
+
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.fastpath import release_compiler_pages
 from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import (
     DEFAULT_WRITE_QUEUE_DEPTH,
@@ -156,6 +159,19 @@ def run_ingest(
     ``sock``: sockets already bound (inherited from `streamgauge run`); else ``listen`` is
     bound here.
     """
+    # Arrow's default pool (mimalloc) kept ~30 MB of freed pages resident under load (its
+    # arena: 28 MB resident for at most 14 MB allocated); the system pool (glibc malloc, which
+    # the receive loop uses anyway) gives them back. 1.2 M lines/s at 20 per datagram, one
+    # probe run each: RSS at the busiest sample 272 → 238 MB. Set before the receiver builds
+    # anything with Arrow; buffers go back to the pool they came from, so the switch is safe.
+    pa.set_memory_pool(pa.system_memory_pool())
+    # Importing numba ran LLVM's static constructors (~96 MB of libllvmlite resident); release
+    # them before the receiver is built, so that the start-up peak is not the imports' plus
+    # everything the receiver then allocates. Loading the cached fast path faults ~95 MB of
+    # LLVM back in (numba sets up its codegen even to link cached code), released again below
+    # once the receiver is built. Peak RSS at 1 line per datagram (100 k/s), where start-up
+    # is the peak: 250 → 237 MB (one probe run each).
+    release_compiler_pages()
     if sock is None:
         specs = [ListenSpec("udp", *listen)] if isinstance(listen, tuple) else list(listen)
         sockets = bind_all(specs, settings)
@@ -188,8 +204,13 @@ def run_ingest(
         stats_path=settings.stats_path,
         checkpoints=settings.query_checkpoints,
     )
-    log.info("ingest %s: receiving on %s, writing to %s", settings.receiver,
-             " ".join(receiver.listening), receiver_spool)
+    # The fast path is compiled (or loaded from numba's cache) by now and LLVM is done: its
+    # ~108 MB of library code leaves this process's RSS (1.2 M lines/s at 20 per datagram,
+    # bench/ingest.py, medians of 3: peak RSS 274 MB, was 369 in one run; at 1 line per
+    # datagram the peak is now this start-up, 250 MB; see bench/ingest/README.md).
+    released_kb = release_compiler_pages()
+    log.info("ingest %s: receiving on %s, writing to %s (%d MB of LLVM code released)",
+             settings.receiver, " ".join(receiver.listening), receiver_spool, released_kb >> 10)
     try:
         receiver.run(stop)
     finally:

@@ -180,3 +180,17 @@ def test_mixed_datagrams_take_both_paths_and_agree(
             else:
                 assert receiver.fast_lines == 0
     assert outcomes[0] == outcomes[1]
+
+
+def test_released_compiler_pages_leave_the_fast_path_unchanged() -> None:
+    """``release_compiler_pages`` (run at receiver start) only drops clean library pages:
+    the compiled splitter, and numba itself, still work after it, with the same results."""
+    fast = fastpath.FastPath(PaneCombiner(1000), 8192, 600_000)
+    buffer = b"a:1|c\nb:2.5|g\nnot a line\n"
+    before = fast.split(buffer, T0)
+    fastpath.release_compiler_pages()
+    after = fast.split(buffer, T0)
+    for name in ("starts", "ends", "slow", "fast", "fast_slots", "fast_values"):
+        assert np.array_equal(getattr(before, name), getattr(after, name)), name
+    assert fastpath.FastPath(PaneCombiner(1000), 8192, 600_000).split(buffer, T0).slow.tolist() \
+        == before.slow.tolist()
