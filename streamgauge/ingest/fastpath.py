@@ -53,10 +53,6 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a table slot from the top bits
 _MIN_TABLE_BITS = 4
 
-#: Not used any more: the numpy/pyarrow lookup this chose between (a dict per line or
-#: ``pc.index_in``) is gone. Kept only because tests/ingest/test_fastpath.py sets it.
-DICT_LOOKUP_RATIO = 2
-
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
