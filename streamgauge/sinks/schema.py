@@ -752,9 +752,97 @@ _MIGRATION_7 = """
 ALTER TABLE window_pending SET (fillfactor = 50);
 """
 
+_MIGRATION_8 = """
+-- Hopping windows' counters, gauges and sets are merged by panes (issue #4): Spark aggregates
+-- each partial once into its hop-wide pane, and the store keeps the panes of windows that may
+-- still change. A window is made of its size/hop panes when it is published (the watermark
+-- passes its end, a straggler changes a published one, or an early tick), instead of Spark
+-- copying every partial into size/hop windows and the store rewriting size/hop open rows per
+-- series and micro-batch. Internal: rows leave once every window holding the pane is final.
+CREATE TABLE window_panes (
+    config_name   text   NOT NULL,
+    window_name   text   NOT NULL,
+    metric        text   NOT NULL,
+    tags          text   NOT NULL,  -- canonical JSON text, as the window rows' staging has it
+    pane_ms       int8   NOT NULL,  -- pane start (epoch ms); the pane is [pane_ms, pane_ms + hop)
+    from_start_ms int8   NOT NULL,  -- the first window start these partials are on time for
+    metric_type   text   NOT NULL,
+    count         int8   NOT NULL,
+    sum           float8,
+    min           float8,
+    max           float8,
+    last          float8,
+    last_event_ms int8,
+    sketch        bytea,            -- sets: the pane's HLL_8 image
+    size_ms       int8   NOT NULL,  -- the window's size and hop: windows [s, s + size_ms) hold
+    hop_ms        int8   NOT NULL,  --   panes s, s + hop_ms, ..., s + size_ms - hop_ms
+    revision      int8   NOT NULL,  -- the batch that last changed the pane
+    emitted_at    timestamptz NOT NULL,
+    PRIMARY KEY (config_name, window_name, metric, tags, pane_ms, from_start_ms)
+) WITH (fillfactor = 50);
+CREATE INDEX window_panes_by_pane ON window_panes (config_name, window_name, pane_ms);
+COMMENT ON TABLE window_panes IS
+    'Internal: the pane partials of hopping windows that may still change (see streamgauge '
+    'windows/job.py, hopping_pane_aggregates). Read window_results, or window_latest for '
+    'windows not published yet.';
+
+-- window_latest shows a hopping window's counters, gauges and sets before they are published
+-- (status pending) merged from their panes, as it shows window_pending's rows: the revision
+-- of the last batch that changed one of its panes, and that batch's time. A set's distinct
+-- count is NULL until the window is published (the HLL union is done by the window job).
+CREATE OR REPLACE VIEW window_latest AS
+SELECT DISTINCT ON (config_name, window_name, metric, tags, window_start, window_end)
+    config_name, window_name, metric, tags, window_start, window_end, metric_type, count, sum,
+    min, max, last, p50, p90, p99, p999, distinct_count, revision, is_final, late_events,
+    corrections, emitted_at, status, early_as_of
+FROM (
+    SELECT r.config_name, r.window_name, r.metric, r.tags, r.window_start, r.window_end,
+           r.metric_type, r.count, r.sum, r.min, r.max, r.last, r.p50, r.p90, r.p99, r.p999,
+           r.distinct_count, r.revision, r.is_final, r.late_events, r.corrections,
+           r.emitted_at,
+           CASE WHEN r.is_final THEN 'final'
+                WHEN r.early_as_of IS NOT NULL THEN 'early'
+                ELSE 'provisional' END AS status,
+           r.early_as_of
+    FROM window_results r
+    UNION ALL
+    SELECT p.config_name, p.window_name, p.metric, p.tags, p.window_start, p.window_end,
+           p.metric_type, p.count, p.sum, p.min, p.max, p.last, p.p50, p.p90, p.p99, p.p999,
+           p.distinct_count, p.revision, false, p.late_events, 0::bigint, p.emitted_at,
+           'pending', NULL::timestamptz
+    FROM window_pending p
+    UNION ALL
+    SELECT w.config_name, w.window_name, w.metric, w.tags::jsonb,
+           timestamptz 'epoch' + w.start_ms * interval '1 millisecond',
+           timestamptz 'epoch' + (w.start_ms + w.size_ms) * interval '1 millisecond',
+           w.metric_type, w.count,
+           CASE WHEN w.metric_type = 'c' THEN w.sum END,
+           CASE WHEN w.metric_type = 'g' THEN w.min END,
+           CASE WHEN w.metric_type = 'g' THEN w.max END,
+           CASE WHEN w.metric_type = 'g' THEN w.last END,
+           NULL, NULL, NULL, NULL, NULL, w.revision, false, 0::bigint, 0::bigint,
+           w.emitted_at, 'pending', NULL::timestamptz
+    FROM (
+        SELECT p.config_name, p.window_name, p.metric, p.tags, st.ms AS start_ms, p.size_ms,
+               min(p.metric_type) AS metric_type, sum(p.count)::int8 AS count,
+               sum(p.sum) AS sum, min(p.min) AS min, max(p.max) AS max,
+               (array_agg(p.last ORDER BY p.last_event_ms DESC NULLS LAST, p.last DESC))[1]
+                   AS last,
+               max(p.revision) AS revision, max(p.emitted_at) AS emitted_at
+        FROM window_panes p
+        CROSS JOIN LATERAL generate_series(
+            greatest(p.from_start_ms, p.pane_ms - p.size_ms + p.hop_ms), p.pane_ms, p.hop_ms
+        ) AS st(ms)
+        GROUP BY p.config_name, p.window_name, p.metric, p.tags, st.ms, p.size_ms
+    ) w
+) w
+ORDER BY config_name, window_name, metric, tags, window_start, window_end, revision DESC,
+         status = 'pending';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6,
-    _MIGRATION_7,
+    _MIGRATION_7, _MIGRATION_8,
 )
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 

@@ -141,6 +141,8 @@ _PRUNE = {
         ("sink_batches", "committed_at"),
     )
 }
+# Panes of a window no longer running (renamed, removed) are never evicted by a batch.
+_PRUNE["window_panes"] = "DELETE FROM window_panes WHERE pane_ms < %(before)s"
 
 
 def _window_key(alias: str) -> str:
@@ -364,6 +366,174 @@ SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
        CASE WHEN p.revision IS NULL THEN 0 ELSE p.corrections + 1 END
 FROM {_STAGING} s LEFT JOIN {_REPLAY_PRIOR} p USING ({_STAGED_KEY_COLUMNS})
 WHERE NOT EXISTS (SELECT 1 FROM window_results w WHERE {_SAME_KEY_AS_STAGED})
+"""
+
+PANE_SCHEMA = pa.schema(
+    [
+        pa.field("config_name", pa.string(), nullable=False),
+        pa.field("window_name", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("tags", pa.string(), nullable=False),
+        pa.field("pane_ms", pa.int64(), nullable=False),
+        pa.field("from_start_ms", pa.int64(), nullable=False),
+        pa.field("metric_type", pa.string(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("sum", pa.float64()),
+        pa.field("min", pa.float64()),
+        pa.field("max", pa.float64()),
+        pa.field("last", pa.float64()),
+        pa.field("last_event_ms", pa.int64()),
+        pa.field("sketch", pa.binary()),
+    ]
+)
+"""The Arrow schema of ``PaneBatch.panes``: a hopping window's pane aggregates this batch
+changed, each the whole pane (Spark's state) as of the batch, keyed by series, pane and the
+first window start its partials are on time for."""
+
+ASSEMBLED_SCHEMA = pa.schema(
+    [
+        pa.field("metric", pa.string()),
+        pa.field("tags", pa.string()),
+        pa.field("metric_type", pa.string()),
+        pa.field("window_start_ms", pa.int64()),
+        pa.field("window_end_ms", pa.int64()),
+        pa.field("count", pa.int64()),
+        pa.field("sum", pa.float64()),
+        pa.field("min", pa.float64()),
+        pa.field("max", pa.float64()),
+        pa.field("last", pa.float64()),
+        pa.field("set_sketches", pa.list_(pa.binary())),
+    ]
+)
+"""What ``PaneBatch.to_results`` is given: windows merged from their panes (scalars merged in
+SQL; sets' pane HLLs listed in pane order, for the caller to union)."""
+
+
+@dataclass(frozen=True)
+class PaneBatch:
+    """A hopping window's micro-batch of pane aggregates (``PANE_SCHEMA``) and how to make
+    window rows of them (``commit_batch(panes=...)``).
+
+    ``to_results`` turns ``ASSEMBLED_SCHEMA`` rows into ``RESULT_SCHEMA`` rows (the HLL union
+    and the batch's revision and finality are the window job's, not the store's).
+    ``watermark_key`` is the lane's ``pipeline_state`` key: its value before this batch is the
+    watermark the previous batch published up to.
+    """
+
+    panes: pa.Table
+    size_ms: int
+    hop_ms: int
+    allowed_lateness_ms: int
+    early_every_ms: int | None
+    config_name: str
+    window_name: str
+    watermark_key: str
+    to_results: Callable[[pa.Table], pa.Table]
+
+
+_PANE_STAGING = "sg_pane_staging"
+_PANE_STAGING_DDL = _staging_ddl(_PANE_STAGING, PANE_SCHEMA)
+_PANE_KEY = "config_name, window_name, metric, tags, pane_ms, from_start_ms"
+_PANE_VALUES = ("metric_type", "count", "sum", "min", "max", "last", "last_event_ms", "sketch")
+_PANE_BATCH = ("size_ms", "hop_ms", "revision", "emitted_at")
+_UPSERT_PANES = f"""
+INSERT INTO window_panes ({_PANE_KEY}, {", ".join((*_PANE_VALUES, *_PANE_BATCH))})
+SELECT {_PANE_KEY}, {", ".join(_PANE_VALUES)}, %(size)s, %(hop)s, %(revision)s,
+       {_ms_to_ts("%(now_ms)s")}
+FROM {_PANE_STAGING}
+ON CONFLICT ({_PANE_KEY}) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in (*_PANE_VALUES, *_PANE_BATCH))}
+"""
+
+# The windows a pane batch publishes, merged from their panes. Window [s, s + size) holds the
+# panes s, s + hop, ..., s + size - hop, each with the partials on time for it (from_start <=
+# s). W: this batch's watermark; W0: the previous batch's. size 4 s, hop 2 s:
+#
+#     panes       | 0  | 2  | 4  | 6  |
+#     [0, 4)      [=========)              (b) published when W0 < 4 <= W
+#     [2, 6)           [=========)         (a) a pane of it changed, and 6 <= W: corrected
+#     [4, 8)                [=========)    (c) open, early tick k * early_every in (W0, W]
+#
+# (a) a window holding a pane this batch changed (one it is on time for) that is published:
+#     ended (end <= W), or open and past its first early tick (the early upsert decides);
+# (b) a window whose end the watermark passed in this batch (W0 < end <= W);
+# (c) with early_every, an open window an early tick of which falls in (W0, W].
+# What (a)-(c) leave out cannot change a stored row: unchanged panes, no new tick, not ended.
+_PANE_WINDOW_STARTS = """generate_series(
+    greatest({first}, p.pane_ms - %(size)s + %(hop)s), p.pane_ms, %(hop)s) AS st(ms)"""
+_ASSEMBLE_WINDOWS = f"""
+WITH candidates AS (
+    SELECT p.metric, p.tags, st.ms AS start_ms
+    FROM {_PANE_STAGING} p
+    CROSS JOIN LATERAL {_PANE_WINDOW_STARTS.format(first="p.from_start_ms")}
+    WHERE st.ms + %(size)s <= %(w)s
+       OR (%(early)s::int8 IS NOT NULL AND %(w)s - st.ms >= %(early)s)
+  UNION
+    SELECT p.metric, p.tags, st.ms
+    FROM window_panes p
+    CROSS JOIN LATERAL {_PANE_WINDOW_STARTS.format(first="p.from_start_ms")}
+    WHERE p.config_name = %(config)s AND p.window_name = %(window)s
+      AND p.pane_ms > %(w0)s - %(size)s AND p.pane_ms < %(w)s
+      AND st.ms + %(size)s > %(w0)s AND st.ms + %(size)s <= %(w)s
+  UNION
+    SELECT p.metric, p.tags, st.ms
+    FROM window_panes p
+    CROSS JOIN LATERAL {_PANE_WINDOW_STARTS.format(first="p.from_start_ms")}
+    WHERE %(early)s::int8 IS NOT NULL
+      AND p.config_name = %(config)s AND p.window_name = %(window)s
+      AND p.pane_ms > %(w)s - %(size)s
+      AND st.ms + %(size)s > %(w)s AND %(w)s - st.ms >= %(early)s
+      -- the latest tick, start + (W - start) / early_every * early_every (W - start > 0:
+      -- truncating division floors), is after W0
+      AND %(w0)s - st.ms < (%(w)s - st.ms) / %(early)s * %(early)s
+)
+SELECT c.metric, c.tags, min(p.metric_type), c.start_ms, c.start_ms + %(size)s,
+       sum(p.count)::int8, sum(p.sum), min(p.min), max(p.max),
+       (array_agg(p.last ORDER BY p.last_event_ms DESC NULLS LAST, p.last DESC))[1],
+       coalesce(array_agg(p.sketch ORDER BY p.pane_ms, p.from_start_ms)
+                FILTER (WHERE p.sketch IS NOT NULL), '{{}}')
+FROM candidates c JOIN window_panes p
+  ON p.config_name = %(config)s AND p.window_name = %(window)s
+ AND p.metric = c.metric AND p.tags = c.tags
+ AND p.pane_ms >= c.start_ms AND p.pane_ms < c.start_ms + %(size)s
+ AND p.from_start_ms <= c.start_ms
+GROUP BY c.metric, c.tags, c.start_ms
+ORDER BY c.metric, c.tags, c.start_ms
+"""
+
+_BEFORE_ANY_WATERMARK_MS = -(2**62)
+"""W0 of a lane's first batch: every window the watermark has passed is new to it."""
+_PREVIOUS_WATERMARK = "SELECT value_ms FROM pipeline_state WHERE config_name = %s AND key = %s"
+
+# Once every window holding a pane is final (its newest, [pane, pane + size), included), no
+# on-time partial can reach the pane again (a partial is late for a window final before its
+# segment: job.assign_windows), and no window made of it is published again.
+_EVICT_PANES = """
+DELETE FROM window_panes
+WHERE config_name = %(config)s AND window_name = %(window)s
+  AND pane_ms <= %(w)s - %(size)s - %(lateness)s
+"""
+
+# A pane-made window the watermark has not passed: published early, on the same terms as
+# _EARLY publishes a window_pending row (at a later tick, and only if a value changed).
+_EARLY_STAGED = f"""
+INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)}, early_as_of)
+SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
+       {_STAGED_VALUES}, s.revision, false, {_LATE_SAMPLES_OF_STAGED},
+       {_ms_to_ts("s.emitted_at_ms")}, {_ms_to_ts("tick.ms")}
+FROM {_STAGING} s JOIN {_HOLD} h USING (config_name, window_name)
+CROSS JOIN LATERAL (
+    SELECT s.window_start_ms + (h.watermark_ms - s.window_start_ms) / h.early_every_ms
+        * h.early_every_ms AS ms) tick
+WHERE h.early_every_ms IS NOT NULL
+  AND s.window_end_ms > h.watermark_ms
+  AND h.watermark_ms - s.window_start_ms >= h.early_every_ms
+ON CONFLICT ({_KEY}) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}, early_as_of = excluded.early_as_of
+WHERE window_results.early_as_of < excluded.early_as_of
+  AND window_results.revision < excluded.revision
+  AND {_VALUES_CHANGED}
 """
 
 _MARK_LATE_IDS_REPLAYED = f"""
@@ -724,6 +894,7 @@ class ResultStore:
         lane_types: Sequence[str] | None = None,
         histograms: pa.Table | None = None,
         early_every: Mapping[tuple[str, str], int] = _NO_STATE,
+        panes: PaneBatch | None = None,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
 
@@ -742,6 +913,11 @@ class ResultStore:
         ``early_every`` maps ``(config_name, window_name)`` of a held window (``hold_after``)
         to its ``early_every`` in ms: its open windows of the lane are published early
         (``early_as_of``, see ``_EARLY``) once the watermark is that far past their start.
+
+        ``panes`` (a hopping window's pane lane, with ``results`` empty and ``hold_after``
+        giving the batch's watermark): the panes are kept in ``window_panes`` and the windows
+        this batch publishes are merged from them (``_ASSEMBLE_WINDOWS``), instead of open
+        windows waiting in ``window_pending``.
         """
         table = _with_hll_registers(_conform(results))
         retracted_rows = None if retractions is None else _conform(retractions, RETRACTION_SCHEMA)
@@ -780,13 +956,19 @@ class ResultStore:
                     cur.execute(_INSERT_LATE, params)
                     recorded = max(cur.rowcount, 0)
                     cur.execute(_COUNT_LATE_ON_WINDOWS)
-                upserted = self._upsert(cur, table) if table.num_rows else 0
+                early = 0
+                if panes is not None:
+                    watermark = hold_after[(panes.config_name, panes.window_name)]
+                    upserted, early = self._commit_panes(
+                        cur, panes, int(watermark), revision, now_ms
+                    )
+                else:
+                    upserted = self._upsert(cur, table) if table.num_rows else 0
                 if histogram_rows is not None and histogram_rows.num_rows:
                     _copy_into(cur, _HISTOGRAM_STAGING_DDL, _HISTOGRAM_STAGING, histogram_rows)
                     cur.execute(_REPLACE_HISTOGRAMS)
                     cur.execute(_INSERT_HISTOGRAMS)
-                early = 0
-                if hold_after:
+                if hold_after and panes is None:
                     cur.execute(_PROMOTE, {"revision": revision, "now_ms": now_ms})
                     upserted += max(cur.rowcount, 0)
                     if early_every:
@@ -962,7 +1144,8 @@ class ResultStore:
         return self._with_retry("prune old results", work)
 
     def start_checkpoint(
-        self, config_name: str, window_name: str, query_names: Sequence[str]
+        self, config_name: str, window_name: str, query_names: Sequence[str],
+        *, forget_panes: bool = False,
     ) -> int:
         """A query starts on a fresh checkpoint: forget its old batch ids, return the highest
         revision stored for the window (its new revisions must start above it).
@@ -970,6 +1153,8 @@ class ResultStore:
         Spark numbers a new checkpoint's micro-batches from 0 again. Without this, the new
         batches would be skipped as "already committed" under the same query name, and
         their rows would carry revisions below the stored ones (and lose the upsert).
+        ``forget_panes`` (a hopping window's pane lane): its ``window_panes`` rows go too, as
+        the new checkpoint rebuilds its panes from the log (perhaps at another size or hop).
         """
 
         def work(conn: psycopg.Connection[Any]) -> int:
@@ -977,6 +1162,11 @@ class ResultStore:
                 conn.execute(
                     "DELETE FROM sink_batches WHERE query_name = ANY(%s)", (list(query_names),)
                 )
+                if forget_panes:
+                    conn.execute(
+                        "DELETE FROM window_panes WHERE config_name = %s AND window_name = %s",
+                        (config_name, window_name),
+                    )
                 row = conn.execute(
                     "SELECT greatest("
                     " (SELECT max(revision) FROM window_results"
@@ -1039,6 +1229,44 @@ class ResultStore:
                 "tags, window_start_ms, window_end_ms): emit one row per window and batch"
             ) from exc
         return upserted
+
+    def _commit_panes(
+        self, cur: psycopg.Cursor[Any], panes: PaneBatch, watermark_ms: int, revision: int,
+        now_ms: int,
+    ) -> tuple[int, int]:
+        """Keep ``panes``, publish the windows they make (``_ASSEMBLE_WINDOWS``), forget
+        panes of final windows; (windows upserted, of which early)."""
+        cur.execute(_PREVIOUS_WATERMARK, (panes.config_name, panes.watermark_key))
+        row = cur.fetchone()
+        params = {
+            "config": panes.config_name, "window": panes.window_name, "size": panes.size_ms,
+            "hop": panes.hop_ms, "lateness": panes.allowed_lateness_ms, "w": watermark_ms,
+            "w0": _BEFORE_ANY_WATERMARK_MS if row is None else int(row[0]),
+            "early": panes.early_every_ms, "revision": revision, "now_ms": now_ms,
+        }  # fmt: skip
+        if panes.panes.num_rows:
+            _copy_into(cur, _PANE_STAGING_DDL, _PANE_STAGING, _conform(panes.panes, PANE_SCHEMA))
+            cur.execute(_UPSERT_PANES, params)
+        else:
+            cur.execute(_PANE_STAGING_DDL)  # the assembly reads it
+        cur.execute(_ASSEMBLE_WINDOWS, params)
+        fetched = cur.fetchall()
+        assembled = pa.table(
+            [pa.array([row[i] for row in fetched], field.type)
+             for i, field in enumerate(ASSEMBLED_SCHEMA)],
+            schema=ASSEMBLED_SCHEMA,
+        )  # fmt: skip
+        upserted = early = 0
+        if assembled.num_rows:
+            table = _with_hll_registers(_conform(panes.to_results(assembled)))
+            _copy_into(cur, _STAGING_DDL, _STAGING, table)
+            cur.execute(_UPSERT)
+            upserted = max(cur.rowcount, 0)
+            if panes.early_every_ms is not None:
+                cur.execute(_EARLY_STAGED)
+                early = max(cur.rowcount, 0)
+        cur.execute(_EVICT_PANES, params)
+        return upserted + early, early
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:

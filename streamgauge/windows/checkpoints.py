@@ -48,6 +48,9 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
         shape += [LANE_LAYOUT]
         if window.uses_kll:  # appended only here: tdigest windows keep their checkpoints
             shape += ["kll", sketch_params(config).kll_k]
+        elif window.kind == "hopping" and window.hop_ms:
+            # Counters, gauges and sets by panes (job.hopping_pane_aggregates): another state.
+            shape += ["panes"]
     fingerprint = json.dumps(shape)
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
     return paths.checkpoints / config.name / f"{window.name}-{digest}"

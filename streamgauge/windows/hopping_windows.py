@@ -49,6 +49,7 @@ horizon as the copied rows, so windows are evicted exactly when they were before
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from streamgauge.configs import WindowSpec
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
@@ -221,3 +223,31 @@ def hopping_state_function(window: WindowSpec, params: SketchParams) -> Any:
             yield pd.DataFrame(out, columns=list(OUTPUT_COLUMNS))
 
     return update_hopping
+
+
+def set_values_of_panes(assembled: pa.Table, lg_k: int) -> pa.Table:
+    """Windows the store merged from their panes (``store.ASSEMBLED_SCHEMA``), with each set
+    window's pane HLLs unioned: ``sketch`` (HLL_8) and ``distinct_count``, NULL for other
+    types, in place of ``set_sketches``.
+
+    The counters', gauges' and sets' lane of a hopping window (``job.hopping_pane_aggregates``)
+    keeps panes, not windows: the store merges a window's counts, sums, extremes and last
+    value in SQL when it publishes it, and this unions the HLLs (SQL has no DataSketches). A
+    union as Spark's ``hll_union_agg`` makes it, even of one pane: its estimator is the
+    union's, not the pane sketch's own; the estimate rounded as ``hll_sketch_estimate`` does.
+    """
+    sketches: list[bytes | None] = []
+    distinct: list[float | None] = []
+    kinds = assembled.column("metric_type").to_pylist()
+    for kind, panes in zip(kinds, assembled.column("set_sketches").to_pylist(), strict=True):
+        if kind != "s" or not panes:
+            sketches.append(None)
+            distinct.append(None)
+            continue
+        union = union_hll(panes, lg_k)
+        sketches.append(serialize_hll(union))
+        # Rounded as Spark's hll_sketch_estimate rounds (window_sketches.SketchMerger.columns).
+        distinct.append(float(math.floor(union.get_estimate() + 0.5)))
+    values = assembled.drop_columns(["set_sketches"])
+    values = values.append_column("distinct_count", pa.array(distinct, pa.float64()))
+    return values.append_column("sketch", pa.array(sketches, pa.binary()))

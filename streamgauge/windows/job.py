@@ -50,9 +50,10 @@ in ``source.py``. A counter now crosses from the Python reader into the JVM once
 instead of three times, a timer twice (the sketch lane's two branches each scan the source).
 A hopping window's sketch lane merges each partial once into its hop-wide pane and the pane
 into its size/hop windows (``hopping_windows``) instead of copying the partial into every
-window. Session and sliding windows run one query of their own operator for every type, which
-merges the sketches too (``window_sketches``: percentiles, histograms and distinct counts as
-in the two lanes).
+window; its native lane aggregates panes only (``hopping_pane_aggregates``) and the store
+makes each window of its panes when it publishes it (``PaneBatchWriter``). Session and sliding
+windows run one query of their own operator for every type, which merges the sketches too
+(``window_sketches``: percentiles, histograms and distinct counts as in the two lanes).
 
 A ``quantiles: kll`` window has no sketch lane: its native lane takes every type, merges the
 pane partials' KLL sketches with Spark's ``kll_merge_agg_double`` and reads p50 and p90 from
@@ -81,7 +82,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
-from streamgauge.sinks.store import Finalization, ResultStore
+from streamgauge.sinks.store import RESULT_SCHEMA, Finalization, PaneBatch, ResultStore
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows import hopping_windows, sketch_windows
@@ -122,6 +123,8 @@ def revision_base(
     config: PipelineConfig,
     window: WindowSpec,
     query_names: Sequence[str],
+    *,
+    forget_panes: bool = False,
 ) -> int:
     """What a checkpoint's revisions start from: ``revision = base + batch id + 1``.
 
@@ -138,7 +141,9 @@ def revision_base(
     if commits.is_dir() and any(commits.iterdir()):
         base = 0
     else:
-        base = store.start_checkpoint(config.name, window.name, query_names)
+        base = store.start_checkpoint(
+            config.name, window.name, query_names, forget_panes=forget_panes
+        )
     checkpoint.mkdir(parents=True, exist_ok=True)
     temporary = marker.with_suffix(".tmp")
     with open(temporary, "w") as handle:
@@ -207,9 +212,9 @@ def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> D
                            [10 s .......... 20 s)
 
     Here each partial is copied into its size/hop windows (one output row per window): what
-    the native lane, ``late_partials`` and ``replay`` use. A hopping window's sketch lane
-    merges hop-wide panes instead (``hopping_partials``, ``pane_and_first_start``: the same
-    per-window late rule, computed once per partial).
+    ``late_partials``, ``replay`` and ``quantiles: kll`` windows use. A hopping window's two
+    lanes merge hop-wide panes instead (``hopping_partials``, ``hopping_pane_aggregates``,
+    ``pane_and_first_start``: the same per-window late rule, computed once per partial).
 
     Session windows (``gap``): the row's own possible session ``[t, t + gap)``, with the
     same late rule on that end (see ``session_windows``, which merges them per series)::
@@ -383,6 +388,56 @@ def hopping_partials(
         "Update",
         "EventTimeTimeout",
     )
+
+
+def hopping_pane_aggregates(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """The counters', gauges' and sets' lane of a hopping window: each partial merged once
+    into its hop-wide pane by Spark's own aggregates, not copied into size/hop windows.
+
+    Grouped by series, pane and the first window start the partial is on time for
+    (``pane_and_first_start``): a straggler on time only for a pane's newer windows lands in
+    its own ``(pane, from_start)`` row, which the older windows leave out. The output (update
+    mode) is each changed pane whole; the store keeps the panes (``window_panes``) and merges
+    a window of its size/hop panes when it publishes it (``PaneBatchWriter``). Spark's state
+    per series is one row per pane instead of size/hop rows per window, and each micro-batch
+    writes one row per series and pane instead of size/hop open windows. Same watermark as the
+    sketch lane's panes (``hopping_partials``), so both evict together.
+    """
+    assert window.size_ms is not None
+    size = window.size_ms
+    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + size
+    pane, from_start = pane_and_first_start(window)
+    on_time = (
+        source.withColumn("pane_ms", pane)
+        .withColumn("from_start_ms", from_start)
+        .withColumn("tags", series_tags(window.group_by))
+        .where(
+            metric_filter(window.metrics) & ~is_sketched()
+            & (F.col("from_start_ms") <= F.col("pane_ms"))
+        )
+        .withColumn("reach_ts", F.timestamp_millis(F.col("pane_ms") + F.lit(size)))
+        .withWatermark("reach_ts", f"{horizon_ms} milliseconds")
+    )
+    panes = on_time.groupBy("reach_ts", "pane_ms", "from_start_ms", "metric", "tags").agg(
+        F.min("metric_type").alias("metric_type"),
+        F.sum("count").alias("count"),
+        F.sum("sum").alias("sum"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.max_by("last", "last_event_ms").alias("last"),
+        F.max("last_event_ms").alias("last_event_ms"),
+        F.hll_union_agg(F.when(_is_set(), F.col("sketch")), F.lit(True)).alias("sketch"),
+    )
+    return panes.select(
+        "metric", "tags", "pane_ms", "from_start_ms", "metric_type", "count", "sum", "min",
+        "max", "last", "last_event_ms", F.when(_is_set(), F.col("sketch")).alias("sketch"),
+    )  # fmt: skip
+
+
+def uses_pane_lane(window: WindowSpec) -> bool:
+    """A hopping window whose counters, gauges and sets go through ``hopping_pane_aggregates``
+    (a ``quantiles: kll`` window keeps its one query of copied rows)."""
+    return window.kind == "hopping" and bool(window.hop_ms) and not window.uses_kll
 
 
 _SESSION_INPUT = (
@@ -658,6 +713,9 @@ class WindowBatchWriter:
     """
 
     lane_types: tuple[str, ...] | None = NATIVE_LANE_TYPES
+    keeps_panes = False
+    """The query's panes live in ``window_panes`` (``PaneBatchWriter``): a fresh checkpoint
+    forgets them."""
 
     def __init__(
         self,
@@ -682,7 +740,8 @@ class WindowBatchWriter:
         """The batch's revision: strictly increasing across batches and checkpoints."""
         if self._revision_base is None:
             self._revision_base = revision_base(
-                self._checkpoint, self._store, self._config, self._window, [self._name]
+                self._checkpoint, self._store, self._config, self._window, [self._name],
+                forget_panes=self.keeps_panes,
             )
         return self._revision_base + batch_id + 1
 
@@ -714,17 +773,20 @@ class WindowBatchWriter:
         retractions: pa.Table | None = None,
         late: pa.Table | None = None,
         histograms: pa.Table | None = None,
+        panes: pa.Table | None = None,
     ) -> None:
         watermark_ms = self.watermark_ms(batch_id)
         revision = self.revision(batch_id)
-        rows = to_result_rows(
-            changed,
-            self._config,
-            self._window,
-            revision=revision,
-            watermark_ms=watermark_ms,
-            emitted_at_ms=self._clock.now_ms(),
-        )
+        emitted_at_ms = self._clock.now_ms()
+
+        def result_rows(windows: pa.Table) -> pa.Table:
+            return to_result_rows(
+                windows, self._config, self._window, revision=revision,
+                watermark_ms=watermark_ms, emitted_at_ms=emitted_at_ms,
+            )  # fmt: skip
+
+        pane_batch = None if panes is None else self._pane_batch(panes, result_rows)
+        rows = result_rows(changed) if pane_batch is None else RESULT_SCHEMA.empty_table()
         finalizations = []
         state: dict[tuple[str, str], int] = {}
         if watermark_ms is not None:
@@ -751,8 +813,65 @@ class WindowBatchWriter:
             hold_after=hold, retractions=retractions, late=late,
             late_query_name=late_query_name(self._config, self._window),
             lane_types=self.lane_types, histograms=histograms, early_every=early,
+            panes=pane_batch,
         )  # fmt: skip
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
+
+    def _pane_batch(
+        self, panes: pa.Table, result_rows: Callable[[pa.Table], pa.Table]
+    ) -> PaneBatch:
+        raise NotImplementedError(f"{type(self).__name__} keeps no panes")
+
+
+class PaneBatchWriter(WindowBatchWriter):
+    """``foreachBatch`` of a hopping window's counters, gauges and sets
+    (``hopping_pane_aggregates``): the changed panes go to the store, which publishes the
+    windows made of them (``ResultStore.commit_batch(panes=...)``); the HLL union of a set
+    window's panes is done here (``hopping_windows.set_values_of_panes``).
+
+    Same query name, watermark state key, revisions and finality as the native lane it
+    replaces; the window's late rows still ride in its sketch lane's query.
+    """
+
+    keeps_panes = True
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        window: WindowSpec,
+        store: ResultStore,
+        checkpoint: Path,
+        clock: Clock,
+    ) -> None:
+        super().__init__(config, window, store, checkpoint, clock)
+        self._lg_k = sketch_params(config).hll_lg_k
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self._commit(pa.table({}), batch_id, panes=batch.toArrow())
+
+    def _pane_batch(
+        self, panes: pa.Table, result_rows: Callable[[pa.Table], pa.Table]
+    ) -> PaneBatch:
+        window = self._window
+        assert window.size_ms is not None and window.hop_ms is not None
+        n = panes.num_rows
+        named = pa.table(
+            {
+                "config_name": pa.array([self._config.name] * n, pa.string()),
+                "window_name": pa.array([window.name] * n, pa.string()),
+                **{name: panes.column(name) for name in panes.column_names},
+            }
+        )
+        lg_k = self._lg_k
+        return PaneBatch(
+            panes=named, size_ms=window.size_ms, hop_ms=window.hop_ms,
+            allowed_lateness_ms=window.allowed_lateness_ms,
+            early_every_ms=window.early_every_ms, config_name=self._config.name,
+            window_name=window.name, watermark_key=self._state_key,
+            to_results=lambda assembled: result_rows(
+                hopping_windows.set_values_of_panes(assembled, lg_k)
+            ),
+        )  # fmt: skip
 
 
 class SketchBatchWriter(WindowBatchWriter):
@@ -948,8 +1067,12 @@ def start_window_queries(
             kll_k = sketch_params(config).kll_k
             changes = kll_lane_with_late_rows(log, window, kll_k)
         else:
-            writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
-            changes = windowed_partials(log, window)
+            if uses_pane_lane(window):
+                writer = PaneBatchWriter(config, window, store_factory(), checkpoint, clock)
+                changes = hopping_pane_aggregates(log, window)
+            else:
+                writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
+                changes = windowed_partials(log, window)
             params = sketch_params(config)
             lane_checkpoint = sketch_checkpoint(checkpoint, params, window)
             queries.append(

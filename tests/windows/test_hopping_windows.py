@@ -12,12 +12,15 @@ import itertools
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from pyspark.sql import SparkSession
 
 from streamgauge.configs import parse_config
 from streamgauge.ingest.pane_sketches import PaneSketches
+from streamgauge.sinks.store import ASSEMBLED_SCHEMA
 from streamgauge.sketches.accuracy import compile_accuracy
-from streamgauge.windows.hopping_windows import Aggregate, pack, unpack
+from streamgauge.sketches.hll import build_hll, estimate, serialize_hll
+from streamgauge.windows.hopping_windows import Aggregate, pack, set_values_of_panes, unpack
 from streamgauge.windows.job import pane_and_first_start
 from streamgauge.windows.reference import windows_containing
 from streamgauge.windows.window_sketches import SketchMerger
@@ -72,3 +75,27 @@ def test_state_round_trips_values_and_sketches() -> None:
     assert back[T0].sketches.same_as(first.sketches)
     assert back[T0 + 2000].last_event_ms == T0 + 2100
     assert pa.array(back[T0].sketches.counts).to_pylist() == first.sketches.counts.tolist()
+
+
+def test_set_windows_of_panes_are_the_union_of_their_pane_hlls() -> None:
+    """Members x, y in one pane, y, z in the other: 3 distinct (the union's estimate, rounded
+    as Spark's ``hll_sketch_estimate``); a counter window gets no sketch."""
+    lg_k = compile_accuracy().hll_lg_k
+    first, second = (serialize_hll(build_hll(m, lg_k)) for m in (["x", "y"], ["y", "z"]))
+    assembled = pa.Table.from_pylist(
+        [
+            {"metric": "seen", "tags": "{}", "metric_type": "s", "window_start_ms": 0,
+             "window_end_ms": 4000, "count": 4, "sum": None, "min": None, "max": None,
+             "last": None, "set_sketches": [first, second]},
+            {"metric": "hits", "tags": "{}", "metric_type": "c", "window_start_ms": 0,
+             "window_end_ms": 4000, "count": 2, "sum": 5.0, "min": None, "max": None,
+             "last": None, "set_sketches": []},
+        ],  # fmt: skip
+        schema=ASSEMBLED_SCHEMA,
+    )
+    values = set_values_of_panes(assembled, lg_k)
+    assert "set_sketches" not in values.column_names
+    assert values.column("distinct_count").to_pylist() == [3.0, None]
+    [sketch, none] = values.column("sketch").to_pylist()
+    assert none is None and estimate(sketch).estimate == pytest.approx(3.0, abs=0.01)
+    assert values.column("count").to_pylist() == [4, 2]
