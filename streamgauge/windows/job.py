@@ -355,13 +355,11 @@ def pane_and_first_start(window: WindowSpec) -> tuple[Column, Column]:
     return pane, oldest + late_windows.cast("long") * F.lit(hop)
 
 
-def hopping_partials(
-    source: DataFrame, window: WindowSpec, params: SketchParams, *, sketched: bool = True
-) -> DataFrame:
-    """Pane merge of a hopping window (``hopping_windows``): each partial once, keyed by
-    series, with its pane (``pane_ms``) and the first window start it is on time for
-    (``from_start_ms``); the operator merges it once into its pane and the pane into the
-    windows. ``sketched``: the sketch lane's types (timers, histograms, distributions).
+def hopping_partials(source: DataFrame, window: WindowSpec, params: SketchParams) -> DataFrame:
+    """Pane merge of a hopping window's sketch lane (timers, histograms, distributions:
+    ``hopping_windows``): each partial once, keyed by series, with its pane (``pane_ms``) and
+    the first window start it is on time for (``from_start_ms``); the operator merges it once
+    into its pane and the pane into the windows.
 
     A partial late for every window it lies in (``from_start > pane``) is left to
     ``late_partials``, whose rows are unchanged (``pane_and_first_start``).
@@ -369,13 +367,15 @@ def hopping_partials(
     assert window.size_ms is not None
     size = window.size_ms
     horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + size
-    lane = is_sketched() if sketched else ~is_sketched()
     pane, from_start = pane_and_first_start(window)
     on_time = (
         source.withColumn("pane_ms", pane)
         .withColumn("from_start_ms", from_start)
         .withColumn("tags", series_tags(window.group_by))
-        .where(metric_filter(window.metrics) & lane & (F.col("from_start_ms") <= F.col("pane_ms")))
+        .where(
+            metric_filter(window.metrics) & is_sketched()
+            & (F.col("from_start_ms") <= F.col("pane_ms"))
+        )
         # The newest window end the partial reaches: the copied rows' watermark, unchanged.
         .withColumn("reach_ts", F.timestamp_millis(F.col("pane_ms") + F.lit(size)))
         .withWatermark("reach_ts", f"{horizon_ms} milliseconds")

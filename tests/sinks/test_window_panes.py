@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from streamgauge.cli import _window_status
 from streamgauge.clock import ManualClock
 from streamgauge.sinks.store import (
     PANE_SCHEMA,
@@ -225,3 +226,15 @@ def test_window_latest_shows_unpublished_windows_merged_from_their_panes(
     ]
     commit(store, 2, 4.5)
     assert run_sql(clean_store, query)[1][1] == (0, 3, 4.0, None, 3, "provisional")
+
+
+def test_status_counts_windows_waiting_as_panes_as_pending(
+    store: ResultStore, clean_store: str
+) -> None:
+    """W 1 s: h-2, h0 and h2 (panes 0, 2) have not ended; W 3 s: h-2 has."""
+    commit(store, 0, 1, pane(0, 1, 1.0), pane(2, 1, 1.0))
+    [status] = _window_status(clean_store)
+    assert (status["window_name"], status["windows_pending"]) == ("h", 3)
+    commit(store, 1, 3)
+    [status] = _window_status(clean_store)
+    assert (status["windows_pending"], status["windows_emitted"]) == (2, 1)
