@@ -429,6 +429,8 @@ class PaneBatch:
     window_name: str
     watermark_key: str
     to_results: Callable[[pa.Table], pa.Table]
+    offset_ms: int = 0
+    """Window starts (and panes) lie on ``offset_ms + n * hop_ms``."""
 
 
 _PANE_STAGING = "sg_pane_staging"
@@ -459,50 +461,72 @@ ON CONFLICT ({_PANE_KEY}) DO UPDATE SET
 # (b) a window whose end the watermark passed in this batch (W0 < end <= W);
 # (c) with early_every, an open window an early tick of which falls in (W0, W].
 # What (a)-(c) leave out cannot change a stored row: unchanged panes, no new tick, not ended.
-_PANE_WINDOW_STARTS = """generate_series(
-    greatest({first}, p.pane_ms - %(size)s + %(hop)s), p.pane_ms, %(hop)s) AS st(ms)"""
-_ASSEMBLE_WINDOWS = f"""
-WITH candidates AS (
-    SELECT p.metric, p.tags, st.ms AS start_ms
-    FROM {_PANE_STAGING} p
-    CROSS JOIN LATERAL {_PANE_WINDOW_STARTS.format(first="p.from_start_ms")}
-    WHERE st.ms + %(size)s <= %(w)s
-       OR (%(early)s::int8 IS NOT NULL AND %(w)s - st.ms >= %(early)s)
-  UNION
-    SELECT p.metric, p.tags, st.ms
-    FROM window_panes p
-    CROSS JOIN LATERAL {_PANE_WINDOW_STARTS.format(first="p.from_start_ms")}
-    WHERE p.config_name = %(config)s AND p.window_name = %(window)s
-      AND p.pane_ms > %(w0)s - %(size)s AND p.pane_ms < %(w)s
-      AND st.ms + %(size)s > %(w0)s AND st.ms + %(size)s <= %(w)s
-  UNION
-    SELECT p.metric, p.tags, st.ms
-    FROM window_panes p
-    CROSS JOIN LATERAL {_PANE_WINDOW_STARTS.format(first="p.from_start_ms")}
-    WHERE %(early)s::int8 IS NOT NULL
-      AND p.config_name = %(config)s AND p.window_name = %(window)s
-      AND p.pane_ms > %(w)s - %(size)s
-      AND st.ms + %(size)s > %(w)s AND %(w)s - st.ms >= %(early)s
-      -- the latest tick, start + (W - start) / early_every * early_every (W - start > 0:
-      -- truncating division floors), is after W0
-      AND %(w0)s - st.ms < (%(w)s - st.ms) / %(early)s * %(early)s
-)
-SELECT c.metric, c.tags, min(p.metric_type), c.start_ms, c.start_ms + %(size)s,
-       sum(p.count)::int8, sum(p.sum), min(p.min), max(p.max),
-       (array_agg(p.last ORDER BY p.last_event_ms DESC NULLS LAST, p.last DESC))[1],
-       coalesce(array_agg(p.sketch ORDER BY p.pane_ms, p.from_start_ms)
-                FILTER (WHERE p.sketch IS NOT NULL), '{{}}')
-FROM candidates c JOIN window_panes p
+# (b) and (c) depend on the start alone: every series' window at those starts (%(starts)s,
+# computed by pane_window_starts), read by pane range; (a) are the changed panes' own windows
+# at other starts (usually none: stragglers).
+_PANES_OF = """JOIN window_panes p
   ON p.config_name = %(config)s AND p.window_name = %(window)s
- AND p.metric = c.metric AND p.tags = c.tags
- AND p.pane_ms >= c.start_ms AND p.pane_ms < c.start_ms + %(size)s
- AND p.from_start_ms <= c.start_ms
-GROUP BY c.metric, c.tags, c.start_ms
-ORDER BY c.metric, c.tags, c.start_ms
+ AND p.pane_ms >= {start} AND p.pane_ms < {start} + %(size)s AND p.from_start_ms <= {start}"""
+_PANE_PARTS = "p.metric_type, p.count, p.sum, p.min, p.max, p.last, p.last_event_ms, p.sketch"
+_ASSEMBLE_WINDOWS = f"""
+WITH touched AS (
+    SELECT DISTINCT s.metric, s.tags, st.ms
+    FROM {_PANE_STAGING} s
+    CROSS JOIN LATERAL generate_series(
+        greatest(s.from_start_ms, s.pane_ms - %(size)s + %(hop)s), s.pane_ms, %(hop)s) AS st(ms)
+    WHERE (st.ms + %(size)s <= %(w)s
+           OR (%(early)s::int8 IS NOT NULL AND %(w)s - st.ms >= %(early)s))
+      AND st.ms <> ALL(%(starts)s::int8[])
+), parts AS (
+    SELECT p.metric, p.tags, st.ms AS start_ms, {_PANE_PARTS}
+    FROM unnest(%(starts)s::int8[]) AS st(ms) {_PANES_OF.format(start="st.ms")}
+  UNION ALL
+    SELECT p.metric, p.tags, t.ms, {_PANE_PARTS}
+    FROM touched t {_PANES_OF.format(start="t.ms")} AND p.metric = t.metric AND p.tags = t.tags
+)
+SELECT metric, tags, min(metric_type), start_ms, start_ms + %(size)s, sum(count)::int8,
+       sum(sum), min(min), max(max),
+       (array_agg(last ORDER BY last_event_ms DESC NULLS LAST, last DESC)
+            FILTER (WHERE metric_type = 'g'))[1],
+       coalesce(array_agg(sketch) FILTER (WHERE sketch IS NOT NULL), '{{}}')
+FROM parts
+GROUP BY metric, tags, start_ms
 """
 
-_BEFORE_ANY_WATERMARK_MS = -(2**62)
-"""W0 of a lane's first batch: every window the watermark has passed is new to it."""
+
+def pane_window_starts(
+    previous_ms: int | None, watermark_ms: int, size_ms: int, hop_ms: int, offset_ms: int,
+    early_every_ms: int | None, oldest_pane_ms: int | None,
+) -> list[int]:  # fmt: skip
+    """Window starts whose windows a pane batch publishes whatever its panes: (b) those whose
+    end the watermark passed in this batch, ``previous < end <= watermark`` (with no previous
+    watermark, every ended window from the oldest kept pane's on), and (c) with
+    ``early_every``, open windows an early tick of which falls in ``(previous, watermark]``
+    (see ``_ASSEMBLE_WINDOWS``). Starts lie on the grid ``offset + n * hop``."""
+
+    def first_on_grid_after(ms: int) -> int:
+        return ms - (ms - offset_ms) % hop_ms + hop_ms
+
+    if previous_ms is None:
+        if oldest_pane_ms is None:
+            return []
+        low = oldest_pane_ms - size_ms  # the oldest window holding it starts a hop later
+    else:
+        low = previous_ms - size_ms
+    starts = list(range(first_on_grid_after(low), watermark_ms - size_ms + 1, hop_ms))
+    if early_every_ms is not None:
+        for start in range(first_on_grid_after(watermark_ms - size_ms),
+                           watermark_ms - early_every_ms + 1, hop_ms):  # fmt: skip
+            tick = start + (watermark_ms - start) // early_every_ms * early_every_ms
+            if previous_ms is None or tick > previous_ms:
+                starts.append(start)
+    return starts
+
+
+_OLDEST_PANE = """
+SELECT min(pane_ms) FROM window_panes
+WHERE config_name = %(config)s AND window_name = %(window)s
+"""
 _PREVIOUS_WATERMARK = "SELECT value_ms FROM pipeline_state WHERE config_name = %s AND key = %s"
 
 # Once every window holding a pane is final (its newest, [pane, pane + size), included), no
@@ -1238,10 +1262,10 @@ class ResultStore:
         panes of final windows; (windows upserted, of which early)."""
         cur.execute(_PREVIOUS_WATERMARK, (panes.config_name, panes.watermark_key))
         row = cur.fetchone()
-        params = {
+        previous = None if row is None else int(row[0])
+        params: dict[str, Any] = {
             "config": panes.config_name, "window": panes.window_name, "size": panes.size_ms,
             "hop": panes.hop_ms, "lateness": panes.allowed_lateness_ms, "w": watermark_ms,
-            "w0": _BEFORE_ANY_WATERMARK_MS if row is None else int(row[0]),
             "early": panes.early_every_ms, "revision": revision, "now_ms": now_ms,
         }  # fmt: skip
         if panes.panes.num_rows:
@@ -1249,6 +1273,15 @@ class ResultStore:
             cur.execute(_UPSERT_PANES, params)
         else:
             cur.execute(_PANE_STAGING_DDL)  # the assembly reads it
+        oldest = None
+        if previous is None:
+            cur.execute(_OLDEST_PANE, params)
+            found = cur.fetchone()
+            oldest = None if found is None or found[0] is None else int(found[0])
+        params["starts"] = pane_window_starts(
+            previous, watermark_ms, panes.size_ms, panes.hop_ms, panes.offset_ms,
+            panes.early_every_ms, oldest,
+        )  # fmt: skip
         cur.execute(_ASSEMBLE_WINDOWS, params)
         fetched = cur.fetchall()
         assembled = pa.table(

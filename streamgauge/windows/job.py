@@ -867,7 +867,7 @@ class PaneBatchWriter(WindowBatchWriter):
             panes=named, size_ms=window.size_ms, hop_ms=window.hop_ms,
             allowed_lateness_ms=window.allowed_lateness_ms,
             early_every_ms=window.early_every_ms, config_name=self._config.name,
-            window_name=window.name, watermark_key=self._state_key,
+            window_name=window.name, watermark_key=self._state_key, offset_ms=window.offset_ms,
             to_results=lambda assembled: result_rows(
                 hopping_windows.set_values_of_panes(assembled, lg_k)
             ),

@@ -31,6 +31,7 @@ from streamgauge.sinks.store import (
     PaneBatch,
     ResultStore,
     RetryPolicy,
+    pane_window_starts,
     run_sql,
 )
 
@@ -238,3 +239,22 @@ def test_status_counts_windows_waiting_as_panes_as_pending(
     commit(store, 1, 3)
     [status] = _window_status(clean_store)
     assert (status["windows_pending"], status["windows_emitted"]) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("previous", "watermark", "early", "oldest", "starts"),
+    [
+        (None, 4500, None, None, []),  # no pane kept, no watermark before: nothing to publish
+        (None, 4500, None, 0, [-2000, 0]),  # first batch: every ended window of the kept panes
+        (2500, 4500, None, 0, [0]),  # [0, 4) ends in (2.5 s, 4.5 s]
+        (4500, 4900, None, 0, []),  # no end in (4.5 s, 4.9 s]
+        (1200, 2100, 1000, 0, [-2000, 0]),  # [-2, 2) ended; [0, 4)'s tick 2 s is after 1.2 s
+        (2100, 2900, 1000, 0, []),  # ticks 2 s again: nothing new
+    ],
+)
+def test_the_starts_a_batch_publishes_whatever_its_panes(
+    previous: int | None, watermark: int, early: int | None, oldest: int | None,
+    starts: list[int],
+) -> None:  # fmt: skip
+    """Size 4 s, hop 2 s (module docstring): (b) ended in (W0, W], (c) early ticks."""
+    assert pane_window_starts(previous, watermark, SIZE, HOP, 0, early, oldest) == starts
