@@ -10,7 +10,6 @@ sockets and writes a closing segment, so nothing received is lost.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import re
@@ -210,30 +209,13 @@ def run_ingest(
     # bench/ingest.py, medians of 3: peak RSS 274 MB, was 369 in one run; at 1 line per
     # datagram the peak is now this start-up, 250 MB; see bench/ingest/README.md).
     released_kb = release_compiler_pages()
-    frozen = freeze_startup_objects()
-    log.info("ingest %s: receiving on %s, writing to %s (%d MB of LLVM code released, "
-             "%d start-up objects frozen)", settings.receiver, " ".join(receiver.listening),
-             receiver_spool, released_kb >> 10, frozen)  # fmt: skip
+    log.info("ingest %s: receiving on %s, writing to %s (%d MB of LLVM code released)",
+             settings.receiver, " ".join(receiver.listening), receiver_spool, released_kb >> 10)
     try:
         receiver.run(stop)
     finally:
         close_all(sockets)
     log.info("ingest %s: closed after %s", settings.receiver, receiver.stats.to_json())
-
-
-def freeze_startup_objects() -> int:
-    """Put what start-up made out of the garbage collector's reach (``gc.freeze``); how many.
-
-    Start-up leaves ~117k objects the collector tracks, most of them numba's compiler state,
-    and they live as long as the process. Every full collection walked them all: 69 ms (up to
-    113 ms on a loaded machine) against ~0 once frozen (``bench/ingest/gc_pause.py``). At
-    2 M lines/s, 70 ms is ~140k lines waiting in the socket buffer, about all an 8 MiB buffer
-    holds; and new series on the general path (new keys, new Python objects) are what trigger
-    full collections, in bursts.
-    """
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def bind_all(
