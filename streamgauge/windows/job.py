@@ -355,6 +355,27 @@ def pane_and_first_start(window: WindowSpec) -> tuple[Column, Column]:
     return pane, oldest + late_windows.cast("long") * F.lit(hop)
 
 
+def _on_time_in_panes(source: DataFrame, window: WindowSpec, lane: Column) -> DataFrame:
+    """The partials of ``lane`` on time for at least one window of hopping ``window``, each
+    with its pane (``pane_ms``), the first window start it is on time for
+    (``from_start_ms``) and the event-time column both hopping lanes' watermark is on."""
+    assert window.size_ms is not None
+    size = window.size_ms
+    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + size
+    pane, from_start = pane_and_first_start(window)
+    return (
+        source.withColumn("pane_ms", pane)
+        .withColumn("from_start_ms", from_start)
+        .withColumn("tags", series_tags(window.group_by))
+        .where(
+            metric_filter(window.metrics) & lane & (F.col("from_start_ms") <= F.col("pane_ms"))
+        )
+        # The newest window end the partial reaches: the copied rows' watermark, unchanged.
+        .withColumn("reach_ts", F.timestamp_millis(F.col("pane_ms") + F.lit(size)))
+        .withWatermark("reach_ts", f"{horizon_ms} milliseconds")
+    )
+
+
 def hopping_partials(source: DataFrame, window: WindowSpec, params: SketchParams) -> DataFrame:
     """Pane merge of a hopping window's sketch lane (timers, histograms, distributions:
     ``hopping_windows``): each partial once, keyed by series, with its pane (``pane_ms``) and
@@ -364,22 +385,8 @@ def hopping_partials(source: DataFrame, window: WindowSpec, params: SketchParams
     A partial late for every window it lies in (``from_start > pane``) is left to
     ``late_partials``, whose rows are unchanged (``pane_and_first_start``).
     """
-    assert window.size_ms is not None
-    size = window.size_ms
-    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + size
-    pane, from_start = pane_and_first_start(window)
-    on_time = (
-        source.withColumn("pane_ms", pane)
-        .withColumn("from_start_ms", from_start)
-        .withColumn("tags", series_tags(window.group_by))
-        .where(
-            metric_filter(window.metrics) & is_sketched()
-            & (F.col("from_start_ms") <= F.col("pane_ms"))
-        )
-        # The newest window end the partial reaches: the copied rows' watermark, unchanged.
-        .withColumn("reach_ts", F.timestamp_millis(F.col("pane_ms") + F.lit(size)))
-        .withWatermark("reach_ts", f"{horizon_ms} milliseconds")
-        .select(*hopping_windows.INPUT_COLUMNS, "reach_ts")
+    on_time = _on_time_in_panes(source, window, is_sketched()).select(
+        *hopping_windows.INPUT_COLUMNS, "reach_ts"
     )
     return on_time.groupBy("metric", "tags").applyInPandasWithState(
         hopping_windows.hopping_state_function(window, params),
@@ -403,28 +410,9 @@ def hopping_pane_aggregates(source: DataFrame, window: WindowSpec) -> DataFrame:
     writes one row per series and pane instead of size/hop open windows. Same watermark as the
     sketch lane's panes (``hopping_partials``), so both evict together.
     """
-    assert window.size_ms is not None
-    size = window.size_ms
-    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + size
-    pane, from_start = pane_and_first_start(window)
-    on_time = (
-        source.withColumn("pane_ms", pane)
-        .withColumn("from_start_ms", from_start)
-        .withColumn("tags", series_tags(window.group_by))
-        .where(
-            metric_filter(window.metrics) & ~is_sketched()
-            & (F.col("from_start_ms") <= F.col("pane_ms"))
-        )
-        .withColumn("reach_ts", F.timestamp_millis(F.col("pane_ms") + F.lit(size)))
-        .withWatermark("reach_ts", f"{horizon_ms} milliseconds")
-    )
+    on_time = _on_time_in_panes(source, window, ~is_sketched())
     panes = on_time.groupBy("reach_ts", "pane_ms", "from_start_ms", "metric", "tags").agg(
-        F.min("metric_type").alias("metric_type"),
-        F.sum("count").alias("count"),
-        F.sum("sum").alias("sum"),
-        F.min("min").alias("min"),
-        F.max("max").alias("max"),
-        F.max_by("last", "last_event_ms").alias("last"),
+        *_merged_scalars(),
         F.max("last_event_ms").alias("last_event_ms"),
         F.hll_union_agg(F.when(_is_set(), F.col("sketch")), F.lit(True)).alias("sketch"),
     )
@@ -490,12 +478,7 @@ def aggregate_windows(assigned: DataFrame, kll_k: int | None = None) -> DataFram
             F.kll_merge_agg_double(F.when(is_sketched(), F.col("kll")), F.lit(kll_k)).alias("kll")
         )
     grouped = assigned.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
-        F.min("metric_type").alias("metric_type"),
-        F.sum("count").alias("count"),
-        F.sum("sum").alias("sum"),
-        F.min("min").alias("min"),
-        F.max("max").alias("max"),
-        F.max_by("last", "last_event_ms").alias("last"),
+        *_merged_scalars(),
         # Sets: union of the pane HLLs (Spark reads the HLL_8 images ingest writes).
         F.hll_union_agg(
             F.when(F.col("metric_type") == "s", F.col("sketch")), F.lit(True)
@@ -507,6 +490,19 @@ def aggregate_windows(assigned: DataFrame, kll_k: int | None = None) -> DataFram
     return _window_rows(
         grouped, _set_distinct_count(), F.when(_is_set(), F.col("sketch")).alias("sketch")
     )
+
+
+def _merged_scalars() -> list[Column]:
+    """Partials' scalars merged by Spark's own aggregates: the type, counts and sums added,
+    extremes compared, ``last`` the value of the latest event."""
+    return [
+        F.min("metric_type").alias("metric_type"),
+        F.sum("count").alias("count"),
+        F.sum("sum").alias("sum"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.max_by("last", "last_event_ms").alias("last"),
+    ]
 
 
 def _window_rows(grouped: DataFrame, *values: Column) -> DataFrame:
@@ -835,17 +831,6 @@ class PaneBatchWriter(WindowBatchWriter):
 
     keeps_panes = True
 
-    def __init__(
-        self,
-        config: PipelineConfig,
-        window: WindowSpec,
-        store: ResultStore,
-        checkpoint: Path,
-        clock: Clock,
-    ) -> None:
-        super().__init__(config, window, store, checkpoint, clock)
-        self._lg_k = sketch_params(config).hll_lg_k
-
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self._commit(pa.table({}), batch_id, panes=batch.toArrow())
 
@@ -862,7 +847,7 @@ class PaneBatchWriter(WindowBatchWriter):
                 **{name: panes.column(name) for name in panes.column_names},
             }
         )
-        lg_k = self._lg_k
+        lg_k = sketch_params(self._config).hll_lg_k
         return PaneBatch(
             panes=named, size_ms=window.size_ms, hop_ms=window.hop_ms,
             allowed_lateness_ms=window.allowed_lateness_ms,
