@@ -406,7 +406,7 @@ ASSEMBLED_SCHEMA = pa.schema(
     ]
 )
 """What ``PaneBatch.to_results`` is given: windows merged from their panes (scalars merged in
-SQL; sets' pane HLLs listed in pane order, for the caller to union)."""
+SQL; sets' pane HLLs listed, in no particular order, for the caller to union)."""
 
 
 @dataclass(frozen=True)
@@ -431,6 +431,9 @@ class PaneBatch:
     to_results: Callable[[pa.Table], pa.Table]
     offset_ms: int = 0
     """Window starts (and panes) lie on ``offset_ms + n * hop_ms``."""
+    progress_ms: int | None = None
+    """The batch's own watermark (its heartbeats', not raised to the stored one; None: no
+    heartbeat yet): panes whose windows are all final by it leave ``window_panes``."""
 
 
 _PANE_STAGING = "sg_pane_staging"
@@ -529,13 +532,16 @@ WHERE config_name = %(config)s AND window_name = %(window)s
 """
 _PREVIOUS_WATERMARK = "SELECT value_ms FROM pipeline_state WHERE config_name = %s AND key = %s"
 
-# Once every window holding a pane is final (its newest, [pane, pane + size), included), no
-# on-time partial can reach the pane again (a partial is late for a window final before its
-# segment: job.assign_windows), and no window made of it is published again.
+# Once every window holding a pane is final (its newest, [pane, pane + size), included) by the
+# log's own progress, no on-time partial can reach the pane again (a partial is late for a
+# window final before its segment: job.assign_windows), and no window made of it is published
+# again. By the batch's own watermark, not the stored one it is raised to: a new checkpoint
+# rebuilds old panes under a later stored watermark, and a window's panes may come in several
+# of its batches.
 _EVICT_PANES = """
 DELETE FROM window_panes
 WHERE config_name = %(config)s AND window_name = %(window)s
-  AND pane_ms <= %(w)s - %(size)s - %(lateness)s
+  AND pane_ms <= %(progress)s - %(size)s - %(lateness)s
 """
 
 # A pane-made window the watermark has not passed: published early, on the same terms as
@@ -1298,7 +1304,8 @@ class ResultStore:
             if panes.early_every_ms is not None:
                 cur.execute(_EARLY_STAGED)
                 early = max(cur.rowcount, 0)
-        cur.execute(_EVICT_PANES, params)
+        if panes.progress_ms is not None:
+            cur.execute(_EVICT_PANES, {**params, "progress": panes.progress_ms})
         return upserted + early, early
 
     def _connection(self) -> psycopg.Connection[Any]:

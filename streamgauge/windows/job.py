@@ -781,7 +781,7 @@ class WindowBatchWriter:
                 watermark_ms=watermark_ms, emitted_at_ms=emitted_at_ms,
             )  # fmt: skip
 
-        pane_batch = None if panes is None else self._pane_batch(panes, result_rows)
+        pane_batch = None if panes is None else self._pane_batch(panes, batch_id, result_rows)
         rows = result_rows(changed) if pane_batch is None else RESULT_SCHEMA.empty_table()
         finalizations = []
         state: dict[tuple[str, str], int] = {}
@@ -814,7 +814,7 @@ class WindowBatchWriter:
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
 
     def _pane_batch(
-        self, panes: pa.Table, result_rows: Callable[[pa.Table], pa.Table]
+        self, panes: pa.Table, batch_id: int, result_rows: Callable[[pa.Table], pa.Table]
     ) -> PaneBatch:
         raise NotImplementedError(f"{type(self).__name__} keeps no panes")
 
@@ -835,7 +835,7 @@ class PaneBatchWriter(WindowBatchWriter):
         self._commit(pa.table({}), batch_id, panes=batch.toArrow())
 
     def _pane_batch(
-        self, panes: pa.Table, result_rows: Callable[[pa.Table], pa.Table]
+        self, panes: pa.Table, batch_id: int, result_rows: Callable[[pa.Table], pa.Table]
     ) -> PaneBatch:
         window = self._window
         assert window.size_ms is not None and window.hop_ms is not None
@@ -848,11 +848,17 @@ class PaneBatchWriter(WindowBatchWriter):
             }
         )
         lg_k = sketch_params(self._config).hll_lg_k
+        # Panes leave by the log's own progress, not the floored watermark: a new checkpoint
+        # rebuilding old panes under a stored (later) watermark needs a window's panes until
+        # its batches are past them.
+        heartbeat_ms = receivers_heartbeat_ms(batch_heartbeats(self._checkpoint, batch_id))
+        progress = None if heartbeat_ms is None else heartbeat_ms - window.watermark_delay_ms
         return PaneBatch(
             panes=named, size_ms=window.size_ms, hop_ms=window.hop_ms,
             allowed_lateness_ms=window.allowed_lateness_ms,
             early_every_ms=window.early_every_ms, config_name=self._config.name,
             window_name=window.name, watermark_key=self._state_key, offset_ms=window.offset_ms,
+            progress_ms=progress,
             to_results=lambda assembled: result_rows(
                 hopping_windows.set_values_of_panes(assembled, lg_k)
             ),

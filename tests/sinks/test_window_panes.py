@@ -61,10 +61,12 @@ def pane(at_s: int, count: int, total: float, **overrides: Any) -> dict[str, Any
 
 def commit(
     store: ResultStore, batch: int, watermark_s: float, *panes: dict[str, Any],
-    early_every_s: int | None = None,
+    early_every_s: int | None = None, progress_s: float | None = None,
 ) -> BatchOutcome:  # fmt: skip
-    """One micro-batch of the pane lane at watermark ``W`` (revision = batch + 1)."""
+    """One micro-batch of the pane lane at watermark ``W`` (revision = batch + 1); the batch's
+    own progress (its heartbeats' watermark) is ``W`` unless given."""
     watermark = int(watermark_s * SECOND)
+    progress = watermark if progress_s is None else int(progress_s * SECOND)
     revision = batch + 1
 
     def to_results(assembled: pa.Table) -> pa.Table:
@@ -87,7 +89,7 @@ def commit(
     batch_panes = PaneBatch(
         panes=rows, size_ms=SIZE, hop_ms=HOP, allowed_lateness_ms=LATENESS,
         early_every_ms=early, config_name="web", window_name="h",
-        watermark_key="watermark_ms:h", to_results=to_results,
+        watermark_key="watermark_ms:h", to_results=to_results, progress_ms=progress,
     )  # fmt: skip
     return store.commit_batch(
         "web.h", batch, RESULT_SCHEMA.empty_table(),
@@ -167,6 +169,21 @@ def test_panes_leave_once_every_window_holding_them_is_final(
     assert kept_panes(clean_store) == []
     assert [w[0] for w in windows(clean_store)] == [-2, 0, 2, 4]
     assert all(w[4] for w in windows(clean_store))
+
+
+def test_a_rebuild_under_a_later_stored_watermark_keeps_panes_until_its_batches_pass_them(
+    store: ResultStore, clean_store: str
+) -> None:
+    """A new checkpoint re-reads the log while the stored watermark is at 100 s: every window
+    it touches is published at once (final), and pane 2, split over two of its batches,
+    comes back whole in the second; h0 must still hold pane 0 then."""
+    commit(store, 0, 100, pane(0, 1, 1.0), pane(2, 2, 2.0), progress_s=1)
+    assert windows(clean_store)[1] == (0, 3, 3.0, 1, True, None)
+    commit(store, 1, 100, pane(2, 5, 5.0), progress_s=3)
+    assert windows(clean_store)[1] == (0, 6, 6.0, 2, True, None)
+    assert kept_panes(clean_store) == [(0, 1), (2, 5)]  # 0 + 4 + 1 > 3: not yet
+    commit(store, 2, 100, progress_s=10)
+    assert kept_panes(clean_store) == []
 
 
 def test_a_replayed_batch_changes_nothing(store: ResultStore, clean_store: str) -> None:
