@@ -179,7 +179,7 @@ def main() -> None:
                     panes=pane_rows("bench", "panes", metrics, pane, size_ms, hop_ms),
                     size_ms=size_ms, hop_ms=hop_ms, allowed_lateness_ms=LATENESS_MS,
                     early_every_ms=None, config_name="bench", window_name="panes",
-                    watermark_key="watermark_ms:panes",
+                    watermark_key="watermark_ms:panes", progress_ms=watermark,
                     to_results=lambda a, r=revision, w=watermark: windows_of_panes(a, r, w),
                 )  # fmt: skip
                 timer.enabled = batch >= args.warmup
