@@ -247,6 +247,13 @@ WHERE window_results.revision < excluded.revision
 # stragglers' revisions and finality are untouched (early_as_of is reset by the upserts,
 # _PROMOTE and _FINALIZE). window_pending keeps the row: it still receives the window's
 # changes, and _PROMOTE moves it when W passes the end.
+# An early row replaces the stored one only at a later tick and only if a value changed.
+_EARLY_REPLACES = f"""ON CONFLICT ({_KEY}) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}, early_as_of = excluded.early_as_of
+WHERE window_results.early_as_of < excluded.early_as_of
+  AND window_results.revision < excluded.revision
+  AND {_VALUES_CHANGED}
+"""
 _EARLY = f"""
 INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)}, early_as_of)
 SELECT {", ".join(f"p.{c}" for c in _KEY.split(", "))},
@@ -263,12 +270,7 @@ WHERE h.early_every_ms IS NOT NULL
   AND (h.metric_types IS NULL OR p.metric_type = ANY(h.metric_types))
   AND p.window_end > {_ms_to_ts("h.watermark_ms")}
   AND h.watermark_ms - start.ms >= h.early_every_ms
-ON CONFLICT ({_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}, early_as_of = excluded.early_as_of
-WHERE window_results.early_as_of < excluded.early_as_of
-  AND window_results.revision < excluded.revision
-  AND {_VALUES_CHANGED}
-"""
+{_EARLY_REPLACES}"""
 
 # Corrections from `streamgauge replay`: a recomputed final window replaces the stored one
 # with the next revision, only where a value changed (so replaying twice changes nothing).
@@ -559,12 +561,7 @@ CROSS JOIN LATERAL (
 WHERE h.early_every_ms IS NOT NULL
   AND s.window_end_ms > h.watermark_ms
   AND h.watermark_ms - s.window_start_ms >= h.early_every_ms
-ON CONFLICT ({_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}, early_as_of = excluded.early_as_of
-WHERE window_results.early_as_of < excluded.early_as_of
-  AND window_results.revision < excluded.revision
-  AND {_VALUES_CHANGED}
-"""
+{_EARLY_REPLACES}"""
 
 _MARK_LATE_IDS_REPLAYED = f"""
 UPDATE late_events SET replayed_at = {_ms_to_ts("%(now_ms)s")}

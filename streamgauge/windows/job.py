@@ -741,18 +741,24 @@ class WindowBatchWriter:
             )
         return self._revision_base + batch_id + 1
 
-    def watermark_ms(self, batch_id: int) -> int | None:
-        """This batch's watermark, never below one already committed.
+    def progress_ms(self, batch_id: int) -> int | None:
+        """The batch's own watermark: its receivers' heartbeats less the delay (None before
+        any heartbeat), not yet raised to one already committed."""
+        heartbeat_ms = receivers_heartbeat_ms(batch_heartbeats(self._checkpoint, batch_id))
+        return None if heartbeat_ms is None else heartbeat_ms - self._window.watermark_delay_ms
+
+    def watermark_ms(self, progress_ms: int | None) -> int | None:
+        """The watermark of a batch whose own is ``progress_ms``, never below one already
+        committed.
 
         A receiver stream that appears with an older heartbeat lowers the minimum over
         receivers; a window already emitted (or final) must not go back to pending.
         """
-        heartbeat_ms = receivers_heartbeat_ms(batch_heartbeats(self._checkpoint, batch_id))
         if self._watermark_floor is None:
             self._watermark_floor = self._store.read_state(self._config.name, self._state_key)
-        if heartbeat_ms is None:
+        if progress_ms is None:
             return self._watermark_floor
-        watermark = heartbeat_ms - self._window.watermark_delay_ms
+        watermark = progress_ms
         if self._watermark_floor is not None:
             watermark = max(watermark, self._watermark_floor)
         self._watermark_floor = watermark
@@ -771,7 +777,8 @@ class WindowBatchWriter:
         histograms: pa.Table | None = None,
         panes: pa.Table | None = None,
     ) -> None:
-        watermark_ms = self.watermark_ms(batch_id)
+        progress_ms = self.progress_ms(batch_id)
+        watermark_ms = self.watermark_ms(progress_ms)
         revision = self.revision(batch_id)
         emitted_at_ms = self._clock.now_ms()
 
@@ -781,7 +788,7 @@ class WindowBatchWriter:
                 watermark_ms=watermark_ms, emitted_at_ms=emitted_at_ms,
             )  # fmt: skip
 
-        pane_batch = None if panes is None else self._pane_batch(panes, batch_id, result_rows)
+        pane_batch = None if panes is None else self._pane_batch(panes, progress_ms, result_rows)
         rows = result_rows(changed) if pane_batch is None else RESULT_SCHEMA.empty_table()
         finalizations = []
         state: dict[tuple[str, str], int] = {}
@@ -814,7 +821,8 @@ class WindowBatchWriter:
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
 
     def _pane_batch(
-        self, panes: pa.Table, batch_id: int, result_rows: Callable[[pa.Table], pa.Table]
+        self, panes: pa.Table, progress_ms: int | None,
+        result_rows: Callable[[pa.Table], pa.Table],
     ) -> PaneBatch:
         raise NotImplementedError(f"{type(self).__name__} keeps no panes")
 
@@ -835,7 +843,8 @@ class PaneBatchWriter(WindowBatchWriter):
         self._commit(pa.table({}), batch_id, panes=batch.toArrow())
 
     def _pane_batch(
-        self, panes: pa.Table, batch_id: int, result_rows: Callable[[pa.Table], pa.Table]
+        self, panes: pa.Table, progress_ms: int | None,
+        result_rows: Callable[[pa.Table], pa.Table],
     ) -> PaneBatch:
         window = self._window
         assert window.size_ms is not None and window.hop_ms is not None
@@ -848,17 +857,15 @@ class PaneBatchWriter(WindowBatchWriter):
             }
         )
         lg_k = sketch_params(self._config).hll_lg_k
-        # Panes leave by the log's own progress, not the floored watermark: a new checkpoint
-        # rebuilding old panes under a stored (later) watermark needs a window's panes until
-        # its batches are past them.
-        heartbeat_ms = receivers_heartbeat_ms(batch_heartbeats(self._checkpoint, batch_id))
-        progress = None if heartbeat_ms is None else heartbeat_ms - window.watermark_delay_ms
         return PaneBatch(
             panes=named, size_ms=window.size_ms, hop_ms=window.hop_ms,
             allowed_lateness_ms=window.allowed_lateness_ms,
             early_every_ms=window.early_every_ms, config_name=self._config.name,
             window_name=window.name, watermark_key=self._state_key, offset_ms=window.offset_ms,
-            progress_ms=progress,
+            # Panes leave by the log's own progress, not the raised watermark: a new
+            # checkpoint rebuilding old panes under a stored (later) watermark needs a
+            # window's panes until its batches are past them.
+            progress_ms=progress_ms,
             to_results=lambda assembled: result_rows(
                 hopping_windows.set_values_of_panes(assembled, lg_k)
             ),
