@@ -26,6 +26,7 @@ from types import FrameType
 import pyarrow as pa
 
 from streamgauge.clock import Clock, SystemClock
+from streamgauge.ingest.collector import FullCollections, settle_after_startup
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.fastpath import release_compiler_pages
 from streamgauge.ingest.guard import CardinalityLimits
@@ -203,14 +204,17 @@ def run_ingest(
         cardinality=settings.cardinality,
         stats_path=settings.stats_path,
         checkpoints=settings.query_checkpoints,
+        full_collections=FullCollections(),
     )
     # The fast path is compiled (or loaded from numba's cache) by now and LLVM is done: its
     # ~108 MB of library code leaves this process's RSS (1.2 M lines/s at 20 per datagram,
     # bench/ingest.py, medians of 3: peak RSS 274 MB, was 369 in one run; at 1 line per
     # datagram the peak is now this start-up, 250 MB; see bench/ingest/README.md).
     released_kb = release_compiler_pages()
-    log.info("ingest %s: receiving on %s, writing to %s (%d MB of LLVM code released)",
-             settings.receiver, " ".join(receiver.listening), receiver_spool, released_kb >> 10)
+    frozen = settle_after_startup()  # see collector.py: full collections by the receiver
+    log.info("ingest %s: receiving on %s, writing to %s (%d MB of LLVM code released, %d "
+             "start-up objects frozen)", settings.receiver, " ".join(receiver.listening),
+             receiver_spool, released_kb >> 10, frozen)  # fmt: skip
     try:
         receiver.run(stop)
     finally:

@@ -66,6 +66,7 @@ import pyarrow as pa
 
 from streamgauge.clock import Clock
 from streamgauge.ingest import kernel
+from streamgauge.ingest.collector import FullCollections
 from streamgauge.ingest.combiner import PaneCombiner, canonical_tags
 from streamgauge.ingest.fastpath import FastPath
 from streamgauge.ingest.guard import (
@@ -242,6 +243,8 @@ class IngestStats:
     write_blocked_ms: int = 0  # how long they waited
     syscalls: int = 0  # datagram reads (recvmmsg or recv calls)
     read_ahead_full: int = 0  # times a reader thread waited for the loop (READ_AHEAD_BYTES)
+    full_collections: int = 0  # run by the receiver itself (collector.FullCollections)
+    full_collection_ms: int = 0  # their total pause
     rejected: collections.Counter[str] = field(default_factory=collections.Counter)
     adjusted: collections.Counter[str] = field(default_factory=collections.Counter)
     kernel_drops: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -273,6 +276,8 @@ class IngestStats:
             "write_blocked_ms": self.write_blocked_ms,
             "syscalls": self.syscalls,
             "read_ahead_full": self.read_ahead_full,
+            "full_collections": self.full_collections,
+            "full_collection_ms": self.full_collection_ms,
             "rejected": dict(self.rejected),
             "adjusted": dict(self.adjusted),
             "kernel_drops": dict(self.kernel_drops),
@@ -308,13 +313,16 @@ class Receiver:
         recvmmsg: bool = True,
         checkpoints: Sequence[Path] | None = None,
         read_ahead_bytes: int = READ_AHEAD_BYTES,
+        full_collections: FullCollections | None = None,
     ) -> None:
         """``writer``: a ``SegmentQueue`` writes on its own thread; a bare ``SegmentWriter``
         writes in ``roll`` itself. ``recvmmsg``: many datagrams per system call on Linux.
         ``checkpoints``: the running config's query checkpoints (``all_checkpoints``), for
         the segment lag.
         ``read_ahead_bytes``: while ``run`` runs, datagram sockets are read by ``ReadAhead``
-        threads holding up to this much (0: read by the loop itself)."""
+        threads holding up to this much (0: read by the loop itself).
+        ``full_collections``: run the garbage collector's full collections from ``roll``
+        (a receiver process takes them off the automatic schedule: ``collector.py``)."""
         if max_skew_ms < 0:
             raise ValueError(f"max_skew_ms must be >= 0, got {max_skew_ms}")
         self._sockets = [sockets] if isinstance(sockets, socket.socket) else list(sockets)
@@ -332,6 +340,7 @@ class Receiver:
         self._read_ahead_bytes = read_ahead_bytes
         self._read_ahead: ReadAhead | None = None
         self._read_ahead_full_seen = 0
+        self._full_collections = full_collections
         self._checkpoints = list(checkpoints) if checkpoints is not None else None
         self._next_lag_poll_ms = 0
         self._lag_ms: int | None = None
@@ -702,7 +711,15 @@ class Receiver:
         self.stats.segments += 1
         self._last_segment_ms = now_ms
         self._take_writer_counts()  # in the stats now, in the log with the next segment
+        self._collect_garbage(now_ms)
         self._write_stats()
+
+    def _collect_garbage(self, now_ms: int) -> None:
+        """A due full collection, right after the combiner's partials were handed over."""
+        scheduled = self._full_collections
+        if scheduled is not None and scheduled.maybe_collect(now_ms):
+            self.stats.full_collections = scheduled.count
+            self.stats.full_collection_ms = scheduled.total_ms
 
     def _take_writer_counts(self) -> None:
         """What the segment writer refused or waited for since the last roll."""
