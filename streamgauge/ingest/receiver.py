@@ -717,9 +717,13 @@ class Receiver:
     def _collect_garbage(self, now_ms: int) -> None:
         """A due full collection, right after the combiner's partials were handed over."""
         scheduled = self._full_collections
-        if scheduled is not None and scheduled.maybe_collect(now_ms):
-            self.stats.full_collections = scheduled.count
-            self.stats.full_collection_ms = scheduled.total_ms
+        if scheduled is None or not scheduled.maybe_collect(now_ms):
+            return
+        pending = self._pending_self_metrics  # written with the next roll's self-metrics
+        pending.full_collections += scheduled.count - self.stats.full_collections
+        pending.full_collection_ms += scheduled.total_ms - self.stats.full_collection_ms
+        self.stats.full_collections = scheduled.count
+        self.stats.full_collection_ms = scheduled.total_ms
 
     def _take_writer_counts(self) -> None:
         """What the segment writer refused or waited for since the last roll."""
@@ -823,6 +827,8 @@ class Receiver:
             ("write_backpressure", pending.write_backpressure, ()),
             ("write_blocked_ms", pending.write_blocked_ms, ()),
             ("read_ahead_full", pending.read_ahead_full, ()),
+            ("full_collections", pending.full_collections, ()),
+            ("full_collection_ms", pending.full_collection_ms, ()),
         ]
         wrote = False
         for name, value, tags in counters:

@@ -19,7 +19,7 @@ from streamgauge.ingest.collector import (
     settle_after_startup,
 )
 from streamgauge.ingest.combiner import PaneCombiner
-from streamgauge.ingest.log import SegmentWriter
+from streamgauge.ingest.log import SegmentWriter, list_segments, read_segment
 from streamgauge.ingest.receiver import UdpReceiver, bind_udp
 
 T0 = 1_700_000_000_000
@@ -95,4 +95,12 @@ def test_the_receiver_collects_after_its_rolls_and_reports_it(tmp_path: Path) ->
     assert watch.collected == 4  # at 2, 4, 6 and 8 s
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert (stats["full_collections"], stats["full_collection_ms"]) == (4, 12)
+    # ... and as self-metrics, each with the roll after it (8 s has none yet)
+    rows = [row for segment in list_segments(tmp_path, "udp-0")
+            for batch in read_segment(segment.path) for row in batch.to_pylist()]  # fmt: skip
+    totals = {name: sum(row["sum"] for row in rows if row["metric"] == name)
+              for name in ("streamgauge.ingest.full_collections",
+                           "streamgauge.ingest.full_collection_ms")}  # fmt: skip
+    assert totals == {"streamgauge.ingest.full_collections": 3,
+                      "streamgauge.ingest.full_collection_ms": 9}  # fmt: skip
     sock.close()
