@@ -451,7 +451,8 @@ class Receiver:
         self.stats.syscalls += sum(calls for _, _, calls in taken)
         self.stats.datagrams += received
         self._pending_self_metrics.datagrams += received
-        self._ingest_buffer(b"\n".join(buffer for buffer, _, _ in taken) + b"\n", self.now_ms())
+        # one copy, the last line's newline included (``join(...) + b"\n"`` copied it twice)
+        self._ingest_buffer(b"\n".join([*(buffer for buffer, _, _ in taken), b""]), self.now_ms())
         return received
 
     def close(self) -> None:
@@ -514,12 +515,12 @@ class Receiver:
         if received:
             self.stats.datagrams += received
             self._pending_self_metrics.datagrams += received
-            self._ingest_buffer(b"\n".join(chunks) + b"\n", self.now_ms())
+            self._ingest_buffer(b"\n".join([*chunks, b""]), self.now_ms())
         return received
 
     def _ingest_datagrams(self, datagrams: list[bytes], recv_ms: int) -> None:
         """Parse and combine datagrams received together (see ``_ingest_buffer``)."""
-        self._ingest_buffer(b"\n".join(datagrams) + b"\n", recv_ms)
+        self._ingest_buffer(b"\n".join([*datagrams, b""]), recv_ms)
 
     def _ingest_buffer(self, buffer: bytes, recv_ms: int) -> None:
         """Parse and combine one wake-up's datagrams, joined by newlines; the same outcome as
