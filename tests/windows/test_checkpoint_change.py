@@ -82,3 +82,58 @@ def test_a_new_checkpoint_writes_above_the_stored_revisions_and_is_not_skipped(
     # Run again with nothing new: the same checkpoint, the same base, nothing changes.
     run_job_once(spark, after, paths, clean_store, ManualClock(T0))
     assert _rows(clean_store) == second
+
+
+
+HOPPING = """
+name: upgrade
+pane: 1s
+windows:
+  - {{name: per_4s_by_2s, kind: hopping, size: 4s, hop: 2s, watermark_delay: {delay},
+      allowed_lateness: 0s}}
+"""
+
+
+def _counter_segment(spool: Path, at_s: tuple[int, ...], beat_ms: int) -> None:
+    combiner = PaneCombiner(1000)
+    for second in at_s:
+        combiner.add(Sample("c.requests", "c", 1.0, 1.0, ()), T0 + second * 1000, T0)
+    SegmentWriter(spool, "udp-0").append(combiner.drain(), Heartbeat(T0 + beat_ms, True))
+
+
+def test_a_new_checkpoint_rebuilds_hopping_panes_from_the_log_alone(
+    spark: SparkSession, tmp_path: Path, clean_store: str
+) -> None:
+    """Hopping counters live in the store as panes (``window_panes``) between batches, keyed
+    by the first window each partial is on time for. A new checkpoint re-reads the whole log
+    and must start from no panes: a pane row the old definition made and the new one does not
+    (a straggler on time under the old watermark_delay, late under the new) would otherwise
+    still be merged into its windows, beside the straggler's row in late_events."""
+    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
+    before = parse_config(HOPPING.format(delay="1s"), "upgrade")
+    _counter_segment(paths.spool, (1, 3), beat_ms=4_000)
+    _counter_segment(paths.spool, (5, 7), beat_ms=8_000)
+    # a straggler at 5 s after the heartbeat of 8 s: with a 1 s delay the watermark was 7 s,
+    # on time for [4 s, 8 s); with no delay it is 8 s: late for it
+    _counter_segment(paths.spool, (5,), beat_ms=8_500)
+    run_job_once(spark, before, paths, clean_store, ManualClock(T0))
+    first = _rows(clean_store)
+    # [-2, 2) holds the sample at 1 s, [0, 4) those at 1 and 3 s, ...; [4, 8) is still open
+    assert {start: count for (_, start), (count, _) in first.items()} == {
+        -2_000: 1, 0: 2, 2_000: 2,
+    }  # fmt: skip
+
+    after = parse_config(HOPPING.format(delay="0s"), "upgrade")  # same name, new checkpoint
+    _counter_segment(paths.spool, (9,), beat_ms=14_000)
+    run_job_once(spark, after, paths, clean_store, ManualClock(T0))
+    second = _rows(clean_store)
+    assert {start: count for (_, start), (count, _) in second.items()} == {
+        -2_000: 1, 0: 2, 2_000: 2, 4_000: 2, 6_000: 2, 8_000: 1,
+    }  # fmt: skip
+    highest_before = max(revision for _, revision in first.values())
+    assert all(second[key][1] > highest_before for key in second if key not in first)
+    _, late = run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
+                      " - %s, count from late_events where config_name = 'upgrade'", [T0])
+    # the straggler, late for [4 s, 8 s) under the new definition only (the old run's row for
+    # [2 s, 6 s) stays beside the new one: late_events logs every run's late partials)
+    assert [row for row in late if row[0] == 4_000] == [(4_000, 1)]
