@@ -59,7 +59,9 @@ def test_settling_freezes_start_up_and_leaves_full_collections_to_the_receiver(
 ) -> None:
     kept = [[index] for index in range(1000)]  # containers the collector tracks
     frozen = settle_after_startup()
-    assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+    # (not == get_freeze_count() later: frozen objects still die, e.g. on pytest's threads)
+    assert frozen >= len(kept)
+    assert not any(obj is kept for obj in gc.get_objects())  # out of the collector's reach
     assert gc.get_threshold()[2] == NEVER
     assert gc.get_threshold()[:2] == (700, 10)  # the young generations keep theirs
     assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
