@@ -56,34 +56,27 @@ def settle_after_startup() -> int:
 
 @dataclass
 class FullCollections:
-    """Runs a full collection when ``every_ms`` has passed since the last (by the receiver's
-    clock, so tests drive it by hand) and keeps count of them and of the time they took."""
+    """Runs a full collection when ``every_ms`` has passed since the last, by the receiver's
+    clock (so tests drive it by hand); the receiver counts them and their pauses."""
 
     every_ms: int = FULL_COLLECTION_EVERY_MS
     collect: Callable[[], object] = gc.collect
     monotonic_ns: Callable[[], int] = time.monotonic_ns
-    count: int = 0
-    total_ms: int = 0
-    longest_ms: int = 0
     _last_ms: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.every_ms <= 0:
             raise ValueError(f"every_ms must be positive, got {self.every_ms}")
 
-    def maybe_collect(self, now_ms: int) -> bool:
-        """Collect if one is due at ``now_ms``; the first call only starts the schedule
-        (``settle_after_startup`` has just collected)."""
+    def maybe_collect(self, now_ms: int) -> int | None:
+        """Collect if one is due at ``now_ms`` and return its pause (ms), else None; the
+        first call only starts the schedule (``settle_after_startup`` has just collected)."""
         if self._last_ms is None:
             self._last_ms = now_ms
-            return False
+            return None
         if now_ms - self._last_ms < self.every_ms:
-            return False
+            return None
         started = self.monotonic_ns()
         self.collect()
-        took_ms = (self.monotonic_ns() - started) // 1_000_000
         self._last_ms = now_ms
-        self.count += 1
-        self.total_ms += took_ms
-        self.longest_ms = max(self.longest_ms, took_ms)
-        return True
+        return (self.monotonic_ns() - started) // 1_000_000

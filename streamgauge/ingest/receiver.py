@@ -718,13 +718,13 @@ class Receiver:
     def _collect_garbage(self, now_ms: int) -> None:
         """A due full collection, right after the combiner's partials were handed over."""
         scheduled = self._full_collections
-        if scheduled is None or not scheduled.maybe_collect(now_ms):
+        took_ms = None if scheduled is None else scheduled.maybe_collect(now_ms)
+        if took_ms is None:
             return
-        pending = self._pending_self_metrics  # written with the next roll's self-metrics
-        pending.full_collections += scheduled.count - self.stats.full_collections
-        pending.full_collection_ms += scheduled.total_ms - self.stats.full_collection_ms
-        self.stats.full_collections = scheduled.count
-        self.stats.full_collection_ms = scheduled.total_ms
+        # the pending self-metrics are written with the next roll's
+        for stats in (self.stats, self._pending_self_metrics):
+            stats.full_collections += 1
+            stats.full_collection_ms += took_ms
 
     def _take_writer_counts(self) -> None:
         """What the segment writer refused or waited for since the last roll."""
