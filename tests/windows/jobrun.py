@@ -24,12 +24,24 @@ def run_job_once(
     """Every query of ``config`` processes what is in the spool now and stops; a failed query
     fails the test (after ``ATTEMPTS`` starts, if it only missed the connect-back). Returns
     the queries of the last start (their progress tells what Spark did)."""
+    stores: list[ResultStore] = []
+
+    def new_store() -> ResultStore:
+        stores.append(ResultStore(url))
+        return stores[-1]
+
     for attempt in range(1, ATTEMPTS + 1):
         queries = start_window_queries(
-            spark, config, paths, lambda: ResultStore(url), clock, trigger_interval=None
+            spark, config, paths, new_store, clock, trigger_interval=None
         )
         for query in queries:
             query.awaitTermination(180)
+        # Each query's writers hold a store (a connection) for as long as py4j keeps their
+        # callbacks: closed here, or the test run's PostgreSQL runs out of connections
+        # ("too many clients already": a fresh-clone CI run of session 8).
+        for store in stores:
+            store.close()
+        stores.clear()
         failures = [str(q.exception()) for q in queries if q.exception() is not None]
         if not failures:
             return queries
