@@ -23,6 +23,7 @@ from streamgauge.configs import PipelineConfig
 from streamgauge.ingest.log import SPOOL_RESCAN_MS, spool_bytes
 from streamgauge.ingest.spool_fs import resolve_spool
 from streamgauge.retention import QUOTA_HIGH_WATER, prune_spool
+from streamgauge.sinks.query_stores import QueryStores
 from streamgauge.sinks.store import ResultStore, RetryPolicy
 from streamgauge.windows.job import JobPaths, all_checkpoints, start_window_queries
 from streamgauge.windows.session import build_spark_session
@@ -71,11 +72,12 @@ class WindowJob:
                                 clock, spool_quota_bytes)  # fmt: skip
         self._clock = clock
 
+        self._stores = QueryStores(url)
+
         def start() -> list[Any]:  # StreamingQuery
             return start_window_queries(
-                self.spark, config, paths, lambda: ResultStore(url), clock,
-                trigger_interval=trigger,
-            )  # fmt: skip
+                self.spark, config, paths, self._stores, clock, trigger_interval=trigger
+            )
 
         self._start_queries = start
         self._restarts = RestartBudget(clock)
@@ -115,6 +117,7 @@ class WindowJob:
                     query.stop()
             except Exception as error:  # noqa: BLE001 - start the queries again regardless
                 log.warning("stopping %s before the restart: %s", query.name, error)
+        self._stores.close_all()  # the stopped queries' connections (query_stores.py)
         self.queries = self._start_queries()
 
     def stop(self, *, drain: bool) -> None:
@@ -132,6 +135,7 @@ class WindowJob:
                 query.stop()
             except Exception as error:  # noqa: BLE001 - stop the other queries regardless
                 problems.append(f"{query.name}: {str(error).splitlines()[0]}")
+        self._stores.close_all()
         self.spark.stop()
         if problems:
             raise RuntimeError("; ".join(problems))

@@ -7,7 +7,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig
-from streamgauge.sinks.store import ResultStore
+from streamgauge.sinks.query_stores import QueryStores
 from streamgauge.windows.job import JobPaths, start_window_queries
 
 #: Spark gives a new driver-side Python process a fixed 10 s to connect back
@@ -24,24 +24,12 @@ def run_job_once(
     """Every query of ``config`` processes what is in the spool now and stops; a failed query
     fails the test (after ``ATTEMPTS`` starts, if it only missed the connect-back). Returns
     the queries of the last start (their progress tells what Spark did)."""
-    stores: list[ResultStore] = []
-
-    def new_store() -> ResultStore:
-        stores.append(ResultStore(url))
-        return stores[-1]
-
+    stores = QueryStores(url)
     for attempt in range(1, ATTEMPTS + 1):
-        queries = start_window_queries(
-            spark, config, paths, new_store, clock, trigger_interval=None
-        )
+        queries = start_window_queries(spark, config, paths, stores, clock, trigger_interval=None)
         for query in queries:
             query.awaitTermination(180)
-        # Each query's writers hold a store (a connection) for as long as py4j keeps their
-        # callbacks: closed here, or the test run's PostgreSQL runs out of connections
-        # ("too many clients already": a fresh-clone CI run of session 8).
-        for store in stores:
-            store.close()
-        stores.clear()
+        stores.close_all()  # or the test run's PostgreSQL runs out of clients (query_stores)
         failures = [str(q.exception()) for q in queries if q.exception() is not None]
         if not failures:
             return queries
