@@ -231,6 +231,20 @@ def describe_spool(spool: SpoolLike | Spool) -> dict[str, dict[str, int | bool |
     return summary
 
 
+def first_heartbeats(spool: SpoolLike | Spool) -> dict[str, int]:
+    """Per receiver with segments, the heartbeat of its oldest one still in the spool.
+
+    A query on a new checkpoint reads every stream from there: what a late row of an older
+    checkpoint was recorded from is read again if its segment came after that one.
+    """
+    first: dict[str, int] = {}
+    for receiver in list_receivers(spool):
+        segments = list_segments(spool, receiver)
+        if segments:
+            first[receiver] = read_heartbeat(segments[0]).heartbeat_ms
+    return first
+
+
 # -- writing off the receive thread, within a disk quota -----------------------------------------
 
 _log = logging.getLogger(__name__)

@@ -591,6 +591,29 @@ FROM late_events WHERE config_name = %s AND window_name = %s ORDER BY id
 # definition serialises their transactions, so neither misses the other's rows.
 _LOCK_WINDOW = "SELECT pg_advisory_xact_lock(hashtext(%s))"
 
+# See LateRowsReread. A row's ``closed_by`` is the heartbeat of the segment before its own.
+_FORGOTTEN_LATE = f"""
+l.config_name = %(c)s AND l.window_name = %(w)s AND EXISTS (
+    SELECT 1 FROM unnest(%(receivers)s::text[], %(first_ms)s::bigint[]) AS f(receiver, ms)
+    WHERE f.receiver = l.receiver AND l.closed_by >= {_ms_to_ts("f.ms")})"""
+# The windows' counts first (from the rows that stay), then the rows: one transaction.
+_RECOUNT_WITHOUT_FORGOTTEN_LATE = f"""
+UPDATE window_results w SET late_events = (
+    SELECT coalesce(sum(l.count), 0) FROM late_events l
+    WHERE {_window_key("l")} = {_window_key("w")} AND NOT ({_FORGOTTEN_LATE}))
+WHERE w.config_name = %(c)s AND w.window_name = %(w)s AND EXISTS (
+    SELECT 1 FROM late_events l WHERE {_window_key("l")} = {_window_key("w")}
+    AND {_FORGOTTEN_LATE})
+"""
+_FORGET_LATE = f"DELETE FROM late_events l WHERE {_FORGOTTEN_LATE}"
+# Once per generation, whichever of its queries starts first (they share the window's lock).
+_CLAIM_LATE_GENERATION = f"""
+INSERT INTO pipeline_state (config_name, key, value_ms, updated_at)
+VALUES (%(c)s, 'late_rows_generation:' || %(w)s || ':' || %(generation)s, 0,
+        {_ms_to_ts("%(now_ms)s")})
+ON CONFLICT DO NOTHING
+"""
+
 # "window_end + lateness <= watermark", written as "window_end <= watermark - lateness" so the
 # partial index on (config_name, window_name, window_end) WHERE NOT is_final can serve it.
 # "revision <= batch revision", not "<": rows upserted by this same batch carry the batch's
@@ -799,6 +822,31 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 _SYSTEM_CLOCK = SystemClock()
 _NO_STATE: Mapping[tuple[str, str], int] = types.MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class LateRowsReread:
+    """A new checkpoint of a query that records a window's late rows reads the retained log
+    again, and records its late partials anew, under the new definition (a partial may be late
+    now and was not, or the other way round). The rows older checkpoints recorded from the
+    segments read again are the new checkpoint's to replace: kept, a straggler was counted
+    twice in its window's ``late_events``.
+
+    Each stream is read again from its oldest segment in the spool (heartbeat ``H``; pruning
+    waits for a new checkpoint's first commit, so it is still there when the batch runs), and
+    from the segment after it on a row can be found late (the oldest has no heartbeat before
+    it: nothing in it is late, it is folded into its windows). A row's ``closed_by`` is the
+    heartbeat of the segment before its own, so the rows with ``closed_by >= H`` come from
+    segments read again and go; rows from segments already pruned stay.
+
+    A session or sliding window records late rows from two queries (the window's and its
+    ``.late`` one), both on a new checkpoint at once: ``generation`` names the pair, and only
+    the first of them to start forgets (the second would delete what the first recorded).
+    """
+
+    generation: str  # the window checkpoint's directory name: new with every definition
+    first_heartbeats: Mapping[str, int]  # per receiver (``log.first_heartbeats``)
+    lock_name: str  # the lock the window's late batches take (``commit_batch``'s lock_name)
 
 
 @dataclass(frozen=True)
@@ -1172,7 +1220,7 @@ class ResultStore:
 
     def start_checkpoint(
         self, config_name: str, window_name: str, query_names: Sequence[str],
-        *, forget_panes: bool = False,
+        *, forget_panes: bool = False, late_reread: LateRowsReread | None = None,
     ) -> int:
         """A query starts on a fresh checkpoint: forget its old batch ids, return the highest
         revision stored for the window (its new revisions must start above it).
@@ -1182,6 +1230,9 @@ class ResultStore:
         their rows would carry revisions below the stored ones (and lose the upsert).
         ``forget_panes`` (a hopping window's pane lane): its ``window_panes`` rows go too, as
         the new checkpoint rebuilds its panes from the log (perhaps at another size or hop).
+        ``late_reread`` (the query records the window's late rows): the window's late rows
+        from the segments the new checkpoint reads again go, and the counts on its windows
+        with them (``LateRowsReread``).
         """
 
         def work(conn: psycopg.Connection[Any]) -> int:
@@ -1189,6 +1240,8 @@ class ResultStore:
                 conn.execute(
                     "DELETE FROM sink_batches WHERE query_name = ANY(%s)", (list(query_names),)
                 )
+                if late_reread is not None:
+                    self._forget_late_rows(conn, config_name, window_name, late_reread)
                 if forget_panes:
                     conn.execute(
                         "DELETE FROM window_panes WHERE config_name = %s AND window_name = %s",
@@ -1205,6 +1258,21 @@ class ResultStore:
             return 0 if row is None or row[0] is None else int(row[0])
 
         return self._with_retry(f"start a checkpoint of {config_name}/{window_name}", work)
+
+    def _forget_late_rows(
+        self, conn: psycopg.Connection[Any], config_name: str, window_name: str,
+        reread: LateRowsReread,
+    ) -> None:  # fmt: skip
+        conn.execute(_LOCK_WINDOW, (reread.lock_name,))
+        params = {
+            "c": config_name, "w": window_name, "generation": reread.generation,
+            "now_ms": self._clock.now_ms(), "receivers": list(reread.first_heartbeats),
+            "first_ms": list(reread.first_heartbeats.values()),
+        }  # fmt: skip
+        if conn.execute(_CLAIM_LATE_GENERATION, params).rowcount == 0:
+            return  # the generation's other query forgot them already
+        conn.execute(_RECOUNT_WITHOUT_FORGOTTEN_LATE, params)
+        conn.execute(_FORGET_LATE, params)
 
     def read_state(self, config_name: str, key: str) -> int | None:
         """A value of ``pipeline_state`` (e.g. a window's watermark), or None if never set."""

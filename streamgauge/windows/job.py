@@ -70,6 +70,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -81,8 +82,16 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig, WindowSpec
+from streamgauge.ingest.log import first_heartbeats
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
-from streamgauge.sinks.store import RESULT_SCHEMA, Finalization, PaneBatch, ResultStore
+from streamgauge.ingest.spool_fs import SpoolLike
+from streamgauge.sinks.store import (
+    RESULT_SCHEMA,
+    Finalization,
+    LateRowsReread,
+    PaneBatch,
+    ResultStore,
+)
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows import hopping_windows, sketch_windows
@@ -117,6 +126,15 @@ NO_WATERMARK_MS = 0
 REVISION_BASE_FILE = "streamgauge-revision-base.json"
 
 
+@dataclass(frozen=True)
+class LateRowsOrigin:
+    """What a writer that records a window's late rows reads them from: the spool, and the
+    generation of the window's checkpoints that records them (``store.LateRowsReread``)."""
+
+    spool: SpoolLike
+    generation: str
+
+
 def revision_base(
     checkpoint: Path,
     store: ResultStore,
@@ -125,13 +143,15 @@ def revision_base(
     query_names: Sequence[str],
     *,
     forget_panes: bool = False,
+    late_rows: LateRowsOrigin | None = None,
 ) -> int:
     """What a checkpoint's revisions start from: ``revision = base + batch id + 1``.
 
     Fixed once per checkpoint (a file beside Spark's own), so a replayed micro-batch gets the
     same revision as the first time. A new checkpoint (a changed window definition, or a
     deleted checkpoint directory) starts above every revision stored for the window, and its
-    batch ids are forgotten in ``sink_batches`` (``ResultStore.start_checkpoint``). A
+    batch ids are forgotten in ``sink_batches`` (``ResultStore.start_checkpoint``), as are
+    the late rows it will record again if it records the window's (``late_rows``). A
     checkpoint that committed batches before bases existed keeps base 0, as it was numbered.
     """
     marker = checkpoint / REVISION_BASE_FILE
@@ -141,8 +161,13 @@ def revision_base(
     if commits.is_dir() and any(commits.iterdir()):
         base = 0
     else:
+        reread = None
+        if late_rows is not None:
+            reread = LateRowsReread(
+                late_rows.generation, first_heartbeats(late_rows.spool), query_name(config, window)
+            )
         base = store.start_checkpoint(
-            config.name, window.name, query_names, forget_panes=forget_panes
+            config.name, window.name, query_names, forget_panes=forget_panes, late_reread=reread
         )
     checkpoint.mkdir(parents=True, exist_ok=True)
     temporary = marker.with_suffix(".tmp")
@@ -608,17 +633,21 @@ class LateBatchWriter:
         window: WindowSpec,
         store: ResultStore,
         checkpoint: Path | None = None,
+        *,
+        late_rows: LateRowsOrigin | None = None,
     ) -> None:
         self._config = config
         self._window = window
         self._store = store
         self._checkpoint = checkpoint
+        self._late_rows = late_rows
         self.name = late_query_name(config, window)
         store.error_labels = {"config": config.name, "query": self.name}
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if self._checkpoint is not None:  # a fresh checkpoint forgets the old batch ids
-            revision_base(self._checkpoint, self._store, self._config, self._window, [self.name])
+            revision_base(self._checkpoint, self._store, self._config, self._window, [self.name],
+                          late_rows=self._late_rows)  # fmt: skip
             self._checkpoint = None
         rows = to_late_rows(batch.toArrow(), self._config, self._window)
         lock_name = query_name(self._config, self._window)  # the window query's
@@ -720,12 +749,16 @@ class WindowBatchWriter:
         store: ResultStore,
         checkpoint: Path,
         clock: Clock,
+        *,
+        late_rows: LateRowsOrigin | None = None,
     ) -> None:
+        """``late_rows``: given if the query records the window's late rows."""
         self._config = config
         self._window = window
         self._store = store
         self._checkpoint = checkpoint
         self._clock = clock
+        self._late_rows = late_rows
         self._name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
         self._watermark_floor: int | None = None
@@ -737,7 +770,7 @@ class WindowBatchWriter:
         if self._revision_base is None:
             self._revision_base = revision_base(
                 self._checkpoint, self._store, self._config, self._window, [self._name],
-                forget_panes=self.keeps_panes,
+                forget_panes=self.keeps_panes, late_rows=self._late_rows,
             )
         return self._revision_base + batch_id + 1
 
@@ -889,8 +922,10 @@ class SketchBatchWriter(WindowBatchWriter):
         checkpoint: Path,
         clock: Clock,
         params: SketchParams,
+        *,
+        late_rows: LateRowsOrigin | None = None,
     ) -> None:
-        super().__init__(config, window, store, checkpoint, clock)
+        super().__init__(config, window, store, checkpoint, clock, late_rows=late_rows)
         self._name = sketch_query_name(config, window)
         store.error_labels = {"config": config.name, "query": self._name}
         self._state_key = f"watermark_ms.sketches:{window.name}"
@@ -992,8 +1027,10 @@ class SessionBatchWriter(WindowBatchWriter):
         store: ResultStore,
         checkpoint: Path,
         clock: Clock,
+        *,
+        late_rows: LateRowsOrigin | None = None,
     ) -> None:
-        super().__init__(config, window, store, checkpoint, clock)
+        super().__init__(config, window, store, checkpoint, clock, late_rows=late_rows)
         self._layout = HdrLayout.from_params(sketch_params(config))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -1050,18 +1087,25 @@ def start_window_queries(
         if window.kind in ("tumbling", "hopping") and not window.uses_kll:
             lane_rows = RowFilter("native")
         log = _read_spool(spark, paths, query_name(config, window), lane_rows)
+        # Whose checkpoints record the window's late rows (LateRowsOrigin): a session or
+        # sliding window's query and its .late one, both named after the window's checkpoint.
+        late_rows = LateRowsOrigin(paths.spool, checkpoint.name)
         if window.kind == "session":
             writer: WindowBatchWriter = SessionBatchWriter(
-                config, window, store_factory(), checkpoint, clock
+                config, window, store_factory(), checkpoint, clock, late_rows=late_rows
             )
             changes = sessionized_partials(log, window, sketch_params(config))
         elif window.kind == "sliding":
-            writer = SessionBatchWriter(config, window, store_factory(), checkpoint, clock)
+            writer = SessionBatchWriter(
+                config, window, store_factory(), checkpoint, clock, late_rows=late_rows
+            )
             changes = slid_partials(
                 log, window, pane_ms=config.pane_ms, params=sketch_params(config)
             )
         elif window.uses_kll:
-            writer = KllBatchWriter(config, window, store_factory(), checkpoint, clock)
+            writer = KllBatchWriter(
+                config, window, store_factory(), checkpoint, clock, late_rows=late_rows
+            )
             kll_k = sketch_params(config).kll_k
             changes = kll_lane_with_late_rows(log, window, kll_k)
         else:
@@ -1088,7 +1132,8 @@ def start_window_queries(
                     sketch_query_name(config, window),
                     lane_checkpoint,
                     SketchBatchWriter(
-                        config, window, store_factory(), lane_checkpoint, clock, params
+                        config, window, store_factory(), lane_checkpoint, clock, params,
+                        late_rows=LateRowsOrigin(paths.spool, lane_checkpoint.name),
                     ),
                     trigger_interval,
                     output_mode="update",
@@ -1117,7 +1162,8 @@ def start_window_queries(
                 late_query_name(config, window),
                 checkpoint.with_name(checkpoint.name + ".late"),  # see all_checkpoints
                 LateBatchWriter(config, window, store_factory(),
-                                checkpoint.with_name(checkpoint.name + ".late")),
+                                checkpoint.with_name(checkpoint.name + ".late"),
+                                late_rows=late_rows),
                 trigger_interval,
                 output_mode="append",
             )

@@ -684,6 +684,68 @@ def test_late_rows_of_a_window_batch_are_counted_on_their_window(
     assert recorded == [("q.late", 2)]
 
 
+def _late(
+    closed_by_ms: int, *, receiver: str = "r0", count: int = 1, **overrides: Any
+) -> dict[str, Any]:
+    return {"config_name": "web", "window_name": "1m", "metric": "api.latency",
+            "tags": '{"host":"a"}', "metric_type": "ms", "window_start_ms": T0,
+            "window_end_ms": T0 + MINUTE, "receiver": receiver, "pane_start_ms": T0,
+            "count": count, "sum": 1.0, "min": 1.0, "max": 1.0, "last": 1.0,
+            "first_recv_ms": closed_by_ms, "last_recv_ms": closed_by_ms,
+            "closed_by_ms": closed_by_ms, **overrides}  # fmt: skip
+
+
+def test_a_new_checkpoint_forgets_the_late_rows_of_the_segments_it_reads_again(
+    store: ResultStore, clean_store: str
+) -> None:
+    """Late rows recorded from segments a new checkpoint reads again (closed by a heartbeat at
+    or after its stream's oldest segment's) go, with their count on the window; rows from
+    pruned segments, other receivers and other windows stay. Once per generation: the second
+    query of the same generation (a session window's .late one) must not delete the rows the
+    first one recorded meanwhile."""
+    from streamgauge.sinks.store import LATE_SCHEMA, LateRowsReread
+
+    store.commit_batch("q", 1, table(window(0, is_final=True)), [], revision=1)
+    oldest_kept = T0 + 10 * MINUTE  # heartbeat of r0's oldest segment still in the spool
+    late = pa.Table.from_pylist(
+        [
+            _late(oldest_kept - 1, count=1),  # from a pruned segment: stays
+            _late(oldest_kept, count=2),  # from the segment after the oldest: read again
+            _late(oldest_kept + MINUTE, count=4),  # later still: read again
+            _late(oldest_kept + MINUTE, receiver="r1", count=8),  # r1 starts later: stays
+            _late(oldest_kept, window_name="other", count=16),  # another window: stays
+        ],
+        schema=LATE_SCHEMA,
+    )
+    store.commit_late_batch("web.1m.late", 0, late, "web.1m")
+    _, counted = run_sql(clean_store, "SELECT late_events FROM window_results")
+    assert counted == [(1 + 2 + 4 + 8,)]
+
+    reread = LateRowsReread("1m-abc", {"r0": oldest_kept, "r1": oldest_kept + 2 * MINUTE},
+                            "web.1m")  # fmt: skip
+    store.start_checkpoint("web", "1m", ["web.1m.late"], late_reread=reread)
+    _, kept = run_sql(
+        clean_store, "SELECT window_name, receiver, count FROM late_events ORDER BY count"
+    )
+    assert kept == [("1m", "r0", 1), ("1m", "r1", 8), ("other", "r0", 16)]
+    _, counted = run_sql(clean_store, "SELECT late_events FROM window_results")
+    assert counted == [(1 + 8,)]
+
+    # The new checkpoint records r0's rows again; its second query then starts.
+    store.commit_late_batch(
+        "web.1m.late", 0, pa.Table.from_pylist([_late(oldest_kept, count=2)], schema=LATE_SCHEMA),
+        "web.1m",
+    )  # fmt: skip
+    store.start_checkpoint("web", "1m", ["web.1m"], late_reread=reread)
+    _, counts = run_sql(clean_store, "SELECT count FROM late_events ORDER BY count")
+    assert counts == [(1,), (2,), (8,), (16,)]
+    # A later definition is a new generation: it forgets again.
+    store.start_checkpoint("web", "1m", ["web.1m"], late_reread=LateRowsReread(
+        "1m-def", {"r0": oldest_kept}, "web.1m"))  # fmt: skip
+    _, counts = run_sql(clean_store, "SELECT count FROM late_events ORDER BY count")
+    assert counts == [(1,), (8,), (16,)]
+
+
 # -- early emission (a window's early_every) ----------------------------------------------------
 
 SECOND = 1_000
