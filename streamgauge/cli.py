@@ -621,16 +621,11 @@ SELECT w.config_name, w.window_name, w.value_ms AS watermark_ms,
        (extract(epoch from now()) * 1000)::bigint - w.value_ms AS watermark_lag_ms,
        (SELECT count(*) FROM window_results r
         WHERE (r.config_name, r.window_name) = (w.config_name, w.window_name)) AS windows_emitted,
-       (SELECT count(*) FROM window_pending p
-        WHERE (p.config_name, p.window_name) = (w.config_name, w.window_name))
-       -- hopping windows' counters, gauges and sets wait as panes (window_panes)
-       + (SELECT count(*) FROM (
-            SELECT DISTINCT p.metric, p.tags, st.ms FROM window_panes p
-            CROSS JOIN LATERAL generate_series(
-                greatest(p.from_start_ms, p.pane_ms - p.size_ms + p.hop_ms), p.pane_ms,
-                p.hop_ms) AS st(ms)
-            WHERE (p.config_name, p.window_name) = (w.config_name, w.window_name)
-              AND st.ms + p.size_ms > w.value_ms) x) AS windows_pending,
+       -- window_pending's rows and the hopping windows still held as panes (window_panes),
+       -- as the view shows them: the one definition of which windows a pane is in
+       (SELECT count(*) FROM window_latest p
+        WHERE (p.config_name, p.window_name) = (w.config_name, w.window_name)
+          AND p.status = 'pending') AS windows_pending,
        (SELECT coalesce(sum(count), 0)::bigint FROM late_events l
         WHERE (l.config_name, l.window_name) = (w.config_name, w.window_name)) AS late_samples
 FROM w ORDER BY 1, 2
