@@ -143,3 +143,52 @@ def test_a_new_checkpoint_rebuilds_hopping_panes_from_the_log_alone(
                          " - %s, late_events from window_results where late_events > 0"
                          " order by window_start", [T0])  # fmt: skip
     assert counted == [(2_000, 1), (4_000, 1)]
+
+
+SESSION = """
+name: upgrade
+pane: 1s
+windows:
+  - {{name: s, kind: session, gap: 5s, key: user, watermark_delay: {delay},
+      allowed_lateness: 1s}}
+"""
+
+
+def _user_segment(spool: Path, at_ms: tuple[int, ...], beat_ms: int) -> None:
+    combiner = PaneCombiner(1000)
+    for at in at_ms:
+        combiner.add(Sample("a", "c", 1.0, 1.0, (("user", "u1"),)), T0 + at, T0)
+    SegmentWriter(spool, "udp-0").append(combiner.drain(), Heartbeat(T0 + beat_ms, True))
+
+
+def test_a_new_session_checkpoint_records_each_late_partial_once(
+    spark: SparkSession, tmp_path: Path, clean_store: str
+) -> None:
+    """A session window records late rows from two queries (the window's own, for partials
+    reaching into a final session, and its ``.late`` one), both on a new checkpoint when the
+    definition changes. The rows the old definition recorded from the retained log are
+    replaced once, by whichever starts first: not kept beside the new ones, and the second to
+    start must not delete what the first recorded (tests/windows/transcripts/
+    session_beyond_lateness.yaml has the same log)."""
+    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
+    _user_segment(paths.spool, (0,), beat_ms=1_000)
+    _user_segment(paths.spool, (7_000,), beat_ms=8_000)
+    # Under both definitions: 1.5 s is late in its own session [1 s, 6 s) (the .late query);
+    # 3 s reaches the final [0 s, 5 s) (the window's query).
+    _user_segment(paths.spool, (1_500, 3_000), beat_ms=8_500)
+    _user_segment(paths.spool, (), beat_ms=20_000)
+
+    def late_rows() -> list[tuple[int, int]]:
+        return run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
+                       " - %s, count from late_events order by 1", [T0])[1]  # fmt: skip
+
+    expected = [(0, 1), (1_000, 1)]
+    run_job_once(spark, parse_config(SESSION.format(delay="1s"), "upgrade"), paths, clean_store,
+                 ManualClock(T0))  # fmt: skip
+    assert late_rows() == expected
+    run_job_once(spark, parse_config(SESSION.format(delay="0s"), "upgrade"), paths, clean_store,
+                 ManualClock(T0))  # fmt: skip
+    assert late_rows() == expected
+    _, counted = run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
+                         " - %s, late_events from window_results order by 1", [T0])  # fmt: skip
+    assert counted == [(0, 1), (7_000, 0)]
