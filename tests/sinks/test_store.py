@@ -661,29 +661,6 @@ def test_retractions_delete_the_superseded_sessions_bucket_rows(
     assert len(stored_buckets(clean_store)) == 2
 
 
-def test_late_rows_of_a_window_batch_are_counted_on_their_window(
-    store: ResultStore, clean_store: str
-) -> None:
-    from streamgauge.sinks.store import LATE_SCHEMA
-
-    store.commit_batch("q", 1, table(window(0, is_final=True)), [], revision=1)
-    late = pa.Table.from_pylist(
-        [{"config_name": "web", "window_name": "1m", "metric": "api.latency",
-          "tags": '{"host":"a"}', "metric_type": "ms", "window_start_ms": T0,
-          "window_end_ms": T0 + MINUTE, "receiver": "r0", "pane_start_ms": T0, "count": 4,
-          "sum": 1.0, "min": 1.0, "max": 1.0, "last": 1.0, "first_recv_ms": NOW,
-          "last_recv_ms": NOW, "closed_by_ms": NOW}],
-        schema=LATE_SCHEMA,
-    )  # fmt: skip
-    outcome = store.commit_batch("q", 2, table(), [], revision=2, late=late,
-                                 late_query_name="q.late")  # fmt: skip
-    assert outcome.late_recorded == 1
-    _, counted = run_sql(clean_store, "SELECT late_events FROM window_results")
-    assert counted == [(4,)]
-    _, recorded = run_sql(clean_store, "SELECT query_name, batch_id FROM late_events")
-    assert recorded == [("q.late", 2)]
-
-
 def _late(
     closed_by_ms: int, *, receiver: str = "r0", count: int = 1, **overrides: Any
 ) -> dict[str, Any]:
@@ -693,6 +670,22 @@ def _late(
             "count": count, "sum": 1.0, "min": 1.0, "max": 1.0, "last": 1.0,
             "first_recv_ms": closed_by_ms, "last_recv_ms": closed_by_ms,
             "closed_by_ms": closed_by_ms, **overrides}  # fmt: skip
+
+
+def test_late_rows_of_a_window_batch_are_counted_on_their_window(
+    store: ResultStore, clean_store: str
+) -> None:
+    from streamgauge.sinks.store import LATE_SCHEMA
+
+    store.commit_batch("q", 1, table(window(0, is_final=True)), [], revision=1)
+    late = pa.Table.from_pylist([_late(NOW, count=4)], schema=LATE_SCHEMA)
+    outcome = store.commit_batch("q", 2, table(), [], revision=2, late=late,
+                                 late_query_name="q.late")  # fmt: skip
+    assert outcome.late_recorded == 1
+    _, counted = run_sql(clean_store, "SELECT late_events FROM window_results")
+    assert counted == [(4,)]
+    _, recorded = run_sql(clean_store, "SELECT query_name, batch_id FROM late_events")
+    assert recorded == [("q.late", 2)]
 
 
 def test_a_new_checkpoint_forgets_the_late_rows_of_the_segments_it_reads_again(
