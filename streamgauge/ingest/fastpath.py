@@ -244,8 +244,10 @@ class FastPath:
         """Split ``buffer`` (lines ending in ``\\n``) into fast and general lines."""
         self._flush_pending()
         combiner = self._combiner
+        data = np.frombuffer(buffer, dtype=np.uint8)
+        # Counted in numba: bytes.count took ~25 ns per line (20 lines per datagram).
         starts, ends, slow, fast, slots, values = _scan(
-            np.frombuffer(buffer, dtype=np.uint8), buffer.count(b"\n"), self._max_line_bytes,
+            data, _count_lines(data), self._max_line_bytes,
             self._table, self._shift, self._key_hash, self._key_offsets, self._key_bytes,
             self._key_slot, self._key_gen, self._key_rate,
             combiner.slot_type, combiner.slot_gen, combiner.admitted, combiner.seen_ms,
@@ -386,6 +388,16 @@ def _hash_keys(key_bytes: np.ndarray, key_offsets: np.ndarray, first: int) -> np
             h = (h ^ key_bytes[j]) * _FNV_PRIME
         hashes[key - first] = h
     return hashes
+
+
+@_jit
+def _count_lines(data: np.ndarray) -> int:
+    """The ``\\n`` in ``data`` (a loop LLVM vectorizes)."""
+    count = 0
+    for i in range(len(data)):
+        if data[i] == _NL:
+            count += 1
+    return count
 
 
 @_jit

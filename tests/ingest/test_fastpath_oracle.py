@@ -128,7 +128,9 @@ def test_nothing_is_compiled_after_construction() -> None:
     signatures it compiled: a new one would compile on the receive thread, for seconds."""
     combiner = FakeCombiner()
     fast = FastPath(combiner, 8192, 600_000)  # type: ignore[arg-type]
-    functions: list[Any] = [fastpath._scan, fastpath._hash_keys, fastpath._insert]
+    functions: list[Any] = [
+        fastpath._scan, fastpath._hash_keys, fastpath._insert, fastpath._count_lines
+    ]
     compiled = [len(function.signatures) for function in functions]
     for round_ in range(3):
         for slot in range(SLOTS):
