@@ -27,12 +27,14 @@ The machine is shared: compare two commits by alternating runs (A/B/A/B...), not
 from __future__ import annotations
 
 import argparse
+import inspect
 import random
 import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -125,21 +127,27 @@ def main() -> None:
                 fast.split(buffer, recv_ms)
             return (time.thread_time_ns() - started) / n_lines
 
+        # _scan's arguments as split passes them, by parameter name: the same script measures
+        # commits whose _scan takes other arrays.
         combiner = receiver._combiner
-        arrays = [
-            (np.frombuffer(buffer, dtype=np.uint8), buffer.count(b"\n")) for buffer in buffers
-        ]
-        rest = (
-            fast._table, fast._shift, fast._key_hash, fast._key_offsets, fast._key_bytes,
-            fast._key_slot, fast._key_gen, fast._key_rate, combiner.slot_type,
-            combiner.slot_gen, combiner.admitted, combiner.seen_ms,
-            recv_ms - fast._ttl_ms,
-        )
+        state: dict[str, Any] = {
+            "max_line_bytes": fast._max_line_bytes, "seen_after": recv_ms - fast._ttl_ms,
+            **{name: getattr(combiner, name)
+               for name in ("slot_type", "slot_gen", "admitted", "seen_ms")},
+            **{name[1:]: value for name, value in vars(fast).items()
+               if name.startswith(("_key_", "_table", "_shift"))},
+        }  # fmt: skip
+        names = list(inspect.signature(fastpath._scan.py_func).parameters)[2:]
+        calls = [
+            (np.frombuffer(buffer, dtype=np.uint8), buffer.count(b"\n"),
+             *(state[name] for name in names))
+            for buffer in buffers
+        ]  # fmt: skip
 
         def time_scan() -> float:
             started = time.thread_time_ns()
-            for data, count in arrays:
-                fastpath._scan(data, count, fast._max_line_bytes, *rest)
+            for call in calls:
+                fastpath._scan(*call)
             return (time.thread_time_ns() - started) / n_lines
 
         split_ns, scan_ns = [], []

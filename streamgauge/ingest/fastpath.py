@@ -8,16 +8,24 @@ one compiled pass (numba, ``_scan``) goes over the bytes once and finds, line by
 - the value between them, if it is a plain decimal (``-?digits[.digits]``, at most 15
   digits): parsed exactly, as ``m / 10**k`` with both exact in a double — a correctly rounded
   quotient, the same double ``float(text)`` gives;
-- the line's **key**, the line with its value cut out (``name:`` + ``|type|...``), hashed
-  (64-bit FNV-1a) while the bytes go by and looked up in an open-addressing table of the keys
-  the general parser accepted before; a hit is compared byte for byte with the stored key, so
-  a hash collision can cost a probe, never a wrong series.
+- the line's **key**, the line with its value cut out (``name:`` + ``|type|...``), hashed in
+  its two parts (``name:``, then ``|type|...``) and looked up in an open-addressing table of
+  the keys the general parser accepted before; a hit is compared byte for byte with the
+  stored key, so a hash collision can cost a probe, never a wrong series.
 
-The pass is one loop over bytes, not numpy over the whole buffer: numpy needed a pass per
+The pass is one loop over lines, not numpy over the whole buffer: numpy needed a pass per
 question (``data == x`` per separator, one per character column of the values) plus pyarrow's
 ``index_in`` rehashing every known name on every call, ~310 ns per line in all at 20 lines per
 datagram (issue #3). The first call compiles it (``cache=True``: later processes load it from
 the cache); ``FastPath()`` makes that call, so no datagram waits for the compiler.
+
+Within a line it reads 8 bytes at a time (unaligned little-endian words): the separators are
+found with the bit trick for "a byte of this word equals x"; the key's two parts are hashed
+word by word (FNV-1a's step on words, the product's high half folded down, murmur3's fmix64
+at the end: the table slot comes from the hash's top bits) and compared with the stored key
+word by word. Byte by byte (64-bit FNV-1a as the bytes went by) it took ~110 ns per line
+(``bench/ingest/scan_micro.py``: 10k series, ~37 bytes per line), ~40 of them in the key's
+byte-by-byte compare and ~7 in FNV-1a's chain of multiplies; word by word, ~80.
 
 A key is cached only after ``parse_line`` accepted a line with it (no ``|T``), so what the
 cache says about a key — its series, sample rate, type — is what ``parse_line`` says about any
@@ -38,6 +46,9 @@ from typing import Any, TypeVar, cast
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 from streamgauge.ingest.combiner import PaneCombiner
 
@@ -48,10 +59,24 @@ _NL, _CR, _COLON, _PIPE, _DOT, _MINUS, _ZERO, _NINE = 10, 13, 58, 124, 46, 45, 4
 _COUNTER = 0
 _GAUGE = 1
 _SET = 5  # combiner.TYPE_CODES["s"]
-_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a table slot from the top bits
+_HASH_SEED = np.uint64(0xCBF29CE484222325)
+_HASH_MUL = np.uint64(0x100000001B3)  # FNV's prime: odd, so (h ^ word) * it loses nothing
+_FMIX_1 = np.uint64(0xFF51AFD7ED558CCD)  # murmur3's fmix64
+_FMIX_2 = np.uint64(0xC4CEB9FE1A85EC53)
+_ONES = np.uint64(0x0101010101010101)  # a byte in every byte of a word
+_HIGHS = np.uint64(0x8080808080808080)
+_NL_WORD = np.uint64(_NL * 0x0101010101010101)
+_COLON_WORD = np.uint64(_COLON * 0x0101010101010101)
+_PIPE_WORD = np.uint64(_PIPE * 0x0101010101010101)
+WORD = 8
 _MIN_TABLE_BITS = 4
+# A table entry: the key's id in the low 32 bits, its hash's high 32 above (a probe passes
+# over other keys without reading anything of theirs, and a hit reads no key_hash: one random
+# read less per line); -1 when empty. Key ids stay far below 2**31.
+_EMPTY = -1
+_KEY_MASK = 0xFFFFFFFF
+_TAG_BITS = np.uint64(0xFFFFFFFF00000000)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -60,6 +85,76 @@ def _jit(function: _F) -> _F:
     """numba's ``njit``, typed for mypy (numba ships no annotations). ``nogil``: the read-ahead
     thread keeps reading the socket while a buffer is parsed."""
     return cast(_F, numba.njit(cache=True, nogil=True)(function))
+
+
+def _inline(function: _F) -> _F:
+    """``_jit``, inlined into its callers by numba itself (LLVM left ``_find`` and
+    ``_hash_bytes`` as calls from ``_scan``). For helpers without array arguments only: numba
+    counts an array's references where it inlines one (atomic increments on every call)."""
+    return cast(_F, numba.njit(cache=True, nogil=True, inline="always")(function))
+
+
+# The word reads go through addresses, not arrays: numba checks a signed array index for
+# wraparound, and a helper taking arrays costs a call passing each as seven arguments or,
+# inlined by numba, atomic reference counts on every call. Helpers taking only integers are
+# inlined (``_inline``) with nothing left of them but the loads; _scan takes its arrays'
+# addresses once per buffer.
+
+
+def _address_intrinsic(typingctx: Any, array: Any) -> Any:
+    """The address of a contiguous array's first element, as an int64."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, ir.IntType(64))
+
+    return types.int64(array), codegen
+
+
+def _load_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    pointer = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+    return builder.load(pointer, align=1)
+
+
+def _load_intrinsic(typingctx: Any, address: Any) -> Any:
+    """The 8 bytes at ``address`` (any alignment) as a uint64, the first byte in the low bits
+    on any host. Nothing is checked: the caller knows the 8 bytes are its array's."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        word = _load_codegen(context, builder, signature, args)
+        return word if sys.byteorder == "little" else builder.bswap(word)
+
+    return types.uint64(types.int64), codegen
+
+
+def _load_int_intrinsic(typingctx: Any, address: Any) -> Any:
+    """The int64 at ``address`` (an int64 array's element: native byte order)."""
+    return types.int64(types.int64), _load_codegen
+
+
+def _trailing_zeros_intrinsic(typingctx: Any, word: Any) -> Any:
+    """The zero bits below the lowest set bit of a nonzero uint64 (one ``tzcnt``)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+
+    return types.int64(types.uint64), codegen
+
+
+def _as_int_intrinsic(typingctx: Any, word: Any) -> Any:
+    """A uint64 as the int64 of the same bits (numba makes a float of uint64 + int64)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return args[0]
+
+    return types.int64(types.uint64), codegen
+
+
+_address = cast(Callable[[np.ndarray], int], intrinsic(_address_intrinsic))
+_load = cast(Callable[[int], np.uint64], intrinsic(_load_intrinsic))
+_load_int = cast(Callable[[int], int], intrinsic(_load_int_intrinsic))
+_trailing_zeros = cast(Callable[[np.uint64], int], intrinsic(_trailing_zeros_intrinsic))
+_as_int = cast(Callable[[np.uint64], int], intrinsic(_as_int_intrinsic))
 
 
 _MADV_DONTNEED = 4  # Linux
@@ -137,9 +232,10 @@ class FastPath:
         self._key_gen = np.zeros(0, dtype=np.int64)
         self._key_rate = np.zeros(0, dtype=np.float64)
         self._pending: list[tuple[bytes, int, int, float]] = []
-        # The keys' bytes end to end (key i: key_bytes[offsets[i]:offsets[i + 1]]), their
-        # hashes, and the hash table of key ids (-1: empty; at most half full).
-        self._key_bytes = np.zeros(0, dtype=np.uint8)
+        # The keys' bytes end to end (key i: key_bytes[offsets[i]:offsets[i + 1]]) and WORD
+        # zero bytes (_word reads need an array of at least a word), their hashes, and the
+        # hash table of key ids and hash tags (-1: empty; at most half full).
+        self._key_bytes = np.zeros(WORD, dtype=np.uint8)
         self._key_offsets = np.zeros(1, dtype=np.int64)
         self._key_hash = np.zeros(0, dtype=np.uint64)
         self._table = np.full(1 << _MIN_TABLE_BITS, -1, dtype=np.int64)
@@ -224,11 +320,11 @@ class FastPath:
         table; a table more than half full is rebuilt at twice the size."""
         new = self._keys[first:]
         lengths = np.fromiter(map(len, new), dtype=np.int64, count=len(new))
-        new_bytes = np.frombuffer(bytearray(b"".join(new)), dtype=np.uint8)  # writable
-        if first == 0:
+        new_bytes = np.frombuffer(bytearray(b"".join(new) + bytes(WORD)), dtype=np.uint8)
+        if first == 0:  # (bytearray: writable; a read-only array would compile another _scan)
             self._key_bytes, self._key_offsets = new_bytes, np.zeros(1, dtype=np.int64)
         else:
-            self._key_bytes = np.concatenate([self._key_bytes, new_bytes])
+            self._key_bytes = np.concatenate([self._key_bytes[:-WORD], new_bytes])
         ends = self._key_offsets[-1] + np.cumsum(lengths)
         self._key_offsets = np.concatenate([self._key_offsets, ends])
         new_hashes = _hash_keys(self._key_bytes, self._key_offsets, first)
@@ -244,11 +340,13 @@ class FastPath:
         """Split ``buffer`` (lines ending in ``\\n``) into fast and general lines."""
         self._flush_pending()
         combiner = self._combiner
-        data = np.frombuffer(buffer, dtype=np.uint8)
+        # At least a word for _scan's word reads (zeros after the last "\n" are no line).
         # Counted in numba: bytes.count took ~25 ns per line (20 lines per datagram).
+        data = np.frombuffer(buffer if len(buffer) >= WORD else buffer.ljust(WORD, b"\0"),
+                             dtype=np.uint8)  # fmt: skip
         starts, ends, slow, fast, slots, values = _scan(
             data, _count_lines(data), self._max_line_bytes,
-            self._table, self._shift, self._key_hash, self._key_offsets, self._key_bytes,
+            self._table, self._shift, self._key_offsets, self._key_bytes,
             self._key_slot, self._key_gen, self._key_rate,
             combiner.slot_type, combiner.slot_gen, combiner.admitted, combiner.seen_ms,
             # a series the guard might expire must be re-admitted in line order: general path
@@ -266,14 +364,15 @@ class FastPath:
 @_jit
 def _scan(
     data: np.ndarray, n_lines: int, max_line_bytes: int,
-    table: np.ndarray, shift: np.uint64, key_hash: np.ndarray, key_offsets: np.ndarray,
+    table: np.ndarray, shift: np.uint64, key_offsets: np.ndarray,
     key_bytes: np.ndarray, key_slot: np.ndarray, key_gen: np.ndarray, key_rate: np.ndarray,
     slot_type: np.ndarray, slot_gen: np.ndarray, admitted: np.ndarray, seen_ms: np.ndarray,
     seen_after: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``FastPath.split``'s arrays: (starts, ends, slow, fast, fast slots, fast values) of the
     ``n_lines`` lines of ``data`` (each ends in ``\\n``, the count of which is ``n_lines``:
-    no read past the last one is possible, so none is checked)."""
+    no search goes past the last one, so none checks for the end; ``data`` holds at least
+    ``WORD`` bytes)."""
     starts = np.empty(n_lines, dtype=np.int64)
     ends = np.empty(n_lines, dtype=np.int64)
     slow = np.empty(n_lines, dtype=np.int64)
@@ -281,32 +380,21 @@ def _scan(
     fast_slots = np.empty(n_lines, dtype=np.int64)
     fast_values = np.empty(n_lines, dtype=np.float64)
     n_slow = n_fast = 0
+    base, key_base = _address(data), _address(key_bytes)
+    limit, key_limit = base + len(data), key_base + len(key_bytes)
     pos = 0
     for line in range(n_lines):
         start = pos
-        h = _FNV_OFFSET
         colon = pipe = -1
-        # The key's bytes go into the hash as they go by: the name up to its first ":"
-        # (included), then, past the value, everything from the first "|" on.
-        while data[pos] != _NL:
-            c = data[pos]
-            h = (h ^ c) * _FNV_PRIME
-            pos += 1
-            if c == _COLON:
-                colon = pos - 1
-                break
-        if colon >= 0:
-            while data[pos] != _NL:
-                if data[pos] == _PIPE:
-                    pipe = pos
-                    break
-                pos += 1
-        if pipe >= 0:
-            while data[pos] != _NL:
-                h = (h ^ data[pos]) * _FNV_PRIME
-                pos += 1
-        end = pos
-        pos += 1
+        # The line's first ":" (or its end), then the first "|" after it, then its end.
+        end = _find_byte(base + pos, limit, _COLON_WORD) - base
+        if data[np.uint64(end)] == _COLON:
+            colon = end
+            end = _find_byte(base + colon + 1, limit, _PIPE_WORD) - base
+            if data[np.uint64(end)] == _PIPE:
+                pipe = end
+                end = _find_byte(base + pipe + 1, limit, _NL_WORD) - base
+        pos = end + 1
         starts[line], ends[line] = start, end
         if end == start:
             continue
@@ -317,9 +405,14 @@ def _scan(
         ):
             ok, negative, value = _parse_value(data, colon + 1, width)
             if ok:
+                # The key: the name up to its first ":" (included), then all from the "|" on.
+                h = _hash_bytes(_HASH_SEED, base + start, colon + 1 - start, limit)
+                h = _finish(_hash_bytes(h, base + pipe, end - pipe, limit),
+                            colon + 1 - start + end - pipe)  # fmt: skip
                 key = _find(
-                    h, data, start, colon + 1, pipe, end, table, shift, key_hash, key_offsets,
-                    key_bytes,
+                    h, base + start, colon + 1 - start, base + pipe, end - pipe, limit,
+                    _address(table), len(table) - 1, shift, _address(key_offsets), key_base,
+                    key_limit,
                 )
                 if key >= 0:
                     slot = key_slot[key]
@@ -341,52 +434,48 @@ def _scan(
     )
 
 
-@_jit
+@_inline
 def _find(
-    h: np.uint64, data: np.ndarray, start: int, name_end: int, pipe: int, end: int,
-    table: np.ndarray, shift: np.uint64, key_hash: np.ndarray, key_offsets: np.ndarray,
-    key_bytes: np.ndarray,
+    h: np.uint64, name: int, name_length: int, rest: int, rest_length: int, limit: int,
+    table: int, mask: int, shift: np.uint64, key_offsets: int, key_base: int, key_limit: int,
 ) -> int:
-    """The id of the key ``data[start:name_end] + data[pipe:end]`` (hash ``h``), -1 if not
-    stored. Linear probing; the table always has an empty slot, which ends a miss."""
-    name_length = name_end - start
-    length = name_length + end - pipe
-    mask = len(table) - 1
-    i = np.int64((h * _GOLDEN) >> shift)
+    """The id of the key with hash ``h`` whose bytes are the ``name_length`` at address
+    ``name`` then the ``rest_length`` at ``rest`` (both before ``limit``), -1 if not stored.
+    Linear probing; the table always has an empty slot, which ends a miss. The int64 arrays
+    by address (``table``: ``mask + 1`` entries, ``key_offsets``); a key whose hash's high
+    half (in its entry) differs is passed over without reading anything else of it."""
+    length = name_length + rest_length
+    tag = h & _TAG_BITS
+    i = _as_int((h * _GOLDEN) >> shift)
     while True:
-        key = table[i]
-        if key < 0:
+        entry = _load_int(table + 8 * i)
+        if entry == _EMPTY:
             return -1
-        offset = key_offsets[key]
-        if key_hash[key] == h and key_offsets[key + 1] - offset == length:
-            # Unsigned indices: numba checks every signed index for negative-index wraparound;
-            # this compare was ~40 % of the split's time (25 -> 15 ns per line measured).
-            same = True
-            a, b = np.uint64(offset), np.uint64(start)
-            for j in range(np.uint64(name_length)):
-                if key_bytes[a + j] != data[b + j]:
-                    same = False
-                    break
-            if same:
-                a, b = np.uint64(offset + name_length), np.uint64(pipe)
-                for j in range(np.uint64(end - pipe)):
-                    if key_bytes[a + j] != data[b + j]:
-                        same = False
-                        break
-            if same:
-                return int(key)
+        key = entry & _KEY_MASK
+        offset = _load_int(key_offsets + 8 * key)
+        if (np.uint64(entry) & _TAG_BITS == tag
+                and _load_int(key_offsets + 8 * key + 8) - offset == length):
+            key_name = key_base + offset
+            if _same_bytes(key_name, name, name_length, key_limit, limit) and _same_bytes(
+                key_name + name_length, rest, rest_length, key_limit, limit
+            ):
+                return key
         i = (i + 1) & mask
 
 
 @_jit
 def _hash_keys(key_bytes: np.ndarray, key_offsets: np.ndarray, first: int) -> np.ndarray:
-    """FNV-1a of the stored keys from ``first`` on: the hash ``_scan`` takes of a line's key."""
+    """The hashes of the stored keys from ``first`` on: the one ``_scan`` takes of a line's
+    key, in the same two parts (a key's first ":" is its line's first: the name's end)."""
     hashes = np.empty(len(key_offsets) - 1 - first, dtype=np.uint64)
+    base = _address(key_bytes)
+    limit = base + len(key_bytes)
     for key in range(first, len(key_offsets) - 1):
-        h = _FNV_OFFSET
-        for j in range(key_offsets[key], key_offsets[key + 1]):
-            h = (h ^ key_bytes[j]) * _FNV_PRIME
-        hashes[key - first] = h
+        start, end = key_offsets[key], key_offsets[key + 1]
+        name_end = _find_byte(base + start, limit, _COLON_WORD) + 1 - base  # key_of: has ":"
+        h = _hash_bytes(_HASH_SEED, base + start, name_end - start, limit)
+        hashes[key - first] = _finish(_hash_bytes(h, base + name_end, end - name_end, limit),
+                                      end - start)  # fmt: skip
     return hashes
 
 
@@ -400,15 +489,92 @@ def _count_lines(data: np.ndarray) -> int:
     return count
 
 
+@_inline
+def _word(address: int, limit: int) -> np.uint64:
+    """The 8 bytes from ``address`` on, zeros for those at or past ``limit``, the end of an
+    array of at least 8 bytes (so the word that ends there is in it)."""
+    if address + WORD <= limit:
+        return _load(address)
+    return _load(limit - WORD) >> np.uint64(8 * (address + WORD - limit))
+
+
+@_inline
+def _first_bytes(word: np.uint64, n: int) -> np.uint64:
+    """The ``n`` (1 to 7) first bytes of ``word``, zeros above."""
+    return word & ((np.uint64(1) << np.uint64(8 * n)) - np.uint64(1))
+
+
+@_inline
+def _find_byte(address: int, limit: int, pattern: np.uint64) -> int:
+    """The address of the first ``\\n``, or byte of ``pattern`` (one byte 8 times), from
+    ``address`` on; there is one before ``limit``. A word at a time: ``(x - ONES) & ~x &
+    HIGHS`` has the top bit of x's lowest zero byte set, and none below it (bits above it may
+    be wrong, after a borrow: only the lowest is used)."""
+    while True:
+        word = _word(address, limit)
+        nl, other = word ^ _NL_WORD, word ^ pattern
+        found = ((nl - _ONES) & ~nl | (other - _ONES) & ~other) & _HIGHS
+        if found:
+            return address + (_trailing_zeros(found) >> 3)
+        address += WORD
+
+
+@_inline
+def _mix(h: np.uint64, word: np.uint64) -> np.uint64:
+    """One word into the hash: FNV-1a's step on words, then the product's high half folded
+    down (a product's low bits depend only on its factors' low bits: folded, every bit of
+    this word reaches the bits the next words meet)."""
+    h = (h ^ word) * _HASH_MUL
+    return h ^ (h >> np.uint64(32))
+
+
+@_inline
+def _hash_bytes(h: np.uint64, address: int, n: int, limit: int) -> np.uint64:
+    """``h`` with the ``n`` bytes at ``address`` (before ``limit``) mixed in, word by word
+    (the last one zero-padded)."""
+    while n >= WORD:
+        h = _mix(h, _load(address))
+        address += WORD
+        n -= WORD
+    if n > 0:
+        h = _mix(h, _first_bytes(_word(address, limit), n))
+    return h
+
+
+@_inline
+def _finish(h: np.uint64, length: int) -> np.uint64:
+    """The key's hash: its length in, then murmur3's fmix64, so that every byte moves the
+    top bits Fibonacci hashing takes the table slot from."""
+    h ^= np.uint64(length)
+    h = (h ^ (h >> np.uint64(33))) * _FMIX_1
+    h = (h ^ (h >> np.uint64(33))) * _FMIX_2
+    return h ^ (h >> np.uint64(33))
+
+
+@_inline
+def _same_bytes(a: int, b: int, n: int, a_limit: int, b_limit: int) -> bool:
+    """The ``n`` bytes at address ``a`` (before ``a_limit``) equal those at ``b`` (before
+    ``b_limit``), a word at a time."""
+    while n >= WORD:
+        if _load(a) != _load(b):
+            return False
+        a += WORD
+        b += WORD
+        n -= WORD
+    return n == 0 or _first_bytes(_word(a, a_limit) ^ _word(b, b_limit), n) == 0
+
+
 @_jit
 def _insert(table: np.ndarray, shift: np.uint64, key_hash: np.ndarray, first: int) -> None:
-    """Put the keys from ``first`` on into ``table`` (none of them is in it yet)."""
+    """Put the keys from ``first`` on into ``table`` (none of them is in it yet), each as its
+    id under its hash's high half (``_find``)."""
     mask = len(table) - 1
     for key in range(first, len(key_hash)):
-        i = np.int64((key_hash[key] * _GOLDEN) >> shift)
-        while table[i] >= 0:
+        h = key_hash[key]
+        i = np.int64((h * _GOLDEN) >> shift)
+        while table[i] != _EMPTY:
             i = (i + 1) & mask
-        table[i] = key
+        table[i] = _as_int(h & _TAG_BITS | np.uint64(key))
 
 
 @_jit

@@ -123,6 +123,33 @@ def test_many_keys_grow_the_table_and_all_are_found() -> None:
     assert not len(fast.split(b"".join(line + b"\n" for line in near), 1000).fast)
 
 
+def test_every_key_length_and_byte_is_compared_also_at_the_buffer_end() -> None:
+    """Names and rests of 1 to 19 bytes (every tail of a word), each line alone in a buffer
+    (the word reads at the buffer's end, buffers under a word long) and among others: the
+    key is found, and a line that differs from it in any one byte is not."""
+    keys = [(b"n" * n, b"|c" + b"x" * r) for n in range(1, 20) for r in range(18)]
+    count = len(keys)
+    combiner = FakeCombiner(
+        slot_type=np.zeros(count, np.int8), slot_gen=np.zeros(count, np.int64),
+        admitted=np.ones(count, bool), seen_ms=np.full(count, 1000, np.int64),
+    )
+    fast = FastPath(combiner, 8192, 600_000)  # type: ignore[arg-type]
+    lines = [name + b":1" + rest for name, rest in keys]
+    for slot, line in enumerate(lines):
+        fast.remember(line, slot, 1.0)
+    assert fast.split(b"".join(line + b"\n" for line in lines), 1000).fast_slots.tolist() == (
+        list(range(count))
+    )
+    for slot, line in enumerate(lines):
+        assert fast.split(line + b"\n", 1000).fast_slots.tolist() == [slot]
+        assert fast.split(b"x:1|g\n" + line + b"\n", 1000).fast_slots.tolist() == [slot]
+        value = line.index(b":1")
+        for position in [*range(value), *range(value + 2, len(line))]:  # not the value
+            changed = bytearray(line)
+            changed[position] = ord("y")
+            assert not len(fast.split(bytes(changed) + b"\n", 1000).fast), changed
+
+
 def test_nothing_is_compiled_after_construction() -> None:
     """Registration, table growth, compaction and splits after ``FastPath()`` reuse the
     signatures it compiled: a new one would compile on the receive thread, for seconds."""
