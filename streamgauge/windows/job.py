@@ -1087,8 +1087,9 @@ def start_window_queries(
         if window.kind in ("tumbling", "hopping") and not window.uses_kll:
             lane_rows = RowFilter("native")
         log = _read_spool(spark, paths, query_name(config, window), lane_rows)
-        # Whose checkpoints record the window's late rows (LateRowsOrigin): a session or
-        # sliding window's query and its .late one, both named after the window's checkpoint.
+        # The queries recording the window's late rows (LateRowsOrigin), one generation per
+        # definition: a kll window's only query; a session or sliding window's query and its
+        # .late one, both named after the window's checkpoint; otherwise the sketch lane's.
         late_rows = LateRowsOrigin(paths.spool, checkpoint.name)
         if window.kind == "session":
             writer: WindowBatchWriter = SessionBatchWriter(
