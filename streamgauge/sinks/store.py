@@ -157,15 +157,17 @@ def _staged_window_key(alias: str) -> str:
             f"{_ms_to_ts(f'{alias}.window_start_ms')}, {_ms_to_ts(f'{alias}.window_end_ms')})")
 
 
+def _late_samples_of(window_key: str, also: str | None = None) -> str:
+    """The samples ``late_events`` holds for the window whose key row is ``window_key`` (in
+    its rows that meet ``also``): a window's ``late_events`` column, always derived from them."""
+    where = f"{_window_key('l')} = {window_key}" + ("" if also is None else f" AND {also}")
+    return f"(SELECT coalesce(sum(l.count), 0) FROM late_events l WHERE {where})"
+
+
 # late_events is not taken from the batch: it is derived from the late_events table, so a
 # window row written after its late partials were recorded (the two queries commit
 # independently) still shows them, and a new revision never resets the count.
-_LATE_SAMPLES_OF_STAGED = f"""(
-    SELECT coalesce(sum(l.count), 0) FROM late_events l
-    WHERE l.config_name = s.config_name AND l.window_name = s.window_name
-      AND l.metric = s.metric AND l.tags = s.tags::jsonb
-      AND l.window_start = {_ms_to_ts("s.window_start_ms")}
-      AND l.window_end = {_ms_to_ts("s.window_end_ms")})"""
+_LATE_SAMPLES_OF_STAGED = _late_samples_of(_staged_window_key("s"))
 
 _VALUES_CHANGED = (
     f"({', '.join(f'window_results.{c}' for c in _VALUES)}) IS DISTINCT FROM "
@@ -598,9 +600,8 @@ l.config_name = %(c)s AND l.window_name = %(w)s AND EXISTS (
     WHERE f.receiver = l.receiver AND l.closed_by >= {_ms_to_ts("f.ms")})"""
 # The windows' counts first (from the rows that stay), then the rows: one transaction.
 _RECOUNT_WITHOUT_FORGOTTEN_LATE = f"""
-UPDATE window_results w SET late_events = (
-    SELECT coalesce(sum(l.count), 0) FROM late_events l
-    WHERE {_window_key("l")} = {_window_key("w")} AND NOT ({_FORGOTTEN_LATE}))
+UPDATE window_results w SET late_events = {
+    _late_samples_of(_window_key("w"), f"NOT ({_FORGOTTEN_LATE})")}
 WHERE w.config_name = %(c)s AND w.window_name = %(w)s AND EXISTS (
     SELECT 1 FROM late_events l WHERE {_window_key("l")} = {_window_key("w")}
     AND {_FORGOTTEN_LATE})
@@ -693,9 +694,7 @@ FROM {_LATE_STAGING}
 # window_results sees that a final value is missing something (until `replay` applies it).
 # Recomputed from the table (not incremented), like the upsert does: one definition.
 _COUNT_LATE_ON_WINDOWS = f"""
-UPDATE window_results w SET late_events = (
-    SELECT coalesce(sum(l.count), 0) FROM late_events l
-    WHERE {_window_key("l")} = {_window_key("w")})
+UPDATE window_results w SET late_events = {_late_samples_of(_window_key("w"))}
 FROM (SELECT DISTINCT config_name, window_name, metric, tags::jsonb AS tags,
              {_ms_to_ts("window_start_ms")} AS window_start,
              {_ms_to_ts("window_end_ms")} AS window_end
