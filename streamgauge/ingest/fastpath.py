@@ -238,7 +238,7 @@ class FastPath:
         self._key_bytes = np.zeros(WORD, dtype=np.uint8)
         self._key_offsets = np.zeros(1, dtype=np.int64)
         self._key_hash = np.zeros(0, dtype=np.uint64)
-        self._table = np.full(1 << _MIN_TABLE_BITS, -1, dtype=np.int64)
+        self._table = np.full(1 << _MIN_TABLE_BITS, _EMPTY, dtype=np.int64)
         self._shift = np.uint64(64 - _MIN_TABLE_BITS)
         # Compile (or load from numba's cache) every jitted function now, not on the first
         # datagram: the first compile takes seconds. Every later call must pass the same
@@ -331,7 +331,7 @@ class FastPath:
         self._key_hash = np.concatenate([self._key_hash[:first], new_hashes])
         if first == 0 or 2 * len(self._keys) > len(self._table):
             bits = max(_MIN_TABLE_BITS, (4 * len(self._keys)).bit_length())
-            self._table = np.full(1 << bits, -1, dtype=np.int64)
+            self._table = np.full(1 << bits, _EMPTY, dtype=np.int64)
             self._shift = np.uint64(64 - bits)
             first = 0
         _insert(self._table, self._shift, self._key_hash, first)
@@ -381,6 +381,7 @@ def _scan(
     fast_values = np.empty(n_lines, dtype=np.float64)
     n_slow = n_fast = 0
     base, key_base = _address(data), _address(key_bytes)
+    table_base, offsets_base, mask = _address(table), _address(key_offsets), len(table) - 1
     limit, key_limit = base + len(data), key_base + len(key_bytes)
     pos = 0
     for line in range(n_lines):
@@ -411,8 +412,7 @@ def _scan(
                             colon + 1 - start + end - pipe)  # fmt: skip
                 key = _find(
                     h, base + start, colon + 1 - start, base + pipe, end - pipe, limit,
-                    _address(table), len(table) - 1, shift, _address(key_offsets), key_base,
-                    key_limit,
+                    table_base, mask, shift, offsets_base, key_base, key_limit,
                 )
                 if key >= 0:
                     slot = key_slot[key]
