@@ -94,10 +94,13 @@ windows:
 """
 
 
-def _counter_segment(spool: Path, at_s: tuple[int, ...], beat_ms: int) -> None:
+def _counter_segment(
+    spool: Path, at_ms: tuple[int, ...], beat_ms: int, sample: Sample | None = None
+) -> None:
+    """A segment of counter samples (``sample``, default ``c.requests:1|c``) at ``at_ms``."""
     combiner = PaneCombiner(1000)
-    for second in at_s:
-        combiner.add(Sample("c.requests", "c", 1.0, 1.0, ()), T0 + second * 1000, T0)
+    for at in at_ms:
+        combiner.add(sample or Sample("c.requests", "c", 1.0, 1.0, ()), T0 + at, T0)
     SegmentWriter(spool, "udp-0").append(combiner.drain(), Heartbeat(T0 + beat_ms, True))
 
 
@@ -111,11 +114,11 @@ def test_a_new_checkpoint_rebuilds_hopping_panes_from_the_log_alone(
     still be merged into its windows, beside the straggler's row in late_events."""
     paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
     before = parse_config(HOPPING.format(delay="1s"), "upgrade")
-    _counter_segment(paths.spool, (1, 3), beat_ms=4_000)
-    _counter_segment(paths.spool, (5, 7), beat_ms=8_000)
+    _counter_segment(paths.spool, (1_000, 3_000), beat_ms=4_000)
+    _counter_segment(paths.spool, (5_000, 7_000), beat_ms=8_000)
     # a straggler at 5 s after the heartbeat of 8 s: with a 1 s delay the watermark was 7 s,
     # on time for [4 s, 8 s); with no delay it is 8 s: late for it
-    _counter_segment(paths.spool, (5,), beat_ms=8_500)
+    _counter_segment(paths.spool, (5_000,), beat_ms=8_500)
     run_job_once(spark, before, paths, clean_store, ManualClock(T0))
     first = _rows(clean_store)
     # [-2, 2) holds the sample at 1 s, [0, 4) those at 1 and 3 s, ...; [4, 8) is still open
@@ -124,7 +127,7 @@ def test_a_new_checkpoint_rebuilds_hopping_panes_from_the_log_alone(
     }  # fmt: skip
 
     after = parse_config(HOPPING.format(delay="0s"), "upgrade")  # same name, new checkpoint
-    _counter_segment(paths.spool, (9,), beat_ms=14_000)
+    _counter_segment(paths.spool, (9_000,), beat_ms=14_000)
     run_job_once(spark, after, paths, clean_store, ManualClock(T0))
     second = _rows(clean_store)
     assert {start: count for (_, start), (count, _) in second.items()} == {
@@ -154,11 +157,7 @@ windows:
 """
 
 
-def _user_segment(spool: Path, at_ms: tuple[int, ...], beat_ms: int) -> None:
-    combiner = PaneCombiner(1000)
-    for at in at_ms:
-        combiner.add(Sample("a", "c", 1.0, 1.0, (("user", "u1"),)), T0 + at, T0)
-    SegmentWriter(spool, "udp-0").append(combiner.drain(), Heartbeat(T0 + beat_ms, True))
+USER_U1 = Sample("a", "c", 1.0, 1.0, (("user", "u1"),))
 
 
 def test_a_new_session_checkpoint_records_each_late_partial_once(
@@ -171,12 +170,12 @@ def test_a_new_session_checkpoint_records_each_late_partial_once(
     start must not delete what the first recorded (tests/windows/transcripts/
     session_beyond_lateness.yaml has the same log)."""
     paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
-    _user_segment(paths.spool, (0,), beat_ms=1_000)
-    _user_segment(paths.spool, (7_000,), beat_ms=8_000)
+    _counter_segment(paths.spool, (0,), 1_000, USER_U1)
+    _counter_segment(paths.spool, (7_000,), 8_000, USER_U1)
     # Under both definitions: 1.5 s is late in its own session [1 s, 6 s) (the .late query);
     # 3 s reaches the final [0 s, 5 s) (the window's query).
-    _user_segment(paths.spool, (1_500, 3_000), beat_ms=8_500)
-    _user_segment(paths.spool, (), beat_ms=20_000)
+    _counter_segment(paths.spool, (1_500, 3_000), 8_500, USER_U1)
+    _counter_segment(paths.spool, (), 20_000, USER_U1)
 
     def late_rows() -> list[tuple[int, int]]:
         return run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
