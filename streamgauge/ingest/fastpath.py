@@ -38,7 +38,6 @@ guard would have to (re)admit — goes to the general parser, line by line, as b
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -155,51 +154,6 @@ _load = cast(Callable[[int], np.uint64], intrinsic(_load_intrinsic))
 _load_int = cast(Callable[[int], int], intrinsic(_load_int_intrinsic))
 _trailing_zeros = cast(Callable[[np.uint64], int], intrinsic(_trailing_zeros_intrinsic))
 _as_int = cast(Callable[[np.uint64], int], intrinsic(_as_int_intrinsic))
-
-
-_MADV_DONTNEED = 4  # Linux
-
-
-def release_compiler_pages() -> int:
-    """Unmap the resident pages of LLVM's code (libllvmlite) from this process; returns the
-    kB that were resident in them.
-
-    Once ``FastPath()`` has compiled or loaded ``_scan`` and friends, LLVM is not run again
-    (``test_fastpath_oracle`` checks that nothing compiles later), yet importing numba leaves
-    ~105 MB of libllvmlite's 178 MB resident in every receiver (its static constructors are
-    spread over the whole library). Only mappings the process cannot have written are
-    released — no write permission, no private dirty or anonymous page (the relocated RELRO
-    part keeps its pages) — so ``madvise(MADV_DONTNEED)`` only drops page-table entries: a
-    page used again is faulted back in from the page cache, unchanged. The page cache keeps
-    the file (shared by all receivers, reclaimable); what leaves is this process's RSS.
-    Linux only; elsewhere, or on any error, nothing is released.
-    """
-    if not sys.platform.startswith("linux"):
-        return 0
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        mappings: list[tuple[int, int, str, dict[str, int]]] = []  # start, end, perms, kB
-        with open("/proc/self/smaps") as smaps:
-            for line in smaps:
-                head = line.split()
-                if not head[0].endswith(":"):  # "start-end perms offset dev inode [path]"
-                    if len(head) > 5 and "libllvmlite" in head[5]:
-                        start, end = (int(x, 16) for x in head[0].split("-"))
-                        mappings.append((start, end, head[1], {}))
-                    else:
-                        mappings.append((0, 0, "", {}))
-                elif mappings and len(head) >= 2 and head[1].isdigit():
-                    mappings[-1][3][head[0][:-1]] = int(head[1])
-        released = 0
-        for start, end, perms, kb in mappings:
-            if (end > start and "w" not in perms and kb.get("Private_Dirty", 1) == 0
-                    and kb.get("Anonymous", 1) == 0
-                    and libc.madvise(start, end - start, _MADV_DONTNEED) == 0):
-                released += kb.get("Rss", 0)
-        return released
-    except (OSError, ValueError):
-        return 0
 
 
 @dataclass(slots=True)

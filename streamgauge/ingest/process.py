@@ -28,7 +28,6 @@ import pyarrow as pa
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.ingest.collector import FullCollections, settle_after_startup
 from streamgauge.ingest.combiner import PaneCombiner
-from streamgauge.ingest.fastpath import release_compiler_pages
 from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import (
     DEFAULT_WRITE_QUEUE_DEPTH,
@@ -36,6 +35,7 @@ from streamgauge.ingest.log import (
     SegmentWriter,
     validate_receiver_name,
 )
+from streamgauge.ingest.memory import release_library_pages
 from streamgauge.ingest.protocol import DEFAULT_LIMITS, ProtocolLimits
 from streamgauge.ingest.receiver import DEFAULT_MAX_SKEW_MS, Receiver
 from streamgauge.ingest.spool_fs import resolve_spool
@@ -166,13 +166,14 @@ def run_ingest(
     # probe run each: RSS at the busiest sample 272 → 238 MB. Set before the receiver builds
     # anything with Arrow; buffers go back to the pool they came from, so the switch is safe.
     pa.set_memory_pool(pa.system_memory_pool())
-    # Importing numba ran LLVM's static constructors (~96 MB of libllvmlite resident); release
-    # them before the receiver is built, so that the start-up peak is not the imports' plus
-    # everything the receiver then allocates. Loading the cached fast path faults ~95 MB of
-    # LLVM back in (numba sets up its codegen even to link cached code), released again below
-    # once the receiver is built. Peak RSS at 1 line per datagram (100 k/s), where start-up
-    # is the peak: 250 → 237 MB (one probe run each).
-    release_compiler_pages()
+    # Importing numba ran LLVM's static constructors (~96 MB of libllvmlite resident), and
+    # pyarrow mapped libraries a receiver hardly uses; release them before the receiver is
+    # built, so that the start-up peak is not the imports' plus everything the receiver then
+    # allocates. Loading the cached fast path faults ~95 MB of LLVM back in (numba sets up its
+    # codegen even to link cached code), released again below once the receiver is built.
+    # Peak RSS at 1 line per datagram (100 k/s), where start-up is the peak: 250 → 237 MB
+    # (LLVM's pages alone, one probe run each).
+    release_library_pages()
     if sock is None:
         specs = [ListenSpec("udp", *listen)] if isinstance(listen, tuple) else list(listen)
         sockets = bind_all(specs, settings)
@@ -209,10 +210,11 @@ def run_ingest(
     # The fast path is compiled (or loaded from numba's cache) by now and LLVM is done: its
     # ~108 MB of library code leaves this process's RSS (1.2 M lines/s at 20 per datagram,
     # bench/ingest.py, medians of 3: peak RSS 274 MB, was 369 in one run; at 1 line per
-    # datagram the peak is now this start-up, 250 MB; see bench/ingest/README.md).
-    released_kb = release_compiler_pages()
+    # datagram the peak is now this start-up, 250 MB; see bench/ingest/README.md), and so do
+    # the pages of the other libraries the start-up touched; what the loop uses comes back.
+    released_kb = release_library_pages()
     frozen = settle_after_startup()  # see collector.py: full collections by the receiver
-    log.info("ingest %s: receiving on %s, writing to %s (%d MB of LLVM code released, %d "
+    log.info("ingest %s: receiving on %s, writing to %s (%d MB of library code released, %d "
              "start-up objects frozen)", settings.receiver, " ".join(receiver.listening),
              receiver_spool, released_kb >> 10, frozen)  # fmt: skip
     try:
