@@ -357,6 +357,7 @@ class Receiver:
             FastPath(combiner, limits.max_line_bytes, cardinality.ttl_ms) if fast_path else None
         )
         self.fast_lines = 0  # lines combined by the fast path (for tests and benchmarks)
+        self.fast_conflicts = 0  # type conflicts the fast path counted in bulk (the same)
         self._stats_path = stats_path
         self._proc_net = proc_net
         self.stats = IngestStats()
@@ -531,19 +532,31 @@ class Receiver:
             return
         split = self._fast.split(buffer, recv_ms)
         fast, slots, values = split.fast, split.fast_slots, split.fast_values
-        if len(split.slow):
-            if not len(fast):
+        slow, conflicts = split.slow, split.conflicts
+        if len(slow):
+            if not len(fast) and not len(conflicts):
                 result = parse_datagram(buffer, self._limits)
             else:
-                result = parse_datagram(b"\n".join(split.lines(split.slow)), self._limits)
+                result = parse_datagram(b"\n".join(split.lines(slow)), self._limits)
+                if len(conflicts) and result.metric_lines:
+                    # Counted in bulk, their sampled lines would go before this buffer's
+                    # other metric lines' (type conflicts, adjustments): the general path
+                    # keeps the sample in line order. (Rejects are sampled after all of them.)
+                    slow = np.sort(np.concatenate([slow, conflicts]))
+                    conflicts = conflicts[:0]
+                    result = parse_datagram(b"\n".join(split.lines(slow)), self._limits)
                 # A series with lines on both paths in one wake-up: all its lines take the
                 # general path, in line order (gauge deltas and sums depend on the order).
                 demote = self._shared_series(result, slots)
                 if demote is not None:
                     moved = np.isin(slots, demote)
-                    slow = np.sort(np.concatenate([split.slow, fast[moved]]))
+                    slow = np.sort(np.concatenate([slow, fast[moved]]))
                     fast, slots, values = fast[~moved], slots[~moved], values[~moved]
                     result = parse_datagram(b"\n".join(split.lines(slow)), self._limits)
+        if len(conflicts):
+            self._count_type_conflicts(split.lines(conflicts[-REJECT_SAMPLE_SIZE:]),
+                                       len(conflicts))  # fmt: skip
+        if len(slow):
             self._sync_guard()
             self._account(result, recv_ms)
         if len(fast):
@@ -558,6 +571,18 @@ class Receiver:
             pending.metric_lines += n
             stats.samples += n
             pending.samples += n
+
+    def _count_type_conflicts(self, last_lines: list[bytes], count: int) -> None:
+        """``count`` lines the fast path found to be type conflicts, the last of them
+        ``last_lines`` (only those can stay in the bounded sample)."""
+        self.fast_conflicts += count
+        stats, pending = self.stats, self._pending_self_metrics
+        stats.lines += count
+        pending.lines += count
+        stats.rejected["type_conflict"] += count - len(last_lines)
+        pending.rejected["type_conflict"] += count - len(last_lines)
+        for line in last_lines:
+            self._count("rejected", "type_conflict", line)
 
     def _shared_series(self, result: ParseResult, fast_slots: np.ndarray) -> np.ndarray | None:
         """Slots of the fast lines whose series also has a line in ``result``, if any."""
@@ -642,6 +667,8 @@ class Receiver:
             if self._combiner.known_type(first.metric) not in (None, first.metric_type):
                 # "x:1|c" then "x:1|g": one name, one meaning (the first one seen)
                 self._count("rejected", "type_conflict", line)
+                if self._fast is not None and first.timestamp_ms is None and len(samples) == 1:
+                    self._fast.remember_conflict(line, first.metric)
                 continue
             event_ms = recv_ms
             if first.timestamp_ms is not None:
@@ -690,6 +717,8 @@ class Receiver:
         self._combiner.forget(*series)
         if not self._guard.tracks(series[0]):
             self._combiner.forget_type(series[0])
+            if self._fast is not None:
+                self._fast.forget_conflicts(series[0])
 
     def roll(self, now_ms: int, *, closed: bool = False) -> None:
         """Write a segment if there is data, a heartbeat is due, or the receiver is closing."""

@@ -28,6 +28,9 @@ line with that key and a plain value: the name and every field but the value are
 A line takes the fast path only if all of this holds; everything else — a new key, ``\\r``,
 several values, gauge signs (deltas), ``-0``, exponents, long lines, a series the cardinality
 guard would have to (re)admit — goes to the general parser, line by line, as before.
+
+Added since (session 10, with the compiled one): keys of type conflicts (``remember_conflict``,
+``forget_conflicts``), whose lines are handed back as ``conflicts``, in neither list.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.combiner import PaneCombiner
-from streamgauge.ingest.fastpath import Split
+from streamgauge.ingest.fastpath import CONFLICT, Split
 
 MAX_VALUE_BYTES = 16
 MAX_DIGITS = 15  # < 2**53: the mantissa is exact in a double
@@ -60,6 +63,7 @@ class NumpyFastPath:
         self._key_gen = np.zeros(0, dtype=np.int64)
         self._key_rate = np.zeros(0, dtype=np.float64)
         self._pending: list[tuple[bytes, int, int, float]] = []
+        self._conflict_keys: dict[str, list[bytes]] = {}
         self._known: pa.Array | None = None
         # A key is name + rest, split at its first ":" (the name holds no other): each part
         # has an id among the known parts, a key is the pair, sorted by its code.
@@ -94,12 +98,33 @@ class NumpyFastPath:
         if key is not None:
             self._pending.append((key, slot, int(self._combiner.slot_gen[slot]), sample_rate))
 
+    def remember_conflict(self, line: bytes, metric: str) -> None:
+        key = self.key_of(line)
+        if key is not None:
+            self._pending.append((key, CONFLICT, 0, 1.0))
+            self._conflict_keys.setdefault(metric, []).append(key)
+
+    def forget_conflicts(self, metric: str) -> None:
+        keys = self._conflict_keys.pop(metric, None)
+        if keys is None:
+            return
+        self._flush_pending()
+        for key in keys:
+            index = self._index.get(key)
+            if index is not None and self._key_slot[index] == CONFLICT:
+                self._key_slot[index] = CONFLICT - 1
+
     def _flush_pending(self) -> None:
         if not self._pending:
             return
         gens = self._combiner.slot_gen
         # Keys whose slot was freed since: drop them (compaction), then add the new ones.
-        live = self._key_gen == gens[self._key_slot] if len(self._keys) else np.zeros(0, bool)
+        if len(self._keys):
+            key_slot = self._key_slot
+            live = np.where(key_slot >= 0, self._key_gen == gens[np.maximum(key_slot, 0)],
+                            key_slot == CONFLICT)
+        else:
+            live = np.zeros(0, bool)
         if len(self._keys) and not live.all() and (~live).sum() * 2 > len(self._keys):
             keep = np.flatnonzero(live)
             self._keys = [self._keys[i] for i in keep.tolist()]
@@ -168,7 +193,7 @@ class NumpyFastPath:
         empty = np.zeros(0, dtype=np.int64)
         if self._known is None or not len(ends):
             return Split(buffer, starts, ends, np.flatnonzero(nonempty), empty, empty,
-                         np.zeros(0))
+                         np.zeros(0), empty)
         colons = np.flatnonzero(data == _COLON)
         pipes = np.flatnonzero(data == _PIPE)
         colons = np.append(colons, len(data))  # sentinels: "not found" lands past every end
@@ -188,6 +213,9 @@ class NumpyFastPath:
         known = key_ids >= 0
         key_ids = np.where(known, key_ids, 0)
         slots = self._key_slot[key_ids]
+        conflict = known & (slots == CONFLICT)
+        known &= slots >= 0
+        slots = np.maximum(slots, 0)
         slot_type = combiner.slot_type[slots]
         fast_mask = (
             known
@@ -205,8 +233,9 @@ class NumpyFastPath:
             values = np.where(counters, values / self._key_rate[key_ids[fast_mask]], values)
         is_fast = np.zeros(len(ends), dtype=bool)
         is_fast[fast] = True
+        is_fast[lines[conflict]] = True
         slow = np.flatnonzero(nonempty & ~is_fast)
-        return Split(buffer, starts, ends, slow, fast, slots, values)
+        return Split(buffer, starts, ends, slow, fast, slots, values, lines[conflict])
 
     def _lookup(
         self, buffer: bytes, starts: np.ndarray, name_ends: np.ndarray, pipes: np.ndarray,

@@ -108,6 +108,12 @@ def _exact(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 # another t-digest than 0.0 then -0.0 (found by this test).
 @example(steps=[("batch", [b"b:-0|ms"], 0), ("batch", [b"b:0|ms"], 0)], max_series=0,
          ttl_ms=600_000)
+# A type flood: counted in bulk after the first, demoted beside another metric line, and
+# forgotten with the name's type when its series expires.
+@example(steps=[("batch", [b"a:1|c", b"a:2|g"], 0), ("batch", [b"a:3|g\na:4|g"] * 20, 0),
+                ("batch", [b"a:5|g\nb:1|c\na:6|g"], 2500), ("roll", [], 0),
+                ("batch", [b"a:7|g"], 0), ("batch", [b"a:8|g\na:9|c"], 0)],
+         max_series=0, ttl_ms=2_000)
 @given(
     steps=st.lists(_step, min_size=1, max_size=25),
     max_series=st.sampled_from([0, 3]),
@@ -188,3 +194,45 @@ def test_released_library_pages_leave_the_fast_path_unchanged() -> None:
         assert np.array_equal(getattr(before, name), getattr(after, name)), name
     assert fastpath.FastPath(PaneCombiner(1000), 8192, 600_000).split(buffer, T0).slow.tolist() \
         == before.slow.tolist()
+
+
+def test_a_type_flood_is_counted_in_bulk_until_the_names_type_is_forgotten(
+    tmp_path: Path,
+) -> None:
+    """``x`` is a counter; a client sends it as a gauge, over and over. After the first such
+    line the fast path counts them as ``type_conflict`` without the general parser, with the
+    last ones in the reject sample, the same counts as line by line. Once the counter's series
+    expires (the guard forgets ``x``'s type), ``x`` as a gauge is a series like any other, and
+    its lines take the fast path."""
+    limits = CardinalityLimits(ttl_ms=2_000)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        receiver, clock = _receiver(tmp_path, sock, True, limits)
+        receiver._ingest_datagrams([b"x:1|c", b"x:2|g"], receiver.now_ms())  # general path
+        assert receiver.stats.rejected["type_conflict"] == 1
+        for value in range(50):
+            receiver._ingest_datagrams([b"x:%d|g\nx:%d.5|g" % (value, value)], receiver.now_ms())
+        assert receiver.fast_conflicts == 100
+        stats = receiver.stats
+        assert stats.rejected["type_conflict"] == 101
+        assert (stats.lines, stats.metric_lines) == (102, 1)
+        assert stats.accounted() == stats.lines
+        assert [entry["line"] for entry in stats.reject_sample][-2:] == ["x:49|g", "x:49.5|g"]
+        # A buffer with another metric line: its conflicts go the general way, in line order.
+        receiver._ingest_datagrams([b"x:7|g\ny:1|c\nx:8|g"], receiver.now_ms())
+        assert receiver.fast_conflicts == 100
+        assert stats.rejected["type_conflict"] == 103
+
+        clock.advance(3_000)
+        receiver.roll(receiver.now_ms())  # the counter's series expires, and x's type
+        receiver._ingest_datagrams([b"x:9|g"], receiver.now_ms())
+        receiver._ingest_datagrams([b"x:10|g"], receiver.now_ms())
+        assert stats.rejected["type_conflict"] == 103
+        assert receiver.fast_lines == 1  # "x:10|g", as the gauge it now is
+        receiver.roll(receiver.now_ms(), closed=True)
+    rows = [(row["metric_type"], row["count"], row["sum"] if row["metric_type"] == "c"
+             else row["last"])
+            for segment in list_segments(tmp_path, "udp-0")
+            for batch in read_segment(segment.path) for row in batch.to_pylist()
+            if row["metric"] == "x"]
+    assert rows == [("c", 1, 1.0), ("g", 2, 10.0)]

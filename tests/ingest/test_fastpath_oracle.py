@@ -60,6 +60,8 @@ def _round(keys: list[tuple[str, str, str]]) -> st.SearchStrategy[Any]:
         st.lists(st.tuples(_line(keys), st.integers(0, SLOTS - 1),
                            st.sampled_from([1.0, 0.5, 0.1])),
                  max_size=40),  # registrations: (line, slot, rate)
+        st.lists(st.tuples(_line(keys), st.sampled_from(NAMES)), max_size=6),  # conflicts
+        st.lists(st.sampled_from(NAMES), max_size=2),  # names whose conflicts are forgotten
         st.lists(st.lists(_line(keys), max_size=25), min_size=1, max_size=3),  # buffers
         st.booleans(),  # the last line of each buffer without its "\n"
         st.sampled_from([1000, 2000, 10_000]),  # recv_ms
@@ -67,7 +69,7 @@ def _round(keys: list[tuple[str, str, str]]) -> st.SearchStrategy[Any]:
 
 
 def _same(a: Split, b: Split) -> None:
-    for name in ("starts", "ends", "slow", "fast", "fast_slots"):
+    for name in ("starts", "ends", "slow", "fast", "fast_slots", "conflicts"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and np.array_equal(x, y), name
     assert a.fast_values.dtype == b.fast_values.dtype == np.float64
@@ -86,10 +88,17 @@ def test_compiled_split_equals_the_numpy_split(
     combiner = FakeCombiner()
     new = FastPath(combiner, max_line_bytes, ttl_ms)  # type: ignore[arg-type]
     old = NumpyFastPath(combiner, max_line_bytes, ttl_ms)  # type: ignore[arg-type]
-    for (types, bumps, admitted, seen), registrations, buffers, cut, recv_ms in rounds:
+    for (types, bumps, admitted, seen), registrations, conflicts, forgotten, buffers, cut, \
+            recv_ms in rounds:
         for line, slot, rate in registrations:
             new.remember(line, slot, rate)
             old.remember(line, slot, rate)
+        for line, metric in conflicts:
+            new.remember_conflict(line, metric)
+            old.remember_conflict(line, metric)
+        for metric in forgotten:
+            new.forget_conflicts(metric)
+            old.forget_conflicts(metric)
         # after the registrations: keys of slots freed since (compaction) and of live ones
         combiner.slot_type[:] = types
         combiner.slot_gen += bumps
