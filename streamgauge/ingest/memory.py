@@ -6,15 +6,15 @@ of its 178 MB resident); pyarrow brings libarrow, libarrow_compute, libparquet a
 (~40 MB resident after a receiver's start-up, most of it never used again: a receiver only
 writes Arrow IPC). Those pages are clean copies of the files. ``release_library_pages`` drops
 them from this process's page tables; a page used again is faulted back in from the page
-cache, unchanged. Measured at 3.8 M lines/s, 20 lines per datagram (README, Benchmarks,
+cache, unchanged. Measured at 3.8 and 4.2 M lines/s, 20 lines per datagram (README, Benchmarks,
 "Library pages a receiver does not use"): releasing every library's pages rather than
-libllvmlite's alone took peak RSS from 283–297 to 247–268 MB, at the same CPU.
+libllvmlite's alone took peak RSS from 283–297 to 250–268 MB, at the same CPU.
 
 Tried and not kept: fixing glibc's mmap threshold (``mallopt(M_MMAP_THRESHOLD)``, which stops
 it sliding up to the size of the largest block freed, so that big buffers stop coming from the
-threads' heaps). Peak RSS fell by another 10–20 MB, but every wake-up's buffer became a fresh
-mapping to fault in and zero: the receiver's CPU rose from ~115 to ~130 % of a core at 3.8 M
-and 4.2 M lines/s lost 0.1–0.2 %, at thresholds from 128 KiB to 4 MiB alike.
+threads' heaps). Peak RSS fell by another 10–30 MB, but every wake-up's buffer became a fresh
+mapping to fault in and zero: the receiver's CPU rose from ~115 to 120–136 % of a core, and
+4.2 M lines/s lost 0.05–0.17 %, at thresholds from 128 KiB to 4 MiB alike.
 """
 
 from __future__ import annotations
