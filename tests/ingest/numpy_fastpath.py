@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.combiner import PaneCombiner
-from streamgauge.ingest.fastpath import CONFLICT, Split
+from streamgauge.ingest.fastpath import CONFLICT, FastPath, Split
 
 MAX_VALUE_BYTES = 16
 MAX_DIGITS = 15  # < 2**53: the mantissa is exact in a double
@@ -98,21 +98,9 @@ class NumpyFastPath:
         if key is not None:
             self._pending.append((key, slot, int(self._combiner.slot_gen[slot]), sample_rate))
 
-    def remember_conflict(self, line: bytes, metric: str) -> None:
-        key = self.key_of(line)
-        if key is not None:
-            self._pending.append((key, CONFLICT, 0, 1.0))
-            self._conflict_keys.setdefault(metric, []).append(key)
-
-    def forget_conflicts(self, metric: str) -> None:
-        keys = self._conflict_keys.pop(metric, None)
-        if keys is None:
-            return
-        self._flush_pending()
-        for key in keys:
-            index = self._index.get(key)
-            if index is not None and self._key_slot[index] == CONFLICT:
-                self._key_slot[index] = CONFLICT - 1
+    # The conflict keys' bookkeeping is FastPath's own (what this oracle checks is the split).
+    remember_conflict = FastPath.remember_conflict
+    forget_conflicts = FastPath.forget_conflicts
 
     def _flush_pending(self) -> None:
         if not self._pending:
