@@ -167,6 +167,14 @@ _trailing_zeros = cast(Callable[[np.uint64], int], intrinsic(_trailing_zeros_int
 _as_int = cast(Callable[[np.uint64], int], intrinsic(_as_int_intrinsic))
 
 
+def live_keys(key_slot: np.ndarray, key_gen: np.ndarray, slot_gen: np.ndarray) -> np.ndarray:
+    """Which cached keys still hold: a series' key whose slot has the generation it was
+    cached with (a freed slot's has moved on), or a conflict key not forgotten."""
+    live: np.ndarray = np.where(key_slot >= 0, key_gen == slot_gen[np.maximum(key_slot, 0)],
+                                key_slot == CONFLICT)  # fmt: skip
+    return live
+
+
 @dataclass(slots=True)
 class Split:
     """One buffer of lines, split into the fast ones (ready to combine) and the rest."""
@@ -269,15 +277,9 @@ class FastPath:
     def _flush_pending(self) -> None:
         if not self._pending:
             return
-        gens = self._combiner.slot_gen
         # Keys whose slot was freed since (or forgotten conflicts): drop them (compaction),
         # then add the new ones.
-        if len(self._keys):
-            key_slot = self._key_slot
-            live = np.where(key_slot >= 0, self._key_gen == gens[np.maximum(key_slot, 0)],
-                            key_slot == CONFLICT)  # fmt: skip
-        else:
-            live = np.zeros(0, bool)
+        live = live_keys(self._key_slot, self._key_gen, self._combiner.slot_gen)
         if len(self._keys) and not live.all() and (~live).sum() * 2 > len(self._keys):
             keep = np.flatnonzero(live)
             self._keys = [self._keys[i] for i in keep.tolist()]

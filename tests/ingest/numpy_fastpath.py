@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.combiner import PaneCombiner
-from streamgauge.ingest.fastpath import CONFLICT, FastPath, Split
+from streamgauge.ingest.fastpath import CONFLICT, FastPath, Split, live_keys
 
 MAX_VALUE_BYTES = 16
 MAX_DIGITS = 15  # < 2**53: the mantissa is exact in a double
@@ -105,14 +105,8 @@ class NumpyFastPath:
     def _flush_pending(self) -> None:
         if not self._pending:
             return
-        gens = self._combiner.slot_gen
         # Keys whose slot was freed since: drop them (compaction), then add the new ones.
-        if len(self._keys):
-            key_slot = self._key_slot
-            live = np.where(key_slot >= 0, self._key_gen == gens[np.maximum(key_slot, 0)],
-                            key_slot == CONFLICT)
-        else:
-            live = np.zeros(0, bool)
+        live = live_keys(self._key_slot, self._key_gen, self._combiner.slot_gen)
         if len(self._keys) and not live.all() and (~live).sum() * 2 > len(self._keys):
             keep = np.flatnonzero(live)
             self._keys = [self._keys[i] for i in keep.tolist()]
