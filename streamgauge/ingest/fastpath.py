@@ -36,6 +36,9 @@ every line with that key is one) is cached too, as ``CONFLICT``: its lines come 
 ``Split.conflicts`` and the receiver counts them in bulk. The name's type is forgotten when its
 last series expires, and its conflict keys with it (``forget_conflicts``). A flood of them
 (``bench/ingest/type_flood.py``) took ~6 µs a line through the general parser, ~80 ns now.
+Only in a wake-up whose general-path lines hold no metric line, though: beside one (a set, a
+new key) the receiver sends the conflicts the general way too, to keep its reject sample in
+line order, so a flood mixed with set traffic is still parsed line by line.
 
 A line takes the fast path only if all of this holds; everything else — a new key, ``\\r``,
 several values, gauge signs (deltas), ``-0``, exponents, long lines, a series the cardinality
