@@ -64,7 +64,7 @@ from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hll import serialize_hll, union_hll
 from streamgauge.windows import window_sketches
-from streamgauge.windows.aggregates import Scalars, read_batch
+from streamgauge.windows.aggregates import Scalars, output_frame, read_batch, rows_in_order
 from streamgauge.windows.sketch_windows import MERGE_ORDER, merge_digest, merge_hdr
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
@@ -157,15 +157,8 @@ def pane_deltas(
 ) -> dict[tuple[int, int], Aggregate]:
     """A micro-batch's partials of one series merged per ``(pane, from_start)``, each partial
     once, in ``MERGE_ORDER`` (with the sketch bytes as the last tie-break)."""
-    ordered = batch
-    if len(batch) > 1:  # a live batch usually holds one partial: nothing to order
-        keyed = batch.assign(
-            _sketch_key=batch["sketch"].map(lambda b: b"" if b is None else bytes(b))
-        )
-        ordered = keyed.sort_values(["pane_ms", "from_start_ms", *MERGE_ORDER, "_sketch_key"],
-                                    kind="stable")  # fmt: skip
     grouped: dict[tuple[int, int], list[Aggregate]] = {}
-    for row in ordered.itertuples(index=False):
+    for row in rows_in_order(batch, ("pane_ms", "from_start_ms", *MERGE_ORDER)):
         partial = Aggregate.of_row(row)
         partial.sketches = partial_sketches(row.metric_type, row.sketch, row.hdr_bucket,
                                             row.hdr_count)  # fmt: skip
@@ -220,7 +213,7 @@ def hopping_state_function(window: WindowSpec, params: SketchParams) -> Any:
         else:
             state.remove()
         if out:
-            yield pd.DataFrame(out, columns=list(OUTPUT_COLUMNS))
+            yield output_frame(out, OUTPUT_COLUMNS)
 
     return update_hopping
 

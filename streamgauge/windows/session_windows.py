@@ -70,7 +70,7 @@ import pandas as pd
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.windows import window_sketches
-from streamgauge.windows.aggregates import Scalars, read_batch
+from streamgauge.windows.aggregates import Scalars, output_frame, read_batch, rows_in_order
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
 #: One session in the state blob: start, end, count, sum, min, max, last, last_event_ms; its
@@ -93,17 +93,16 @@ LOG_ORDER = (
 )  # fmt: skip
 """How the partials of a series within one micro-batch are ordered before they are merged: log
 order as far as the rows tell it (prior heartbeat, segment heartbeat, event time), then every
-other column, ending with the sketch bytes (``sort_in_log_order``). The tail only breaks ties
+other column, ending with the sketch bytes (``rows_in_log_order``). The tail only breaks ties
 between partials that differ in nothing the log order sees (two hosts' partials of one pane,
 projected onto one series): floating-point sums and t-digest merges depend on the order, and
 Spark's shuffle does not fix the order of a group's rows, so a replayed batch must not either."""
 
 
-def sort_in_log_order(batch: pd.DataFrame) -> pd.DataFrame:
-    """``batch`` in ``LOG_ORDER``, then by sketch bytes (a total order of what is merged)."""
-    keyed = batch.assign(_sketch_key=batch["sketch"].map(lambda b: b"" if b is None else bytes(b)))
-    ordered = keyed.sort_values([*LOG_ORDER, "_sketch_key"], kind="stable")
-    return ordered.drop(columns="_sketch_key")
+def rows_in_log_order(batch: pd.DataFrame) -> list[Any]:
+    """``batch``'s rows in ``LOG_ORDER``, then by sketch bytes (a total order of what is
+    merged), as named tuples."""
+    return rows_in_order(batch, LOG_ORDER)
 
 
 def session_horizon_ms(window: WindowSpec) -> int:
@@ -170,8 +169,7 @@ def session_state_function(window: WindowSpec, params: SketchParams) -> Any:
         no_sketches = (None,) * len(window_sketches.OUTPUT_COLUMNS)
         if not state.hasTimedOut:
             batch, metric_type = read_batch(frames, metric_type)
-            batch = sort_in_log_order(batch)
-            for row in batch.itertuples(index=False):
+            for row in rows_in_log_order(batch):
                 t = int(row.event_ms)
                 touched = [s for s in sessions if s.start - gap < t < s.end]
                 closed_before = int(row.prior_heartbeat_ms) - delay
@@ -217,6 +215,6 @@ def session_state_function(window: WindowSpec, params: SketchParams) -> Any:
         else:
             state.remove()
         if out:
-            yield pd.DataFrame(out, columns=list(OUTPUT_COLUMNS))
+            yield output_frame(out, OUTPUT_COLUMNS)
 
     return update_sessions

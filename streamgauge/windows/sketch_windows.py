@@ -46,7 +46,7 @@ import pandas as pd
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout, merge
 from streamgauge.sketches.tdigest import deserialize_tdigest, new_tdigest, quantiles
-from streamgauge.windows.aggregates import Scalars, read_batch
+from streamgauge.windows.aggregates import Scalars, output_frame, read_batch, total_order
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999")
@@ -174,8 +174,7 @@ MERGE_ORDER = ("last_event_ms", "count", "sum", "min", "max", "last")
 def _in_merge_order(rows: pd.DataFrame) -> pd.DataFrame:
     if len(rows) < 2:
         return rows
-    keyed = rows.assign(_sketch_key=rows["sketch"].map(lambda b: b"" if b is None else bytes(b)))
-    return keyed.sort_values([*MERGE_ORDER, "_sketch_key"], kind="stable")
+    return rows.iloc[total_order(rows, MERGE_ORDER)]
 
 
 def merge_rows(window: SketchWindow, rows: pd.DataFrame, k: int) -> None:
@@ -252,7 +251,7 @@ def sketch_state_function(params: SketchParams) -> Any:
         else:
             state.remove()
         if out:
-            yield pd.DataFrame(out, columns=list(OUTPUT_COLUMNS))
+            yield output_frame(out, OUTPUT_COLUMNS)
 
     return update_windows
 

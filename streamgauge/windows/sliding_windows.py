@@ -110,8 +110,8 @@ from pyspark.sql import functions as F
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 from streamgauge.windows import window_sketches
-from streamgauge.windows.aggregates import Scalars, read_batch
-from streamgauge.windows.session_windows import sort_in_log_order
+from streamgauge.windows.aggregates import Scalars, output_frame, read_batch
+from streamgauge.windows.session_windows import rows_in_log_order
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
 #: One pane or window in a state blob: time (pane event time or window start), count, sum,
@@ -223,8 +223,7 @@ def sliding_state_function(window: WindowSpec, pane_ms: int, params: SketchParam
         no_sketches = (None,) * len(window_sketches.OUTPUT_COLUMNS)
         if not state.hasTimedOut:
             batch, metric_type = read_batch(frames, metric_type)
-            batch = sort_in_log_order(batch)
-            for row in batch.itertuples(index=False):
+            for row in rows_in_log_order(batch):
                 t = int(row.event_ms)
                 closed_before = int(row.prior_heartbeat_ms) - delay
                 partial = Partial(t, Scalars.of_row(row))
@@ -273,7 +272,7 @@ def sliding_state_function(window: WindowSpec, pane_ms: int, params: SketchParam
         else:
             state.remove()
         if out:
-            yield pd.DataFrame(out, columns=list(OUTPUT_COLUMNS))
+            yield output_frame(out, OUTPUT_COLUMNS)
 
     return update_sliding
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.windows import hopping_windows, session_windows, sketch_windows, sliding_windows
-from streamgauge.windows.aggregates import Scalars, read_batch
+from streamgauge.windows.aggregates import (
+    Scalars,
+    output_frame,
+    read_batch,
+    rows_in_order,
+    total_order,
+)
 from streamgauge.windows.window_sketches import Sketches, SketchMerger
 
 T0 = 1_700_000_000_000
@@ -142,3 +151,81 @@ def test_sliding_state_bytes_are_unchanged() -> None:
     assert blob == SLIDING
     back = sliding_windows.unpack(blob, merger)
     assert [p.values() for p in back.values()] == [p.values() for p in records.values()]
+
+
+# --- a group's rows in a total order, and an operator's output frame ---------------------------
+
+_KEYS = ("prior_heartbeat_ms", "receiver", "sum", "last")
+
+
+def _pandas_order(batch: pd.DataFrame, keys: tuple[str, ...]) -> list[int]:
+    """The order the operators took from pandas before ``total_order``: a stable sort by the
+    keys, then the sketch bytes (None as empty), missing values last."""
+    keyed = batch.reset_index(drop=True).assign(
+        _sketch_key=batch["sketch"].map(lambda b: b"" if b is None else bytes(b))
+    )
+    return keyed.sort_values([*keys, "_sketch_key"], kind="stable").index.tolist()
+
+
+_small_floats = st.one_of(st.sampled_from([0.0, -0.0, 1.5, float("nan")]), st.floats(-3, 3))
+
+
+@st.composite
+def _groups(draw: st.DrawFn) -> pd.DataFrame:
+    n = draw(st.integers(0, 7))
+    column = st.lists  # one value per row
+    return pd.DataFrame(
+        {
+            "prior_heartbeat_ms": draw(column(st.sampled_from([T0, T0 + 1000]), min_size=n,
+                                              max_size=n)),
+            "receiver": draw(column(st.sampled_from(["r0", "r1", None]), min_size=n, max_size=n)),
+            "sum": draw(column(_small_floats, min_size=n, max_size=n)),
+            "last": draw(column(_small_floats, min_size=n, max_size=n)),
+            "sketch": draw(column(st.sampled_from([None, b"", b"a", b"ab", b"b"]), min_size=n,
+                                  max_size=n)),
+            "position": list(range(n)),
+        }
+    )  # fmt: skip
+
+
+@given(_groups())
+@example(pd.DataFrame({"prior_heartbeat_ms": [T0, T0], "receiver": ["r1", "r0"],
+                       "sum": [float("nan"), 1.0], "last": [0.0, -0.0],
+                       "sketch": [b"b", None], "position": [0, 1]}))  # fmt: skip
+def test_total_order_is_the_order_pandas_gave(batch: pd.DataFrame) -> None:
+    """NaN and None last in each key, -0.0 equal to 0.0, ties by sketch bytes, then stable."""
+    assert total_order(batch, _KEYS) == _pandas_order(batch, _KEYS)
+
+
+def test_rows_in_order_are_the_rows_itertuples_gives_in_that_order() -> None:
+    batch = pd.DataFrame(
+        {"prior_heartbeat_ms": np.array([T0 + 1000, T0, T0], dtype=np.int64),
+         "receiver": ["r0", "r1", "r0"], "sum": [1.0, float("nan"), 2.5],
+         "last": [1.0, 2.0, 3.0], "sketch": [b"x", None, b""], "position": [0, 1, 2]}
+    )  # fmt: skip
+    rows = rows_in_order(batch, _KEYS)
+    assert [row.position for row in rows] == _pandas_order(batch, _KEYS) == [2, 1, 0]
+    expected = list(batch.iloc[[2, 1, 0]].itertuples(index=False))
+    for row, pandas_row in zip(rows, expected, strict=True):
+        assert row._fields == pandas_row._fields
+        assert [type(v) for v in row] == [type(v) for v in pandas_row]  # int, str, float...
+        assert repr(row[:]) == repr(pandas_row[:])  # the same values, NaN included
+    assert [row.position for row in rows_in_order(batch.iloc[:1], _KEYS)] == [0]
+
+
+def test_output_frame_holds_what_the_rows_hold_arrays_included() -> None:
+    """Arrays stay one cell each (numpy must not broadcast them), None stays None, and Arrow
+    converts every column to the declared type, as Spark's writer does."""
+    columns = ("change", "count", "sum", "hdr_buckets")
+    rows = [("upsert", 3, 1.5, np.array([1, 2], dtype=np.int32)), ("late", 1, None, None)]
+    frame = output_frame(rows, columns)
+    assert list(frame.columns) == list(columns) and len(frame) == 2
+    assert frame["hdr_buckets"][0].tolist() == [1, 2] and frame["hdr_buckets"][1] is None
+    types = pa.schema([("change", pa.string()), ("count", pa.int64()), ("sum", pa.float64()),
+                       ("hdr_buckets", pa.list_(pa.int32()))])  # fmt: skip
+    table = pa.Table.from_pandas(frame, schema=types, preserve_index=False)
+    assert table.to_pylist() == [
+        {"change": "upsert", "count": 3, "sum": 1.5, "hdr_buckets": [1, 2]},
+        {"change": "late", "count": 1, "sum": None, "hdr_buckets": None},
+    ]
+    assert len(output_frame([], columns)) == 0
