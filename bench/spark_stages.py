@@ -77,3 +77,24 @@ def print_breakdown(figures: dict[str, list[float]]) -> None:
     parts = sorted(((statistics.median(v), name) for name, v in figures.items()), reverse=True)
     print(f"spark jobs per batch ({batches} batches, median s): "
           + ", ".join(f"{name} {seconds:.2f}" for seconds, name in parts))  # fmt: skip
+
+
+def task_seconds(ui_url: str, app_id: str, since_ms: int) -> dict[str, tuple[float, float]]:
+    """Per query (by job description), its tasks' run time and CPU time in seconds, summed
+    over the stages of jobs submitted at or after ``since_ms``: what each query costs the
+    executors, an idle one included (a query with no rows still runs its stages every batch
+    its offsets move)."""
+    base = f"{ui_url}/api/v1/applications/{app_id}"
+    stages = {s["stageId"]: s for s in _get(f"{base}/stages?status=complete")}
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for job in _get(f"{base}/jobs?status=succeeded"):
+        lines = (job.get("description") or "").splitlines()
+        if not lines or _ms(job["submissionTime"]) < since_ms:
+            continue
+        for stage_id in job["stageIds"]:
+            stage = stages.get(stage_id)
+            if stage is None:
+                continue
+            totals[lines[0]][0] += stage["executorRunTime"] / 1000
+            totals[lines[0]][1] += stage["executorCpuTime"] / 1e9
+    return {query: (run, cpu) for query, (run, cpu) in totals.items()}

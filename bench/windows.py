@@ -59,7 +59,7 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 from pyspark.sql.streaming.query import StreamingQuery
-from spark_stages import KEEP_ALL_JOBS, batch_breakdown, print_breakdown
+from spark_stages import KEEP_ALL_JOBS, batch_breakdown, print_breakdown, task_seconds
 
 from streamgauge.clock import SystemClock
 from streamgauge.configs import parse_config
@@ -91,7 +91,9 @@ WINDOWS = {
     "hopping": "{name: w, kind: hopping, size: SIZE, hop: HOP, watermark_delay: 1s, "
     "allowed_lateness: 2s}",
     "sliding": "{name: w, kind: sliding, size: SIZE, watermark_delay: 1s, allowed_lateness: 2s}",
-    "session": "{name: w, kind: session, gap: 3s, watermark_delay: 1s, allowed_lateness: 2s}",
+    # key: user; the bench's series carry no tags, so each metric is one series of sessions
+    "session": "{name: w, kind: session, gap: 3s, key: user, watermark_delay: 1s, "
+    "allowed_lateness: 2s}",
 }
 
 
@@ -158,12 +160,14 @@ class Writer(threading.Thread):
     """One segment per second; records when each heartbeat was written (wall ms)."""
 
     def __init__(
-        self, spool: Path, series: int, seconds: int, metric_type: str, kll_k: int | None = None
+        self, spool: Path, series: int, seconds: int, metric_type: str, kll_k: int | None = None,
+        duty: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(daemon=True)
         self.metric_type = metric_type
         self.kll_k = kll_k
         self.names = pa.array([f"bench.m{i}" for i in range(series)], pa.string())
+        self.duty = duty
         self.writer = SegmentWriter(spool, "r0", fsync=False)
         self.seconds = seconds
         self.heartbeats: list[tuple[int, int]] = []  # (heartbeat ms, wall ms when written)
@@ -174,10 +178,23 @@ class Writer(threading.Thread):
         for _ in range(self.seconds):
             now = time.time_ns() // 1_000_000
             pane = now - now % 1000
-            batch = pane_batch(self.names, pane, rng, self.metric_type, self.kll_k)
+            names = active_names(self.names, pane, self.duty)
+            batch = pane_batch(names, pane, rng, self.metric_type, self.kll_k)
             self.writer.append(batch, Heartbeat(now, False))
             self.heartbeats.append((now, time.time_ns() // 1_000_000))
             time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
+
+
+def active_names(names: pa.Array, pane_ms: int, duty: tuple[int, int] | None) -> pa.Array:
+    """The series sending in the pane starting at ``pane_ms``: all of them, or with ``duty``
+    ``(active, period)`` series ``i`` in ``active`` seconds of every ``period``, from its own
+    offset ``i % period``: sessions that close (the pause is longer than a gap) on a staggered
+    schedule, so some end every second."""
+    if duty is None:
+        return names
+    active, period = duty
+    phase = (pane_ms // 1000 + np.arange(len(names))) % period
+    return names.filter(pa.array(phase < active))
 
 
 def freshness(
@@ -216,6 +233,34 @@ def _progress_ms(progress: dict) -> int:  # type: ignore[type-arg]
     """When a micro-batch started (Spark's progress ``timestamp``), as epoch ms."""
     started = datetime.datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
     return int(started.timestamp() * 1000)
+
+
+def print_sustained(
+    progress: list[dict], lags: list[float], *, offered_rows_per_s: int  # type: ignore[type-arg]
+) -> None:
+    """Whether the job keeps up: rows it took per second of wall time against the offered rate,
+    and whether freshness grows over the run (a backlog building up).
+
+    A micro-batch job keeps up with batches longer than the input's period, as long as each
+    carries that much more input. What it cannot do is take fewer rows per second than are
+    offered, over the run: then the backlog, and with it freshness, grows without bound.
+    """
+    if not progress or not lags:
+        print("sustained: n/a (no measured batches or windows)")
+        return
+    started = _progress_ms(progress[0])
+    ended = max(_progress_ms(p) + p["durationMs"]["triggerExecution"] for p in progress)
+    # Rows of the batches after the first, over the time from the first's end to the last's:
+    # the first may carry rows offered before the measured span began.
+    rows = sum(p["numInputRows"] for p in progress[1:])
+    span_s = (ended - started - progress[0]["durationMs"]["triggerExecution"]) / 1000
+    taken = rows / max(span_s, 1e-9)
+    half = len(lags) // 2
+    early, late = statistics.median(lags[: max(half, 1)]), statistics.median(lags[half:])
+    sustained = taken >= 0.97 * offered_rows_per_s and late <= early + 1.0
+    print(f"sustained: {sustained} (took {taken:,.0f} partial rows/s over {span_s:.0f} s of "
+          f"{offered_rows_per_s:,} offered; freshness median first half {early:.2f} s, second "
+          f"half {late:.2f} s)")
 
 
 def compare_kll(tdigest: list[dict], kll: list[dict], kll_k: int) -> None:  # type: ignore[type-arg]
@@ -292,6 +337,10 @@ def main() -> None:
                         "hold each instant: e.g. --size 60s --hop 1s)")
     parser.add_argument("--type", choices=("c", "ms", "s"), default="c",
                         help="metric type of every series (ms: the sketch lane)")
+    parser.add_argument("--duty", default=None, metavar="ACTIVE/PERIOD",
+                        help="each series sends in ACTIVE of every PERIOD seconds (staggered "
+                        "by series), e.g. 5/10 with --kind session (gap 3s), so that sessions "
+                        "close; default: every series every second")
     parser.add_argument("--warmup", type=int, default=0,
                         help="seconds at the start left out of every figure: the JVM is still "
                         "compiling Spark's code for minutes (see README)")
@@ -308,6 +357,12 @@ def main() -> None:
                         help="with --type ms: also run the window with quantiles: kll (window wk) "
                         "on the same load and print both lanes side by side")
     args = parser.parse_args()
+    duty = None
+    if args.duty:
+        active, _, period = args.duty.partition("/")
+        duty = (int(active), int(period))
+        if not 0 < duty[0] <= duty[1]:
+            parser.error("--duty ACTIVE/PERIOD needs 0 < ACTIVE <= PERIOD")
     if args.compare_kll and (args.type != "ms" or args.kind not in ("tumbling", "hopping")):
         parser.error("--compare-kll needs --type ms and --kind tumbling or hopping")
 
@@ -347,7 +402,7 @@ def main() -> None:
             spark, config, paths, lambda: TimedStore(url), SystemClock(),
             trigger_interval="0.5 seconds",
         )  # fmt: skip
-        writer = Writer(paths.spool, args.series, args.seconds, args.type, config.kll_k)
+        writer = Writer(paths.spool, args.series, args.seconds, args.type, config.kll_k, duty)
         writer.measured_from_ms = time.time_ns() // 1_000_000 + args.warmup * 1000
         writer.start()
         lags, _ = freshness(url, writer, config.windows[0].watermark_delay_ms, args.seconds)
@@ -374,13 +429,19 @@ def main() -> None:
             spark.sparkContext.uiWebUrl or "", spark.sparkContext.applicationId, lane,
             writer.measured_from_ms,
         )  # fmt: skip
+        measured_s = (time.time_ns() // 1_000_000 - writer.measured_from_ms) / 1000
+        tasks = task_seconds(
+            spark.sparkContext.uiWebUrl or "", spark.sparkContext.applicationId,
+            writer.measured_from_ms,
+        )  # fmt: skip
         for query in queries:
             query.stop()
         spark.stop()
         rates = [p["numInputRows"] / max(p["durationMs"]["triggerExecution"], 1) * 1000
                  for p in progress]  # fmt: skip
         durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
-        rows_per_s = args.series  # one partial per series per second
+        # one partial per sending series per second
+        rows_per_s = args.series if duty is None else args.series * duty[0] // duty[1]
         hop = f" hop {args.hop}" if args.kind == "hopping" else ""
         print(f"window job, {args.kind} {args.size}{hop}, {args.series} series of type "
               f"{args.type!r} "
@@ -414,8 +475,10 @@ def main() -> None:
             f"{phase} {statistics.median(v):.2f}" for phase, v in sorted(phases.items())
         ))
         print_breakdown(stages)
-        sustained = bool(durations) and statistics.median(durations) <= 1.0
-        print(f"sustained (median batch <= 1 s of input per second): {sustained}")
+        for name, (run_s, cpu_s) in sorted(tasks.items()):
+            print(f"tasks of {name}: {run_s:.1f} s run, {cpu_s:.1f} s CPU in {measured_s:.0f} s "
+                  f"({cpu_s / max(measured_s, 1e-9):.2f} cores)")
+        print_sustained(progress, lags, offered_rows_per_s=rows_per_s)
         if args.compare_kll:
             compare_kll(progress, kll_progress, config.sketches.kll_k)
     finally:
