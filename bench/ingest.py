@@ -94,11 +94,17 @@ def build_sender(workdir: Path) -> Path:
     return binary
 
 
+#: Set by ``--gso``: the load generator sends runs of equal-length datagrams as one UDP GSO
+#: buffer (``SENDER_GSO=1``, see sender.c); the receivers still get separate datagrams.
+SENDER_ENV: dict[str, str] = {}
+
+
 def send(sender: Path, port: int, rate: float, per: int, seconds: float, series: int,
          sockets: int = 1) -> tuple[int, float]:
     out = subprocess.run(
         [str(sender), "127.0.0.1", str(port), str(int(rate)), str(per), str(seconds),
          str(series), str(sockets)], check=True, capture_output=True, text=True,
+        env={**os.environ, **SENDER_ENV},
     ).stdout.split()
     return int(out[0]), float(out[2])
 
@@ -330,7 +336,13 @@ def main() -> int:
     parser.add_argument("--daemons", default="streamgauge,etsy-statsd,python-recvfrom")
     parser.add_argument("--no-etsy", action="store_true")
     parser.add_argument("--etsy-dir", help="a directory where `npm install statsd` was run")
+    parser.add_argument("--gso", action="store_true",
+                        help="the load generator sends equal-length datagrams in UDP GSO "
+                        "buffers (SENDER_GSO=1, see sender.c): half its CPU per datagram; the "
+                        "daemons still receive, and may drop, every datagram on its own")
     args = parser.parse_args()
+    if args.gso:
+        SENDER_ENV["SENDER_GSO"] = "1"
     work = Path(tempfile.mkdtemp(prefix="sg-bench-bin-"))
     sender = build_sender(work)
     wanted = args.daemons.split(",")
@@ -349,7 +361,7 @@ def main() -> int:
     if "python-recvfrom" in wanted:
         daemons.append(PythonRecvfrom())
     print(f"medians of {args.repeat} runs of {args.seconds:g} s, {args.series} series, "
-          "mixed c/ms/g/d, loopback UDP")
+          "mixed c/ms/g/d, loopback UDP" + (", sender with UDP GSO" if args.gso else ""))
     print("daemon                  lines/dgram  target/s  achieved/s  loss     kernel_drops  cpu"
           "    rss_mb")
     summary = []
