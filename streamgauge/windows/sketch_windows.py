@@ -218,6 +218,17 @@ def output_row(
     )  # fmt: skip
 
 
+def _by_window(batch: pd.DataFrame) -> Any:
+    """``batch``'s rows per window, in window order. A live micro-batch usually brings a
+    series one window's rows: then the batch itself, without a pandas groupby (~0.75 ms of a
+    ~2.5 ms call for one timer partial, bench/hopping_operator.py's copied rows)."""
+    starts = batch["window_start_ms"].to_numpy()
+    ends = batch["window_end_ms"].to_numpy()
+    if len(starts) and (starts == starts[0]).all() and (ends == ends[0]).all():
+        return [((starts[0], ends[0]), batch)]
+    return batch.groupby(["window_start_ms", "window_end_ms"])
+
+
 def sketch_state_function(params: SketchParams) -> Any:
     """The ``applyInPandasWithState`` function of the sketch lane (picklable closure)."""
     k = params.tdigest_k
@@ -235,7 +246,7 @@ def sketch_state_function(params: SketchParams) -> Any:
         changed: list[tuple[int, int]] = []
         if not state.hasTimedOut:
             batch, metric_type = read_batch(frames, metric_type)
-            for (start, end), rows in batch.groupby(["window_start_ms", "window_end_ms"]):
+            for (start, end), rows in _by_window(batch):
                 bounds = (int(start), int(end))
                 window = windows.setdefault(bounds, SketchWindow(*bounds))
                 merge_rows(window, rows, k)
