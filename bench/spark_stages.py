@@ -16,6 +16,7 @@ import json
 import statistics
 import urllib.request
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 #: Spark settings that keep every job and stage of a bench run in the UI (default: 1000).
@@ -33,13 +34,27 @@ def _ms(stamp: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def batch_breakdown(ui_url: str, app_id: str, query: str, since_ms: int) -> dict[str, list[float]]:
+@dataclass(frozen=True)
+class UiSnapshot:
+    """The completed stages (by id) and succeeded jobs of an application, read once: every
+    figure of a run comes from the same snapshot (a long run's lists run to thousands)."""
+
+    stages: dict[int, dict[str, Any]]
+    jobs: list[dict[str, Any]]
+
+    @classmethod
+    def read(cls, ui_url: str, app_id: str) -> UiSnapshot:
+        base = f"{ui_url}/api/v1/applications/{app_id}"
+        stages = {s["stageId"]: s for s in _get(f"{base}/stages?status=complete")}
+        return cls(stages, _get(f"{base}/jobs?status=succeeded"))
+
+
+def batch_breakdown(ui: UiSnapshot, query: str, since_ms: int) -> dict[str, list[float]]:
     """Per batch of ``query`` submitted at or after ``since_ms``: seconds by stage name, plus
     ``jobs (wall)``, the union of its jobs' wall time; lists over batches."""
-    base = f"{ui_url}/api/v1/applications/{app_id}"
-    stages = {s["stageId"]: s for s in _get(f"{base}/stages?status=complete")}
+    stages = ui.stages
     by_batch: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for job in _get(f"{base}/jobs?status=succeeded"):
+    for job in ui.jobs:
         lines = (job.get("description") or "").splitlines()
         if not lines or lines[0] != query or "completionTime" not in job:
             continue
@@ -79,20 +94,18 @@ def print_breakdown(figures: dict[str, list[float]]) -> None:
           + ", ".join(f"{name} {seconds:.2f}" for seconds, name in parts))  # fmt: skip
 
 
-def task_seconds(ui_url: str, app_id: str, since_ms: int) -> dict[str, tuple[float, float]]:
+def task_seconds(ui: UiSnapshot, since_ms: int) -> dict[str, tuple[float, float]]:
     """Per query (by job description), its tasks' run time and CPU time in seconds, summed
     over the stages of jobs submitted at or after ``since_ms``: what each query costs the
     executors, an idle one included (a query with no rows still runs its stages every batch
     its offsets move)."""
-    base = f"{ui_url}/api/v1/applications/{app_id}"
-    stages = {s["stageId"]: s for s in _get(f"{base}/stages?status=complete")}
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for job in _get(f"{base}/jobs?status=succeeded"):
+    for job in ui.jobs:
         lines = (job.get("description") or "").splitlines()
         if not lines or _ms(job["submissionTime"]) < since_ms:
             continue
         for stage_id in job["stageIds"]:
-            stage = stages.get(stage_id)
+            stage = ui.stages.get(stage_id)
             if stage is None:
                 continue
             totals[lines[0]][0] += stage["executorRunTime"] / 1000

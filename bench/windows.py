@@ -70,7 +70,13 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 from pyspark.sql.streaming.query import StreamingQuery
-from spark_stages import KEEP_ALL_JOBS, batch_breakdown, print_breakdown, task_seconds
+from spark_stages import (
+    KEEP_ALL_JOBS,
+    UiSnapshot,
+    batch_breakdown,
+    print_breakdown,
+    task_seconds,
+)
 
 from streamgauge.clock import SystemClock
 from streamgauge.configs import parse_config
@@ -436,15 +442,10 @@ def main() -> None:
             print(f"query {query.name}: {len(batches)} progress reports, "
                   f"{sum(p['numInputRows'] for p in batches)} input rows, "
                   f"exception: {query.exception()}")
-        stages = batch_breakdown(
-            spark.sparkContext.uiWebUrl or "", spark.sparkContext.applicationId, lane,
-            writer.measured_from_ms,
-        )  # fmt: skip
+        ui = UiSnapshot.read(spark.sparkContext.uiWebUrl or "", spark.sparkContext.applicationId)
         measured_s = (time.time_ns() // 1_000_000 - writer.measured_from_ms) / 1000
-        tasks = task_seconds(
-            spark.sparkContext.uiWebUrl or "", spark.sparkContext.applicationId,
-            writer.measured_from_ms,
-        )  # fmt: skip
+        stages = batch_breakdown(ui, lane, writer.measured_from_ms)
+        tasks = task_seconds(ui, writer.measured_from_ms)
         for query in queries:
             query.stop()
         spark.stop()
