@@ -37,6 +37,7 @@
 #define UDP_SEGMENT 103
 #endif
 #define GSO_SEGMENTS 64 /* datagrams per GSO buffer (the kernel allows up to 64 or 128) */
+#define GSO_BYTES 65000 /* a GSO buffer is one UDP payload: under 65,507 bytes */
 #define GSO_BUFFERS 8   /* GSO buffers per sendmmsg */
 
 static double now(void) {
@@ -57,7 +58,7 @@ static int send_gso(int *fds, int nsock, char **dgrams, size_t *lens, int ndgram
     int *order = malloc(sizeof(int) * ndgrams);
     for (int d = 0; d < ndgrams; d++) order[d] = d;
     qsort_r(order, ndgrams, sizeof(int), by_length, lens);
-    static char bufs[GSO_BUFFERS][GSO_SEGMENTS * 1500];
+    static char bufs[GSO_BUFFERS][GSO_BYTES];
     static char ctrl[GSO_BUFFERS][CMSG_SPACE(sizeof(uint16_t))];
     struct mmsghdr msgs[GSO_BUFFERS];
     struct iovec iovs[GSO_BUFFERS];
@@ -79,8 +80,10 @@ static int send_gso(int *fds, int nsock, char **dgrams, size_t *lens, int ndgram
         memset(msgs, 0, sizeof msgs);
         while (want > 0 && nmsg < GSO_BUFFERS) {
             size_t len = lens[order[pos]];
+            int most = len ? (int)(GSO_BYTES / len) : GSO_SEGMENTS; /* whole datagrams only */
+            if (most > GSO_SEGMENTS) most = GSO_SEGMENTS;
             int k = 0;
-            while (k < GSO_SEGMENTS && k < want && lens[order[pos]] == len) {
+            while (k < most && k < want && lens[order[pos]] == len) {
                 memcpy(bufs[nmsg] + (size_t)k * len, dgrams[order[pos]], len);
                 k++;
                 pos = (pos + 1) % ndgrams;
