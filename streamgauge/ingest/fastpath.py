@@ -47,18 +47,15 @@ guard would have to (re)admit — goes to the general parser, line by line, as b
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
 
 from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.intrinsics import address_of, as_int64, load_i64, load_u64, trailing_zeros
 
 MAX_VALUE_BYTES = 16
 MAX_DIGITS = 15  # < 2**53: the mantissa is exact in a double
@@ -107,67 +104,6 @@ def _inline(function: _F) -> _F:
     return cast(_F, numba.njit(cache=True, nogil=True, inline="always")(function))
 
 
-# The word reads go through addresses, not arrays: numba checks a signed array index for
-# wraparound, and a helper taking arrays costs a call passing each as seven arguments or,
-# inlined by numba, atomic reference counts on every call. Helpers taking only integers are
-# inlined (``_inline``) with nothing left of them but the loads; _scan takes its arrays'
-# addresses once per buffer.
-
-
-def _address_intrinsic(typingctx: Any, array: Any) -> Any:
-    """The address of a contiguous array's first element, as an int64."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.ptrtoint(data, ir.IntType(64))
-
-    return types.int64(array), codegen
-
-
-def _load_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-    pointer = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-    return builder.load(pointer, align=1)
-
-
-def _load_intrinsic(typingctx: Any, address: Any) -> Any:
-    """The 8 bytes at ``address`` (any alignment) as a uint64, the first byte in the low bits
-    on any host. Nothing is checked: the caller knows the 8 bytes are its array's."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        word = _load_codegen(context, builder, signature, args)
-        return word if sys.byteorder == "little" else builder.bswap(word)
-
-    return types.uint64(types.int64), codegen
-
-
-def _load_int_intrinsic(typingctx: Any, address: Any) -> Any:
-    """The int64 at ``address`` (an int64 array's element: native byte order)."""
-    return types.int64(types.int64), _load_codegen
-
-
-def _trailing_zeros_intrinsic(typingctx: Any, word: Any) -> Any:
-    """The zero bits below the lowest set bit of a nonzero uint64 (one ``tzcnt``)."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
-
-    return types.int64(types.uint64), codegen
-
-
-def _as_int_intrinsic(typingctx: Any, word: Any) -> Any:
-    """A uint64 as the int64 of the same bits (numba makes a float of uint64 + int64)."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return args[0]
-
-    return types.int64(types.uint64), codegen
-
-
-_address = cast(Callable[[np.ndarray], int], intrinsic(_address_intrinsic))
-_load = cast(Callable[[int], np.uint64], intrinsic(_load_intrinsic))
-_load_int = cast(Callable[[int], int], intrinsic(_load_int_intrinsic))
-_trailing_zeros = cast(Callable[[np.uint64], int], intrinsic(_trailing_zeros_intrinsic))
-_as_int = cast(Callable[[np.uint64], int], intrinsic(_as_int_intrinsic))
 
 
 def live_keys(key_slot: np.ndarray, key_gen: np.ndarray, slot_gen: np.ndarray) -> np.ndarray:
@@ -387,8 +323,8 @@ def _scan(
     fast_values = np.empty(n_lines, dtype=np.float64)
     conflicts = np.empty(n_lines, dtype=np.int64)
     n_slow = n_fast = n_conflicts = 0
-    base, key_base = _address(data), _address(key_bytes)
-    table_base, offsets_base, mask = _address(table), _address(key_offsets), len(table) - 1
+    base, key_base = address_of(data), address_of(key_bytes)
+    table_base, offsets_base, mask = address_of(table), address_of(key_offsets), len(table) - 1
     limit, key_limit = base + len(data), key_base + len(key_bytes)
     pos = 0
     for line in range(n_lines):
@@ -458,15 +394,15 @@ def _find(
     half (in its entry) differs is passed over without reading anything else of it."""
     length = name_length + rest_length
     tag = h & _TAG_BITS
-    i = _as_int((h * _GOLDEN) >> shift)
+    i = as_int64((h * _GOLDEN) >> shift)
     while True:
-        entry = _load_int(table + 8 * i)
+        entry = load_i64(table + 8 * i)
         if entry == _EMPTY:
             return -1
         key = entry & _KEY_MASK
-        offset = _load_int(key_offsets + 8 * key)
+        offset = load_i64(key_offsets + 8 * key)
         if (np.uint64(entry) & _TAG_BITS == tag
-                and _load_int(key_offsets + 8 * key + 8) - offset == length):
+                and load_i64(key_offsets + 8 * key + 8) - offset == length):
             key_name = key_base + offset
             if _same_bytes(key_name, name, name_length, key_limit, limit) and _same_bytes(
                 key_name + name_length, rest, rest_length, key_limit, limit
@@ -480,7 +416,7 @@ def _hash_keys(key_bytes: np.ndarray, key_offsets: np.ndarray, first: int) -> np
     """The hashes of the stored keys from ``first`` on: the one ``_scan`` takes of a line's
     key, in the same two parts (a key's first ":" is its line's first: the name's end)."""
     hashes = np.empty(len(key_offsets) - 1 - first, dtype=np.uint64)
-    base = _address(key_bytes)
+    base = address_of(key_bytes)
     limit = base + len(key_bytes)
     for key in range(first, len(key_offsets) - 1):
         start, end = key_offsets[key], key_offsets[key + 1]
@@ -506,8 +442,8 @@ def _word(address: int, limit: int) -> np.uint64:
     """The 8 bytes from ``address`` on, zeros for those at or past ``limit``, the end of an
     array of at least 8 bytes (so the word that ends there is in it)."""
     if address + WORD <= limit:
-        return _load(address)
-    return _load(limit - WORD) >> np.uint64(8 * (address + WORD - limit))
+        return load_u64(address)
+    return load_u64(limit - WORD) >> np.uint64(8 * (address + WORD - limit))
 
 
 @_inline
@@ -527,7 +463,7 @@ def _find_byte(address: int, limit: int, pattern: np.uint64) -> int:
         nl, other = word ^ _NL_WORD, word ^ pattern
         found = ((nl - _ONES) & ~nl | (other - _ONES) & ~other) & _HIGHS
         if found:
-            return address + (_trailing_zeros(found) >> 3)
+            return address + (trailing_zeros(found) >> 3)
         address += WORD
 
 
@@ -545,7 +481,7 @@ def _hash_bytes(h: np.uint64, address: int, n: int, limit: int) -> np.uint64:
     """``h`` with the ``n`` bytes at ``address`` (before ``limit``) mixed in, word by word
     (the last one zero-padded)."""
     while n >= WORD:
-        h = _mix(h, _load(address))
+        h = _mix(h, load_u64(address))
         address += WORD
         n -= WORD
     if n > 0:
@@ -568,7 +504,7 @@ def _same_bytes(a: int, b: int, n: int, a_limit: int, b_limit: int) -> bool:
     """The ``n`` bytes at address ``a`` (before ``a_limit``) equal those at ``b`` (before
     ``b_limit``), a word at a time."""
     while n >= WORD:
-        if _load(a) != _load(b):
+        if load_u64(a) != load_u64(b):
             return False
         a += WORD
         b += WORD
@@ -586,7 +522,7 @@ def _insert(table: np.ndarray, shift: np.uint64, key_hash: np.ndarray, first: in
         i = np.int64((h * _GOLDEN) >> shift)
         while table[i] != _EMPTY:
             i = (i + 1) & mask
-        table[i] = _as_int(h & _TAG_BITS | np.uint64(key))
+        table[i] = as_int64(h & _TAG_BITS | np.uint64(key))
 
 
 @_jit

@@ -47,12 +47,10 @@ is a straggler to the window job, which handles lateness.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import json
 import logging
 import os
-import select
 import selectors
 import socket
 import threading
@@ -92,6 +90,13 @@ from streamgauge.ingest.protocol import (
     Sample,
     parse_datagram,
 )
+from streamgauge.ingest.read_ahead import (
+    COALESCE_DATAGRAMS,
+    MAX_DATAGRAMS_PER_WAKEUP,
+    READ_AHEAD_BYTES,
+    ReadAhead,
+    read_ahead_for,
+)
 from streamgauge.ingest.transports import DatagramReader, LineAssembler, bind_udp, describe
 from streamgauge.retention import committed_sequences
 
@@ -101,135 +106,17 @@ log = logging.getLogger(__name__)
 
 SELF_METRIC_PREFIX = "streamgauge.ingest."
 MAX_DATAGRAM_BYTES = 65535
-MAX_DATAGRAMS_PER_WAKEUP = 4096
 MAX_TCP_READ_BYTES = 1 << 16
 MAX_TCP_CONNECTIONS = 1024
 REJECT_SAMPLE_SIZE = 32
 DEFAULT_MAX_SKEW_MS = 10 * 60_000
 KERNEL_POLL_MS = 1000
 LAG_POLL_MS = 5000
-#: A wake-up that found fewer datagrams than this waits COALESCE_S before the next one, so
-#: that the next read finds a bigger batch: per-batch costs are amortised over more lines and
-#: the CPU goes to the senders meanwhile (the 8 MiB receive buffer holds ~40 ms at 200 MB/s).
-COALESCE_DATAGRAMS = 256
+#: A wake-up that found fewer than COALESCE_DATAGRAMS datagrams waits this long before the
+#: next one, so that the next read finds a bigger batch: per-batch costs are amortised over
+#: more lines and the CPU goes to the senders meanwhile (the 8 MiB receive buffer holds ~40 ms
+#: at 200 MB/s).
 COALESCE_S = 0.002
-#: Datagrams read ahead by the reader threads (bytes) before they wait for the receive loop.
-READ_AHEAD_BYTES = 16 << 20
-#: A reader thread that found fewer than COALESCE_DATAGRAMS waits this long before it polls
-#: again. Woken by every few datagrams (~35 per ``recvmmsg`` at 450 k datagrams/s), it took
-#: the GIL from the receive loop ~13 k times a second; 0.5 ms holds ~225 datagrams at that
-#: rate, of the ~10 k an 8 MiB socket buffer holds. bench/ingest.py, alternated: CPU median
-#: 114 → 105 % at 4.2 M lines/s (20 per datagram), 76 → 69 % at 450 k (1 per datagram); at
-#: 500 k under 0.1 % lost in 4 of 7 runs, none of 5 before (README, "Fewer wake-ups").
-READ_AHEAD_COALESCE_S = 0.0005
-
-
-class ReadAhead:
-    """Reads datagram sockets on threads of their own, so a busy receive loop does not leave
-    the kernel's socket buffer to overflow.
-
-    The loop can still be held for milliseconds (a roll, the general parser on new series,
-    the GIL taken by the writer thread building a segment); meanwhile a reader thread
-    (blocked in ``select``/``recvmmsg`` without the GIL most of the time) keeps moving
-    datagrams into memory, up to ``limit_bytes``; beyond that it waits (counted in
-    ``full_waits``) and the kernel buffer fills, and drops are counted as kernel
-    drops. After a small batch a reader waits ``READ_AHEAD_COALESCE_S`` before it polls
-    again, so that it reads, and takes the GIL, less often. Buffers are handed over in read
-    order by ``take``. The receive loop stamps the
-    receive time when it takes them, never earlier, so a heartbeat written before stays true.
-    """
-
-    def __init__(self, sockets: Sequence[socket.socket], limit_bytes: int = READ_AHEAD_BYTES
-                 ) -> None:
-        self.sockets = list(sockets)
-        self._limit = limit_bytes
-        self._cond = threading.Condition()
-        self._buffers: collections.deque[tuple[bytes, int, int]] = collections.deque()
-        self._bytes = 0
-        self._stop = threading.Event()
-        self.full_waits = 0
-        self.wake_fd, self._wake_w = os.pipe()
-        os.set_blocking(self.wake_fd, False)
-        os.set_blocking(self._wake_w, False)
-        self._threads = [
-            threading.Thread(target=self._read, args=(sock,), daemon=True,
-                             name=f"read-ahead-{describe(sock)}")
-            for sock in self.sockets
-        ]  # fmt: skip
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self) -> None:
-        """Stop reading (what the threads read is still handed over by ``take``)."""
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join()
-
-    def close(self) -> None:
-        os.close(self.wake_fd)
-        os.close(self._wake_w)
-
-    def take(self, max_datagrams: int = MAX_DATAGRAMS_PER_WAKEUP) -> list[tuple[bytes, int, int]]:
-        """(newline-joined datagrams, how many, system calls), oldest first, about
-        ``max_datagrams`` of them (at least one buffer): one wake-up's worth, so that the
-        loop still rolls on time after a stall. If more are left, the wake-up fd stays
-        readable."""
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self.wake_fd, 4096):
-                pass
-        taken: list[tuple[bytes, int, int]] = []
-        with self._cond:
-            count = 0
-            while self._buffers and (not taken or count + self._buffers[0][1] <= max_datagrams):
-                item = self._buffers.popleft()
-                taken.append(item)
-                count += item[1]
-                self._bytes -= len(item[0])
-            left = bool(self._buffers)
-            self._cond.notify_all()
-        if left:
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"!")
-        return taken
-
-    def _read(self, sock: socket.socket) -> None:
-        reader = DatagramReader()
-        poller = select.poll()  # not select.select: no limit on the descriptor's number
-        poller.register(sock, select.POLLIN)
-        while not self._stop.is_set():
-            with self._cond:
-                if self._bytes >= self._limit:
-                    self.full_waits += 1
-                    while self._bytes >= self._limit and not self._stop.is_set():
-                        self._cond.wait(0.1)
-            if not poller.poll(100):
-                continue
-            syscalls = reader.syscalls
-            chunks, received = [], 0
-            while received < MAX_DATAGRAMS_PER_WAKEUP:
-                datagrams = reader.read(sock, MAX_DATAGRAMS_PER_WAKEUP - received)
-                if not datagrams:
-                    break
-                received += len(datagrams)
-                chunks.append(b"\n".join(datagrams))  # copied: the views are reused
-                if len(datagrams) < reader.slots and reader.batched:
-                    break
-            if not received:
-                continue
-            buffer = b"\n".join(chunks)
-            with self._cond:
-                was_empty = not self._buffers
-                self._buffers.append((buffer, received, reader.syscalls - syscalls))
-                self._bytes += len(buffer)
-            if was_empty:
-                with contextlib.suppress(BlockingIOError):  # full of wake-ups already
-                    os.write(self._wake_w, b"!")
-            if received < COALESCE_DATAGRAMS:
-                time.sleep(READ_AHEAD_COALESCE_S)
 
 
 @dataclass(slots=True)
@@ -429,7 +316,7 @@ class Receiver:
             return
         for sock in datagram_sockets:
             self._selector.unregister(sock)
-        read_ahead = ReadAhead(datagram_sockets, self._read_ahead_bytes)
+        read_ahead = read_ahead_for(datagram_sockets, self._read_ahead_bytes)
         self._selector.register(read_ahead.wake_fd, selectors.EVENT_READ, "read-ahead")
         self._read_ahead = read_ahead
         read_ahead.start()
@@ -463,8 +350,8 @@ class Receiver:
         self.stats.syscalls += sum(calls for _, _, calls in taken)
         self.stats.datagrams += received
         self._pending_self_metrics.datagrams += received
-        # one copy, the last line's newline included (``join(...) + b"\n"`` copied it twice)
-        self._ingest_buffer(b"\n".join([*(buffer for buffer, _, _ in taken), b""]), self.now_ms())
+        # each datagram already ends in a newline; one buffer is not copied again
+        self._ingest_buffer(b"".join([buffer for buffer, _, _ in taken]), self.now_ms())
         return received
 
     def close(self) -> None:

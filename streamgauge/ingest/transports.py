@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 DEFAULT_RCVBUF_BYTES = 8 << 20
 UNIX_SOCKET_MODES = (0o600, 0o660)
 SCHEMES = ("udp", "tcp", "unixgram")
@@ -240,6 +242,13 @@ def _load_recvmmsg() -> Any:
 
 
 _RECVMMSG = _load_recvmmsg()
+
+
+def recvmmsg_available() -> bool:
+    """Whether this platform has ``recvmmsg(2)`` (Linux), and it was not turned off (the
+    benchmark's ``--no-recvmmsg`` sets ``_RECVMMSG`` to None)."""
+    return _RECVMMSG is not None
+
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
 DATAGRAM_SLOT_BYTES = 65536  # a whole UDP datagram (at most 65507 bytes of payload)
 DATAGRAM_SLOTS = 2048
@@ -295,6 +304,16 @@ class DatagramReader:
         stride = ctypes.sizeof(_MMsgHdr) // 4
         lengths = memoryview(self._headers).cast("B").cast("I")
         self._lengths = lengths[_MMsgHdr.msg_len.offset // 4 :: stride]
+        self.headers_address = ctypes.addressof(self._headers)
+
+    def lengths_array(self) -> np.ndarray:
+        """The headers' ``msg_len`` fields as a (strided) uint32 array: for compiled
+        readers, which call ``recvmmsg`` themselves with ``headers_address``."""
+        return np.asarray(self._lengths)
+
+    def buffer_array(self) -> np.ndarray:
+        """The slots' bytes (slot i at ``i * slot_bytes``), writable, for compiled readers."""
+        return np.frombuffer(self._buffer, dtype=np.uint8)
 
     def read(self, sock: socket.socket, limit: int) -> list[memoryview]:
         """Up to about ``limit`` datagrams queued on ``sock`` right now; [] if none."""

@@ -1,0 +1,519 @@
+"""Reader threads that move datagrams from the kernel's socket buffers into memory, so that a
+busy receive loop does not leave those buffers to overflow.
+
+The receive loop can be held for milliseconds (a roll, the general parser on new series, the
+GIL taken by the segment writer building a segment). A reader thread per datagram socket keeps
+reading meanwhile, up to a byte limit; beyond that it waits (counted in ``full_waits``), the
+kernel buffer fills, and its drops are counted as kernel drops. Each reader hands over
+buffers of whole datagrams, each datagram followed by a newline, in read order (``take``); a
+pipe (``wake_fd``) wakes the receive loop. The loop stamps the receive time when it takes
+them, never earlier, so a heartbeat written before stays true.
+
+Two implementations of that contract:
+
+- ``CompiledReadAhead`` (Linux): the thread's whole loop — ``poll``, ``recvmmsg``, copying the
+  datagrams into chunk buffers, the wake-up — is one compiled function that never holds the
+  GIL. A Python reader needed the GIL after every ``recvmmsg`` (a memoryview per datagram, the
+  join), and while the segment writer held it the reader drained no faster than 500 k
+  datagrams/s arrived (session 11's trace: every drop burst fell in a segment write).
+- ``PythonReadAhead``: the same in Python, where ``recvmmsg`` is not available.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, cast
+
+import numba
+import numpy as np
+
+from streamgauge.ingest import transports
+from streamgauge.ingest.intrinsics import (
+    address_of,
+    c_address,
+    call_address,
+    call_nanosleep,
+    call_poll,
+    call_recvmmsg,
+    call_write,
+    load_acquire,
+    load_i32,
+    store_release,
+)
+from streamgauge.ingest.transports import DatagramReader, describe
+
+log = logging.getLogger(__name__)
+
+MAX_DATAGRAMS_PER_WAKEUP = 4096
+#: A reader that found fewer than this many datagrams waits READ_AHEAD_COALESCE_S before it
+#: hands them over, so that the loop wakes for bigger batches.
+COALESCE_DATAGRAMS = 256
+#: Datagrams read ahead by the reader threads (bytes) before they wait for the receive loop.
+READ_AHEAD_BYTES = 16 << 20
+#: A reader thread that found fewer than COALESCE_DATAGRAMS waits this long before it polls
+#: again. Woken by every few datagrams (~35 per ``recvmmsg`` at 450 k datagrams/s), it took
+#: the GIL from the receive loop ~13 k times a second; 0.5 ms holds ~225 datagrams at that
+#: rate, of the ~10 k an 8 MiB socket buffer holds. bench/ingest.py, alternated: CPU median
+#: 114 → 105 % at 4.2 M lines/s (20 per datagram), 76 → 69 % at 450 k (1 per datagram); at
+#: 500 k under 0.1 % lost in 4 of 7 runs, none of 5 before (README, "Fewer wake-ups").
+READ_AHEAD_COALESCE_S = 0.0005
+#: A compiled reader's chunk: the datagrams of one hand-over (at most
+#: MAX_DATAGRAMS_PER_WAKEUP of them), each followed by a newline. Holds the largest datagram.
+CHUNK_BYTES = 1 << 20
+#: How long a compiled reader blocks in ``poll`` before it looks at its stop flag again.
+POLL_TIMEOUT_MS = 100
+
+Taken = list[tuple[bytes, int, int]]
+
+
+class ReadAhead(Protocol):
+    """What the receive loop uses of a read-ahead."""
+
+    sockets: list[socket.socket]
+    wake_fd: int
+
+    @property
+    def full_waits(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def take(self, max_datagrams: int = MAX_DATAGRAMS_PER_WAKEUP) -> Taken: ...
+
+
+def read_ahead_for(sockets: Sequence[socket.socket], limit_bytes: int = READ_AHEAD_BYTES
+                   ) -> ReadAhead:
+    """The compiled read-ahead where ``recvmmsg`` is available, else the Python one."""
+    if transports.recvmmsg_available():
+        return CompiledReadAhead(sockets, limit_bytes)
+    return PythonReadAhead(sockets, limit_bytes)
+
+
+class _WakePipe:
+    """A non-blocking pipe: readers write a byte when they hand something over, the receive
+    loop selects on ``wake_fd`` and drains it before it looks (so no hand-over is missed)."""
+
+    def __init__(self) -> None:
+        self.wake_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+        os.set_blocking(self.write_fd, False)
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_fd, 4096):
+                pass
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # full of wake-ups already
+            os.write(self.write_fd, b"!")
+
+    def close(self) -> None:
+        os.close(self.wake_fd)
+        os.close(self.write_fd)
+
+
+class PythonReadAhead:
+    """A Python thread per datagram socket, reading many datagrams per ``recvmmsg`` (or one
+    per ``recv`` where there is none) while blocked in ``poll``/``recvmmsg`` without the GIL,
+    holding it to join what it read. Hands over at most ``limit_bytes``."""
+
+    def __init__(self, sockets: Sequence[socket.socket], limit_bytes: int = READ_AHEAD_BYTES
+                 ) -> None:
+        self.sockets = list(sockets)
+        self._limit = limit_bytes
+        self._cond = threading.Condition()
+        self._buffers: collections.deque[tuple[bytes, int, int]] = collections.deque()
+        self._bytes = 0
+        self._stop = threading.Event()
+        self._full_waits = 0
+        self._pipe = _WakePipe()
+        self.wake_fd = self._pipe.wake_fd
+        self._threads = [
+            threading.Thread(target=self._read, args=(sock,), daemon=True,
+                             name=f"read-ahead-{describe(sock)}")
+            for sock in self.sockets
+        ]  # fmt: skip
+
+    @property
+    def full_waits(self) -> int:
+        return self._full_waits
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Stop reading (what the threads read is still handed over by ``take``)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    def close(self) -> None:
+        self._pipe.close()
+
+    def take(self, max_datagrams: int = MAX_DATAGRAMS_PER_WAKEUP) -> Taken:
+        """(datagrams each followed by a newline, how many, system calls), oldest first,
+        about ``max_datagrams`` of them (at least one buffer): one wake-up's worth, so that
+        the loop still rolls on time after a stall. If more are left, the wake-up fd stays
+        readable."""
+        self._pipe.drain()
+        taken: Taken = []
+        with self._cond:
+            count = 0
+            while self._buffers and (not taken or count + self._buffers[0][1] <= max_datagrams):
+                item = self._buffers.popleft()
+                taken.append(item)
+                count += item[1]
+                self._bytes -= len(item[0])
+            left = bool(self._buffers)
+            self._cond.notify_all()
+        if left:
+            self._pipe.wake()
+        return taken
+
+    def _read(self, sock: socket.socket) -> None:
+        reader = DatagramReader()
+        poller = select.poll()  # not select.select: no limit on the descriptor's number
+        poller.register(sock, select.POLLIN)
+        while not self._stop.is_set():
+            with self._cond:
+                if self._bytes >= self._limit:
+                    self._full_waits += 1
+                    while self._bytes >= self._limit and not self._stop.is_set():
+                        self._cond.wait(0.1)
+            if not poller.poll(100):
+                continue
+            syscalls = reader.syscalls
+            chunks, received = [], 0
+            while received < MAX_DATAGRAMS_PER_WAKEUP:
+                datagrams = reader.read(sock, MAX_DATAGRAMS_PER_WAKEUP - received)
+                if not datagrams:
+                    break
+                received += len(datagrams)
+                chunks.append(b"\n".join(datagrams))  # copied: the views are reused
+                if len(datagrams) < reader.slots and reader.batched:
+                    break
+            if not received:
+                continue
+            buffer = b"\n".join([*chunks, b""])
+            with self._cond:
+                was_empty = not self._buffers
+                self._buffers.append((buffer, received, reader.syscalls - syscalls))
+                self._bytes += len(buffer)
+            if was_empty:
+                self._pipe.wake()
+            if received < COALESCE_DATAGRAMS:
+                time.sleep(READ_AHEAD_COALESCE_S)
+
+
+# -- the compiled reader ------------------------------------------------------------------------
+#
+# One reader thread per socket and its owner (the receive loop) share a ring of bytes and a
+# ring of chunk descriptors, single producer, single consumer:
+#
+#   ring:  ...| chunk k: datagram\n datagram\n ... | chunk k+1 ... |  (wraps around)
+#   descriptors[k % DESCRIPTORS] = (start, used, count, calls), start and the counters below
+#   counted in bytes since the start (monotonic; the ring position is start % capacity)
+#
+# The reader copies datagrams into the open chunk and publishes it (release store of
+# control[_PUBLISHED]); the owner takes published chunks in order and frees their bytes
+# (release stores of control[_TAKEN] and control[_FREED]). Each side reads the other's
+# counters with acquire loads, so a chunk's bytes are written before they are read and read
+# before they are overwritten.
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _jit(function: _F) -> _F:
+    """numba's ``njit``, typed for mypy; ``nogil``: the reader never holds the GIL."""
+    return cast(_F, numba.njit(cache=True, nogil=True)(function))
+
+
+# control[...]: int64 words shared by a compiled reader and its owner
+_STOP = 0  # set by the owner: publish what is read and return
+_PUBLISHED = 1  # chunks published by the reader
+_TAKEN = 2  # chunks taken by the owner
+_FREED = 3  # ring bytes the owner is done with
+_FULL_WAITS = 4  # times the reader found the ring (or the descriptors) full
+_CONTROL_SIZE = 8
+_START, _USED, _COUNT, _CALLS = range(4)  # a descriptor's fields
+DESCRIPTORS = 4096
+# libc[...]: the C functions the loop calls, by address
+_RECVMMSG, _POLL, _NANOSLEEP, _WRITE, _ERRNO_LOCATION = range(5)
+_NL = 10
+_MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
+_POLLIN = getattr(select, "POLLIN", 1)
+
+
+def _libc_addresses() -> np.ndarray:
+    libc = ctypes.CDLL(None, use_errno=True)
+    names = ("recvmmsg", "poll", "nanosleep", "write", "__errno_location")
+    return np.array([c_address(getattr(libc, name)) for name in names], dtype=np.int64)
+
+
+@_jit
+def _wait_for_room(control: np.ndarray, head: int, need: int, capacity: int, published: int,
+                   nanosleep: int, pause: int) -> None:
+    """Wait until the owner has freed enough of the ring for ``need`` more bytes after
+    ``head`` and taken enough chunks for one more descriptor; a wait is counted once."""
+    freed, taken = address_of(control) + 8 * _FREED, address_of(control) + 8 * _TAKEN
+    waited = False
+    while (head + need - load_acquire(freed) > capacity
+           or published - load_acquire(taken) >= DESCRIPTORS):
+        if not waited:
+            control[_FULL_WAITS] += 1
+            waited = True
+        call_nanosleep(nanosleep, pause, 0)
+
+
+@_jit
+def _publish(descriptors: np.ndarray, control: np.ndarray, published: int, start: int,
+             used: int, count: int, calls: int, write: int, wake_fd: int, wake_byte: int
+             ) -> None:
+    """Describe the chunk, then publish it (a release store), then write a byte down the
+    wake-up pipe (a full pipe already has the loop's attention)."""
+    descriptor = descriptors[published % DESCRIPTORS]
+    descriptor[_START], descriptor[_USED] = start, used
+    descriptor[_COUNT], descriptor[_CALLS] = count, calls
+    store_release(address_of(control) + 8 * _PUBLISHED, published + 1)
+    call_write(write, wake_fd, wake_byte, 1)
+
+
+@_jit
+def _read_loop(
+    libc: np.ndarray, fd: int, headers: int, n_slots: int, lengths: np.ndarray,
+    slots: np.ndarray, slot_bytes: int, ring: np.ndarray, descriptors: np.ndarray,
+    control: np.ndarray, wake_fd: int, scratch: np.ndarray, min_datagrams: int,
+    max_datagrams: int,
+) -> int:
+    """Read ``fd`` until ``control[_STOP]``; returns 0, or the errno that ended it.
+
+    ``recvmmsg`` fills the ``n_slots`` slots of ``slots`` (``slot_bytes`` each; their
+    lengths in ``lengths``, the headers at address ``headers``); the datagrams are copied,
+    each followed by a newline, into the open chunk, which is published when the queue is
+    empty and it holds ``min_datagrams`` or the reader already paused once for more, when it
+    holds ``max_datagrams``, or before the reader waits for room. ``scratch``: int64s for the
+    C calls — [0:2] the pause (a timespec), [2] the pollfd, [3] the wake-up byte.
+    """
+    recvmmsg, poll, write = libc[_RECVMMSG], libc[_POLL], libc[_WRITE]
+    nanosleep, errno_location = libc[_NANOSLEEP], libc[_ERRNO_LOCATION]
+    base = address_of(scratch)
+    pause, pollfd, wake_byte = base, base + 16, base + 24
+    stop = address_of(control) + 8 * _STOP
+    freed, taken = address_of(control) + 8 * _FREED, address_of(control) + 8 * _TAKEN
+    capacity = len(ring)
+    published = control[_PUBLISHED]
+    head = start = control[_FREED]  # all taken before: the ring is empty
+    count = calls = staged = copied = 0
+    queue_empty = True  # the last read found fewer datagrams than slots
+    paused = False
+    while True:
+        while copied < staged:
+            length = int(lengths[copied])
+            if count == max_datagrams or head + length + 1 - start > capacity // 2:
+                # full, or half the ring: hand it over, so the owner can free it meanwhile
+                _publish(descriptors, control, published, start, head - start, count, calls,
+                         write, wake_fd, wake_byte)
+                published += 1
+                start, count, calls, paused = head, 0, 0, False
+            if head + length + 1 - load_acquire(freed) > capacity or (
+                    published - load_acquire(taken) >= DESCRIPTORS):
+                if count:  # what the owner could take to make room
+                    _publish(descriptors, control, published, start, head - start, count,
+                             calls, write, wake_fd, wake_byte)
+                    published += 1
+                    start, count, calls, paused = head, 0, 0, False
+                _wait_for_room(control, head, length + 1, capacity, published, nanosleep,
+                               pause)
+            source = copied * slot_bytes
+            at = head % capacity
+            first = min(length, capacity - at)  # the part before the ring's end
+            ring[at : at + first] = slots[source : source + first]
+            ring[: length - first] = slots[source + first : source + length]
+            ring[(at + length) % capacity] = _NL
+            head += length + 1
+            count += 1
+            copied += 1
+        stopping = load_acquire(stop) != 0
+        if count and (stopping or count >= max_datagrams
+                      or queue_empty and (count >= min_datagrams or paused)):
+            _publish(descriptors, control, published, start, head - start, count, calls,
+                     write, wake_fd, wake_byte)
+            published += 1
+            start, count, calls, paused = head, 0, 0, False
+        if stopping:
+            return 0
+        if count and queue_empty:
+            call_nanosleep(nanosleep, pause, 0)  # for a bigger batch
+            paused = True
+        elif queue_empty:
+            call_poll(poll, pollfd, 1, POLL_TIMEOUT_MS)  # idle: until readable, or a while
+        received = call_recvmmsg(recvmmsg, fd, headers, n_slots, _MSG_DONTWAIT, 0)
+        calls += 1
+        if received < 0:
+            error = load_i32(call_address(errno_location))
+            if error != errno.EAGAIN and error != errno.EWOULDBLOCK and error != errno.EINTR:
+                if count:
+                    _publish(descriptors, control, published, start, head - start, count,
+                             calls, write, wake_fd, wake_byte)
+                return error
+            received = 0
+        staged, copied = received, 0
+        queue_empty = received < n_slots
+
+
+@_jit
+def _published(control: np.ndarray) -> int:
+    """How many chunks the reader has published (an acquire load)."""
+    return load_acquire(address_of(control) + 8 * _PUBLISHED)
+
+
+@_jit
+def _release(control: np.ndarray, taken: int, freed: int) -> None:
+    """The owner is done with chunks up to ``taken`` and ring bytes up to ``freed``."""
+    store_release(address_of(control) + 8 * _FREED, freed)
+    store_release(address_of(control) + 8 * _TAKEN, taken)
+
+
+class _CompiledReader:
+    """One socket's compiled reader: its slots, ring, descriptors, control words, thread."""
+
+    def __init__(self, sock: socket.socket, limit_bytes: int, libc: np.ndarray,
+                 wake_w: int) -> None:
+        self.sock = sock
+        # np.zeros: calloc'd, so pages become resident only as the ring first goes round;
+        # at least two of the largest datagrams fit
+        self.ring = np.zeros(max(limit_bytes, 4 * transports.DATAGRAM_SLOT_BYTES),
+                             dtype=np.uint8)  # fmt: skip
+        self.descriptors = np.zeros((DESCRIPTORS, 4), dtype=np.int64)
+        self.control = np.zeros(_CONTROL_SIZE, dtype=np.int64)
+        self._slots = DatagramReader()
+        scratch = np.zeros(4, dtype=np.int64)
+        scratch[1] = int(READ_AHEAD_COALESCE_S * 1e9)  # struct timespec {0 s, ns}
+        pollfd = scratch[2:3].view(np.int32)  # struct pollfd {int fd; short events, revents}
+        pollfd[0] = sock.fileno()
+        pollfd.view(np.int16)[2] = _POLLIN
+        scratch[3] = ord("!")
+        self._arguments = (
+            libc, sock.fileno(), self._slots.headers_address, self._slots.slots,
+            self._slots.lengths_array(), self._slots.buffer_array(), self._slots.slot_bytes,
+            self.ring, self.descriptors, self.control, wake_w, scratch, COALESCE_DATAGRAMS,
+            MAX_DATAGRAMS_PER_WAKEUP,
+        )
+        # Compile (or load from numba's cache) now, not on the reader thread: told to stop,
+        # the loop returns at once.
+        self.control[_STOP] = 1
+        _read_loop(*self._arguments)
+        _published(self.control)
+        _release(self.control, 0, 0)
+        self.control[_STOP] = 0
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"read-ahead-{describe(sock)}")
+
+    def _run(self) -> None:
+        error = _read_loop(*self._arguments)
+        if error:
+            log.error("read-ahead of %s stopped: %s", describe(self.sock), os.strerror(error))
+
+    def take(self, room: int, taken: Taken) -> bool:
+        """Append the published chunks, oldest first, while they fit in ``room`` datagrams
+        (at least one if ``taken`` is empty); False if one was left for later."""
+        first = int(self.control[_TAKEN])  # only the owner writes it
+        last = _published(self.control)
+        capacity = len(self.ring)
+        freed = int(self.control[_FREED])
+        index = first
+        for index in range(first, last):
+            start, used, count, calls = self.descriptors[index % DESCRIPTORS].tolist()
+            if taken and count > room:
+                break
+            at = start % capacity
+            if at + used <= capacity:
+                buffer = self.ring[at : at + used].tobytes()
+            else:
+                buffer = self.ring[at:].tobytes() + self.ring[: at + used - capacity].tobytes()
+            taken.append((buffer, count, calls))
+            room -= count
+            freed = start + used
+        else:
+            index = last
+        if index != first:
+            _release(self.control, index, freed)
+        return index == last
+
+    @property
+    def full_waits(self) -> int:
+        return int(self.control[_FULL_WAITS])
+
+
+class CompiledReadAhead:
+    """A compiled reader loop per datagram socket (see the module's docstring), each with a
+    ring of ``limit_bytes`` (at least four of the largest datagrams)."""
+
+    def __init__(self, sockets: Sequence[socket.socket], limit_bytes: int = READ_AHEAD_BYTES
+                 ) -> None:
+        self.sockets = list(sockets)
+        self._pipe = _WakePipe()
+        self.wake_fd = self._pipe.wake_fd
+        libc = _libc_addresses()
+        self._readers = [_CompiledReader(sock, limit_bytes, libc, self._pipe.write_fd)
+                         for sock in self.sockets]  # fmt: skip
+        self._salvaged: Taken = []
+
+    @property
+    def full_waits(self) -> int:
+        return sum(reader.full_waits for reader in self._readers)
+
+    def start(self) -> None:
+        for reader in self._readers:
+            reader.thread.start()
+
+    def stop(self) -> None:
+        """Stop reading; what was read is still handed over by ``take``. A reader waiting for
+        room gets it: the chunks are taken while the threads finish."""
+        for reader in self._readers:
+            _release_stop(reader.control)
+        for reader in self._readers:
+            while reader.thread.is_alive():
+                reader.thread.join(0.05)
+                reader.take(1 << 62, self._salvaged)
+
+    def close(self) -> None:
+        self._pipe.close()
+
+    def take(self, max_datagrams: int = MAX_DATAGRAMS_PER_WAKEUP) -> Taken:
+        """(datagrams each followed by a newline, how many, system calls), oldest first per
+        socket, about ``max_datagrams`` of them (at least one chunk). If more are left, the
+        wake-up fd stays readable."""
+        self._pipe.drain()
+        taken, self._salvaged = self._salvaged, []
+        left = False
+        for reader in self._readers:
+            room = max_datagrams - sum(count for _, count, _ in taken)
+            if not reader.take(room, taken):
+                left = True
+                break
+        if left:
+            self._pipe.wake()
+        return taken
+
+
+@_jit
+def _release_stop(control: np.ndarray) -> None:
+    """Ask the reader to stop (a release store it reads with an acquire load)."""
+    store_release(address_of(control) + 8 * _STOP, 1)
