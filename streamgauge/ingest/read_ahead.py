@@ -59,7 +59,7 @@ MAX_DATAGRAMS_PER_WAKEUP = 4096
 #: hands them over, so that the loop wakes for bigger batches.
 COALESCE_DATAGRAMS = 256
 #: Datagrams read ahead by the reader threads (bytes) before they wait for the receive loop.
-READ_AHEAD_BYTES = 16 << 20
+READ_AHEAD_BYTES = 8 << 20
 #: A reader thread that found fewer than COALESCE_DATAGRAMS waits this long before it polls
 #: again. Woken by every few datagrams (~35 per ``recvmmsg`` at 450 k datagrams/s), it took
 #: the GIL from the receive loop ~13 k times a second; 0.5 ms holds ~225 datagrams at that
@@ -390,6 +390,22 @@ def _release(control: np.ndarray, taken: int, freed: int) -> None:
     store_release(address_of(control) + 8 * _TAKEN, taken)
 
 
+def load_compiled() -> None:
+    """Compile the reader's functions, or load them from numba's cache, now: the first call
+    takes seconds to compile, and loading faults LLVM's code back in, which a receiver
+    process releases once it is built (``process.py``). Told to stop, the loop returns at
+    once. The arguments have the types of a real reader's (another type: another compile)."""
+    slots = DatagramReader(slots=2, slot_bytes=1)
+    control = np.zeros(_CONTROL_SIZE, dtype=np.int64)
+    _release_stop(control)
+    _read_loop(np.zeros(5, dtype=np.int64), -1, slots.headers_address, slots.slots,
+               slots.lengths_array(), slots.buffer_array(), slots.slot_bytes,
+               np.zeros(8, dtype=np.uint8), np.zeros((1, 4), dtype=np.int64), control, -1,
+               np.zeros(4, dtype=np.int64), 1, 1)  # fmt: skip
+    _published(control)
+    _release(control, 0, 0)
+
+
 class _CompiledReader:
     """One socket's compiled reader: its slots, ring, descriptors, control words, thread."""
 
@@ -415,13 +431,7 @@ class _CompiledReader:
             self.ring, self.descriptors, self.control, wake_w, scratch, COALESCE_DATAGRAMS,
             MAX_DATAGRAMS_PER_WAKEUP,
         )
-        # Compile (or load from numba's cache) now, not on the reader thread: told to stop,
-        # the loop returns at once.
-        self.control[_STOP] = 1
-        _read_loop(*self._arguments)
-        _published(self.control)
-        _release(self.control, 0, 0)
-        self.control[_STOP] = 0
+        load_compiled()  # not on the reader thread
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"read-ahead-{describe(sock)}")
 

@@ -95,9 +95,16 @@ from streamgauge.ingest.read_ahead import (
     MAX_DATAGRAMS_PER_WAKEUP,
     READ_AHEAD_BYTES,
     ReadAhead,
+    load_compiled,
     read_ahead_for,
 )
-from streamgauge.ingest.transports import DatagramReader, LineAssembler, bind_udp, describe
+from streamgauge.ingest.transports import (
+    DatagramReader,
+    LineAssembler,
+    bind_udp,
+    describe,
+    recvmmsg_available,
+)
 from streamgauge.retention import committed_sequences
 
 __all__ = ["IngestStats", "Receiver", "UdpReceiver", "bind_udp"]
@@ -237,6 +244,9 @@ class Receiver:
         self._reader = DatagramReader(batched=recvmmsg)
         self._read_ahead_bytes = read_ahead_bytes
         self._read_ahead: ReadAhead | None = None
+        if read_ahead_bytes and recvmmsg_available() and any(
+                sock.type == socket.SOCK_DGRAM for sock in self._sockets):
+            load_compiled()  # now, while LLVM is loaded for the fast path anyway
         self._read_ahead_full_seen = 0
         self._full_collections = full_collections
         self._checkpoints = list(checkpoints) if checkpoints is not None else None
