@@ -1,8 +1,9 @@
 """When a receiver process lets CPython's garbage collector and its thread switches stop reading.
 
-A receiver reads its sockets on read-ahead threads (``receiver.ReadAhead``) so that the
-kernel's socket buffer is drained while the receive loop parses. Those threads need the GIL
-around every ``recvmmsg``, so two things held them off for longer than the socket buffer lasts
+A receiver reads its sockets on read-ahead threads (``read_ahead.py``) so that the
+kernel's socket buffer is drained while the receive loop parses. Those threads needed the GIL
+around every ``recvmmsg`` (the compiled reader, since session 12, does not; the loop that
+empties its ring does), so two things held them off for longer than the socket buffer lasts
 (an 8 MiB buffer holds ~10k small datagrams, ~50 ms at 200k datagrams/s, since the kernel
 charges ~830 bytes a datagram):
 

@@ -8,13 +8,14 @@ heartbeat. When input is idle it still writes a heartbeat-only segment every
 
 Three threads keep the socket buffers from overflowing while the loop is busy:
 
-    reader thread(s)  ──recvmmsg──▶ ReadAhead (≤ 16 MiB) ──wake fd──▶ receive loop
+    reader thread(s)  ──recvmmsg──▶ read-ahead ring (8 MiB) ──wake fd──▶ receive loop
     receive loop: parse, combine; every roll_ms detach ──▶ SegmentQueue (≤ 4 segments)
     writer thread: build the batch (columns, sketches), Arrow IPC to a temporary, fsync,
                    rename, in order
 
-Datagram sockets are read by a ``ReadAhead`` thread each (many datagrams per ``recvmmsg``),
-so a busy loop does not stop the reading. At a roll the loop only *detaches* what it combined
+Datagram sockets are read by a read-ahead thread each (``read_ahead.py``: many datagrams per
+``recvmmsg``, in a compiled loop that never holds the GIL), so a busy loop does not stop the
+reading. At a roll the loop only *detaches* what it combined
 (``PaneCombiner.detach``: numpy copies and container swaps, about a millisecond at 10k
 series); the ``SegmentQueue``'s thread builds the record batch and its pane sketches (~50–100
 ms of CPU per roll at 10k series) and writes it, so neither the build nor the disk stops the
@@ -224,7 +225,7 @@ class Receiver:
         writes in ``roll`` itself. ``recvmmsg``: many datagrams per system call on Linux.
         ``checkpoints``: the running config's query checkpoints (``all_checkpoints``), for
         the segment lag.
-        ``read_ahead_bytes``: while ``run`` runs, datagram sockets are read by ``ReadAhead``
+        ``read_ahead_bytes``: while ``run`` runs, datagram sockets are read by read-ahead
         threads holding up to this much (0: read by the loop itself).
         ``full_collections``: run the garbage collector's full collections from ``roll``
         (a receiver process takes them off the automatic schedule: ``collector.py``)."""
