@@ -91,6 +91,10 @@ class ReadAhead(Protocol):
     @property
     def full_waits(self) -> int: ...
 
+    @property
+    def truncated(self) -> int:
+        """Datagrams longer than a slot, cut back to their last newline (``DatagramReader``)."""
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -145,6 +149,7 @@ class PythonReadAhead:
         self._bytes = 0
         self._stop = threading.Event()
         self._full_waits = 0
+        self._datagram_readers: list[DatagramReader] = []
         self._pipe = _WakePipe()
         self.wake_fd = self._pipe.wake_fd
         self._threads = [
@@ -156,6 +161,10 @@ class PythonReadAhead:
     @property
     def full_waits(self) -> int:
         return self._full_waits
+
+    @property
+    def truncated(self) -> int:
+        return sum(reader.truncated for reader in self._datagram_readers)
 
     def start(self) -> None:
         for thread in self._threads:
@@ -194,6 +203,7 @@ class PythonReadAhead:
 
     def _read(self, sock: socket.socket) -> None:
         reader = DatagramReader()
+        self._datagram_readers.append(reader)
         poller = select.poll()  # not select.select: no limit on the descriptor's number
         poller.register(sock, select.POLLIN)
         while not self._stop.is_set():
@@ -256,6 +266,7 @@ _PUBLISHED = 1  # chunks published by the reader
 _TAKEN = 2  # chunks taken by the owner
 _FREED = 3  # ring bytes the owner is done with
 _FULL_WAITS = 4  # times the reader found the ring (or the descriptors) full
+_TRUNCATED = 5  # datagrams longer than a slot, cut back to their last newline
 _CONTROL_SIZE = 8
 _START, _USED, _COUNT, _CALLS = range(4)  # a descriptor's fields
 DESCRIPTORS = 4096
@@ -263,6 +274,7 @@ DESCRIPTORS = 4096
 _RECVMMSG, _POLL, _NANOSLEEP, _WRITE, _ERRNO_LOCATION = range(5)
 _NL = 10
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
+_MSG_TRUNC = transports.MSG_TRUNC
 _POLLIN = getattr(select, "POLLIN", 1)
 
 
@@ -288,6 +300,16 @@ def _wait_for_room(control: np.ndarray, head: int, need: int, capacity: int, pub
 
 
 @_jit
+def _whole_lines(slots: np.ndarray, start: int, length: int) -> int:
+    """The length of the whole lines of the ``length`` bytes at ``start``: up to the last
+    newline, 0 if there is none."""
+    for end in range(start + length - 1, start - 1, -1):
+        if slots[end] == _NL:
+            return end - start
+    return 0
+
+
+@_jit
 def _publish(descriptors: np.ndarray, control: np.ndarray, published: int, start: int,
              used: int, count: int, calls: int, write: int, wake_fd: int, wake_byte: int
              ) -> None:
@@ -303,14 +325,17 @@ def _publish(descriptors: np.ndarray, control: np.ndarray, published: int, start
 @_jit
 def _read_loop(
     libc: np.ndarray, fd: int, headers: int, n_slots: int, lengths: np.ndarray,
-    slots: np.ndarray, slot_bytes: int, ring: np.ndarray, descriptors: np.ndarray,
+    flags: np.ndarray, slots: np.ndarray, slot_bytes: int, ring: np.ndarray,
+    descriptors: np.ndarray,
     control: np.ndarray, wake_fd: int, scratch: np.ndarray, min_datagrams: int,
     max_datagrams: int,
 ) -> int:
     """Read ``fd`` until ``control[_STOP]``; returns 0, or the errno that ended it.
 
     ``recvmmsg`` fills the ``n_slots`` slots of ``slots`` (``slot_bytes`` each; their
-    lengths in ``lengths``, the headers at address ``headers``); the datagrams are copied,
+    lengths in ``lengths`` and flags in ``flags``, the headers at address ``headers``; a
+    datagram longer than its slot is cut back to its last newline, counted in
+    ``control[_TRUNCATED]``: only a Unix datagram socket's can be); the datagrams are copied,
     each followed by a newline, into the open chunk, which is published when the queue is
     empty and it holds ``min_datagrams`` or the reader already paused once for more, when it
     holds ``max_datagrams``, or before the reader waits for room. ``scratch``: int64s for the
@@ -331,6 +356,9 @@ def _read_loop(
     while True:
         while copied < staged:
             length = int(lengths[copied])
+            if flags[copied] & _MSG_TRUNC:
+                length = _whole_lines(slots, copied * slot_bytes, length)
+                control[_TRUNCATED] += 1
             if count == max_datagrams or head + length + 1 - start > capacity // 2:
                 # full, or half the ring: hand it over, so the owner can free it meanwhile
                 _publish(descriptors, control, published, start, head - start, count, calls,
@@ -405,7 +433,8 @@ def load_compiled() -> None:
     control = np.zeros(_CONTROL_SIZE, dtype=np.int64)
     _release_stop(control)
     _read_loop(np.zeros(5, dtype=np.int64), -1, slots.headers_address, slots.slots,
-               slots.lengths_array(), slots.buffer_array(), slots.slot_bytes,
+               slots.lengths_array(), slots.flags_array(), slots.buffer_array(),
+               slots.slot_bytes,
                np.zeros(8, dtype=np.uint8), np.zeros((1, 4), dtype=np.int64), control, -1,
                np.zeros(4, dtype=np.int64), 1, 1)  # fmt: skip
     _published(control)
@@ -433,7 +462,8 @@ class _CompiledReader:
         scratch[3] = ord("!")
         self._arguments = (
             libc, sock.fileno(), self._slots.headers_address, self._slots.slots,
-            self._slots.lengths_array(), self._slots.buffer_array(), self._slots.slot_bytes,
+            self._slots.lengths_array(), self._slots.flags_array(), self._slots.buffer_array(),
+            self._slots.slot_bytes,
             self.ring, self.descriptors, self.control, wake_w, scratch, COALESCE_DATAGRAMS,
             MAX_DATAGRAMS_PER_WAKEUP,
         )
@@ -476,6 +506,10 @@ class _CompiledReader:
     def full_waits(self) -> int:
         return int(self.control[_FULL_WAITS])
 
+    @property
+    def truncated(self) -> int:
+        return int(self.control[_TRUNCATED])
+
 
 class CompiledReadAhead:
     """A compiled reader loop per datagram socket (see the module's docstring), each with a
@@ -494,6 +528,10 @@ class CompiledReadAhead:
     @property
     def full_waits(self) -> int:
         return sum(reader.full_waits for reader in self._readers)
+
+    @property
+    def truncated(self) -> int:
+        return sum(reader.truncated for reader in self._readers)
 
     def start(self) -> None:
         for reader in self._readers:

@@ -117,6 +117,7 @@ MAX_DATAGRAM_BYTES = 65535
 MAX_TCP_READ_BYTES = 1 << 16
 MAX_TCP_CONNECTIONS = 1024
 REJECT_SAMPLE_SIZE = 32
+TRUNCATED_SAMPLE = b"<datagram over 64 KiB: its last line cut off>"
 DEFAULT_MAX_SKEW_MS = 10 * 60_000
 KERNEL_POLL_MS = 1000
 LAG_POLL_MS = 5000
@@ -249,6 +250,8 @@ class Receiver:
                 sock.type == socket.SOCK_DGRAM for sock in self._sockets):
             load_compiled()  # now, while LLVM is loaded for the fast path anyway
         self._read_ahead_full_seen = 0
+        self._truncated_seen = 0  # datagrams cut by every reader, counted so far
+        self._truncated_by_stopped = 0  # by read-aheads stopped since
         self._full_collections = full_collections
         self._checkpoints = list(checkpoints) if checkpoints is not None else None
         self._next_lag_poll_ms = 0
@@ -342,6 +345,7 @@ class Receiver:
             pass
         self._selector.unregister(read_ahead.wake_fd)
         read_ahead.close()
+        self._truncated_by_stopped += read_ahead.truncated
         self._read_ahead = None
         for sock in read_ahead.sockets:
             self._selector.register(sock, selectors.EVENT_READ, None)
@@ -354,6 +358,7 @@ class Receiver:
             self.stats.read_ahead_full += full - self._read_ahead_full_seen
             self._pending_self_metrics.read_ahead_full += full - self._read_ahead_full_seen
             self._read_ahead_full_seen = full
+        self._count_truncated()
         taken = read_ahead.take()
         if not taken:
             return 0
@@ -422,6 +427,7 @@ class Receiver:
             if len(datagrams) < reader.slots and reader.batched:
                 break  # the queue was empty
         self.stats.syscalls += reader.syscalls - syscalls
+        self._count_truncated()
         if received:
             self.stats.datagrams += received
             self._pending_self_metrics.datagrams += received
@@ -560,6 +566,20 @@ class Receiver:
         connection.sock.close()
         if rest:
             self._account(parse_datagram(rest, self._limits), self.now_ms())
+
+    def _count_truncated(self) -> None:
+        """Datagrams longer than a read slot (64 KiB: only a Unix datagram socket's can be)
+        are cut back to their last newline by the readers; the line cut off in each new one
+        is a ``line_too_long`` reject (a line of unknown length: its datagram's rest is
+        gone)."""
+        total = self._truncated_by_stopped + self._reader.truncated
+        if self._read_ahead is not None:
+            total += self._read_ahead.truncated
+        for _ in range(total - self._truncated_seen):
+            self.stats.lines += 1
+            self._pending_self_metrics.lines += 1
+            self._count("rejected", "line_too_long", TRUNCATED_SAMPLE)
+        self._truncated_seen = total
 
     def _count_overlong(self, result: ParseResult, overlong: int) -> None:
         for _ in range(overlong):

@@ -250,6 +250,7 @@ def recvmmsg_available() -> bool:
     return _RECVMMSG is not None
 
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
+MSG_TRUNC = getattr(socket, "MSG_TRUNC", 0x20)
 DATAGRAM_SLOT_BYTES = 65536  # a whole UDP datagram (at most 65507 bytes of payload)
 DATAGRAM_SLOTS = 2048
 """Datagrams per ``recvmmsg`` call. Each call's return takes the GIL back from the receive loop
@@ -290,6 +291,9 @@ class DatagramReader:
         self._buffer = mmap.mmap(-1, slots * slot_bytes)
         self._view = memoryview(self._buffer)
         self.syscalls = 0  # for tests and benchmarks: datagrams / syscalls is the batching
+        #: Datagrams longer than a slot (only a Unix datagram socket's can be): each was cut
+        #: back to its last newline, the line cut off to be counted as ``line_too_long``.
+        self.truncated = 0
         if not self.batched:
             return
         base = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
@@ -304,12 +308,18 @@ class DatagramReader:
         stride = ctypes.sizeof(_MMsgHdr) // 4
         lengths = memoryview(self._headers).cast("B").cast("I")
         self._lengths = lengths[_MMsgHdr.msg_len.offset // 4 :: stride]
+        self._flags = lengths[_MsgHdr.msg_flags.offset // 4 :: stride]
         self.headers_address = ctypes.addressof(self._headers)
 
     def lengths_array(self) -> np.ndarray:
         """The headers' ``msg_len`` fields as a (strided) uint32 array: for compiled
         readers, which call ``recvmmsg`` themselves with ``headers_address``."""
         return np.asarray(self._lengths)
+
+    def flags_array(self) -> np.ndarray:
+        """The headers' ``msg_flags`` fields (``MSG_TRUNC``: the datagram was longer than its
+        slot), as a strided int32 array, for compiled readers."""
+        return np.asarray(self._flags).view(np.int32)
 
     def buffer_array(self) -> np.ndarray:
         """The slots' bytes (slot i at ``i * slot_bytes``), writable, for compiled readers."""
@@ -332,20 +342,32 @@ class DatagramReader:
             if error in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
                 return datagrams
             raise OSError(error, os.strerror(error))
+        flags = self._flags
         for index in range(received):
             start = index * size
-            datagrams.append(view[start : start + lengths[index]])
+            length = lengths[index]
+            if flags[index] & MSG_TRUNC:
+                length = self._whole_lines(start, length)
+            datagrams.append(view[start : start + length])
         return datagrams
+
+    def _whole_lines(self, start: int, length: int) -> int:
+        """A datagram cut off at ``length`` bytes: the length of its whole lines (up to its
+        last newline, none if it has none); counted in ``truncated``."""
+        self.truncated += 1
+        return max(0, self._buffer.rfind(b"\n", start, start + length) - start)
 
     def _read_one_by_one(self, sock: socket.socket, limit: int) -> list[memoryview]:
         datagrams: list[memoryview] = []
         recv_into, view, size = sock.recv_into, self._view, self.slot_bytes
         for index in range(min(limit, self.slots)):
             start = index * size
-            try:
-                length = recv_into(view[start : start + size])
+            try:  # MSG_TRUNC: the datagram's whole length, even if longer than the slot
+                length = recv_into(view[start : start + size], 0, MSG_TRUNC)
             except (BlockingIOError, InterruptedError):
                 break
             self.syscalls += 1
+            if length > size:
+                length = self._whole_lines(start, size)
             datagrams.append(view[start : start + length])
         return datagrams

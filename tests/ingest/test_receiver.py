@@ -294,6 +294,44 @@ def test_one_receiver_serves_udp4_udp6_tcp_and_a_unix_socket(tmp_path: Path) -> 
         sock.close()
 
 
+@pytest.mark.parametrize("reader", ["compiled", "python", "loop", "loop-one-by-one"])
+def test_a_unix_datagram_over_64_kib_keeps_its_whole_lines_and_counts_the_cut_one(
+    tmp_path: Path, reader: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Unix datagram socket takes datagrams longer than a read slot (64 KiB); the kernel
+    cuts them there. The whole lines before the cut are aggregated; the line the cut went
+    through is a ``line_too_long`` reject, never a shorter line (here: a shorter tag)."""
+    if reader == "python":
+        monkeypatch.setattr(read_ahead_module.transports, "recvmmsg_available", lambda: False)
+    unix_path = tmp_path / "sg.sock"
+    unix = bind_unixgram(unix_path)
+    receiver = Receiver(
+        unix, SegmentWriter(tmp_path / "spool", "udp-0"), PaneCombiner(1000), SystemClock(),
+        roll_ms=50, read_ahead_bytes=0 if reader.startswith("loop") else 8 << 20,
+        recvmmsg=reader != "loop-one-by-one",
+    )
+    whole = b"t.whole:1|c\n" * 5459 + b"t.pad:1|c\n"  # 65,518 bytes
+    # cut at 65,536: "t.cut:1|c|#tag:yyy" would be a valid line with a shorter tag
+    datagram = whole + b"t.cut:1|c|#tag:" + b"y" * 100
+    assert 65536 - len(whole) - len(b"t.cut:1|c|#tag:") == 3
+    thread, stop = _run_in_thread(receiver)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        sender.sendto(datagram, str(unix_path))
+        sender.sendto(b"t.after:1|c", str(unix_path))
+    _wait_for(lambda: receiver.stats.datagrams == 2)
+    stop.set()
+    thread.join(10)
+    totals = _totals(_rows(tmp_path / "spool"))
+    assert totals[("t.whole", "{}")]["sum"] == 5459
+    assert totals[("t.pad", "{}")]["sum"] == totals[("t.after", "{}")]["sum"] == 1
+    assert not any(metric == "t.cut" for metric, _ in totals)
+    assert receiver.stats.rejected == {"line_too_long": 1}
+    assert receiver.stats.lines == receiver.stats.accounted() == 5459 + 3
+    assert receiver.stats.reject_sample[-1]["line"].startswith("<datagram over 64 KiB")
+    unix.close()
+
+
 def test_a_graceful_stop_ends_tcp_connections_and_keeps_their_last_line(tmp_path: Path) -> None:
     tcp = bind_tcp("127.0.0.1", 0)
     receiver = Receiver(tcp, SegmentWriter(tmp_path, "udp-0"), PaneCombiner(1000),
