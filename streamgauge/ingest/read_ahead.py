@@ -28,6 +28,7 @@ import collections
 import contextlib
 import ctypes
 import errno
+import functools
 import logging
 import os
 import select
@@ -73,10 +74,7 @@ READ_AHEAD_BYTES = 8 << 20
 #: 114 → 105 % at 4.2 M lines/s (20 per datagram), 76 → 69 % at 450 k (1 per datagram); at
 #: 500 k under 0.1 % lost in 4 of 7 runs, none of 5 before (README, "Fewer wake-ups").
 READ_AHEAD_COALESCE_S = 0.0005
-#: A compiled reader's chunk: the datagrams of one hand-over (at most
-#: MAX_DATAGRAMS_PER_WAKEUP of them), each followed by a newline. Holds the largest datagram.
-CHUNK_BYTES = 1 << 20
-#: How long a compiled reader blocks in ``poll`` before it looks at its stop flag again.
+#: How long a reader blocks in ``poll`` before it looks at its stop flag again.
 POLL_TIMEOUT_MS = 100
 
 Taken = list[tuple[bytes, int, int]]
@@ -110,6 +108,13 @@ def read_ahead_for(sockets: Sequence[socket.socket], limit_bytes: int = READ_AHE
     if transports.recvmmsg_available():
         return CompiledReadAhead(sockets, limit_bytes)
     return PythonReadAhead(sockets, limit_bytes)
+
+
+def prepare_read_ahead() -> None:
+    """Load ahead of time what ``read_ahead_for`` will need: the compiled loop
+    (``load_compiled``), if it will build the compiled read-ahead."""
+    if transports.recvmmsg_available():
+        load_compiled()
 
 
 class _WakePipe:
@@ -212,21 +217,12 @@ class PythonReadAhead:
                     self._full_waits += 1
                     while self._bytes >= self._limit and not self._stop.is_set():
                         self._cond.wait(0.1)
-            if not poller.poll(100):
+            if not poller.poll(POLL_TIMEOUT_MS):
                 continue
             syscalls = reader.syscalls
-            chunks, received = [], 0
-            while received < MAX_DATAGRAMS_PER_WAKEUP:
-                datagrams = reader.read(sock, MAX_DATAGRAMS_PER_WAKEUP - received)
-                if not datagrams:
-                    break
-                received += len(datagrams)
-                chunks.append(b"\n".join(datagrams))  # copied: the views are reused
-                if len(datagrams) < reader.slots and reader.batched:
-                    break
+            buffer, received = reader.read_queued(sock, MAX_DATAGRAMS_PER_WAKEUP)
             if not received:
                 continue
-            buffer = b"\n".join([*chunks, b""])
             with self._cond:
                 was_empty = not self._buffers
                 self._buffers.append((buffer, received, reader.syscalls - syscalls))
@@ -424,11 +420,13 @@ def _release(control: np.ndarray, taken: int, freed: int) -> None:
     store_release(address_of(control) + 8 * _TAKEN, taken)
 
 
+@functools.cache
 def load_compiled() -> None:
     """Compile the reader's functions, or load them from numba's cache, now: the first call
     takes seconds to compile, and loading faults LLVM's code back in, which a receiver
     process releases once it is built (``process.py``). Told to stop, the loop returns at
-    once. The arguments have the types of a real reader's (another type: another compile)."""
+    once. The arguments have the types of a real reader's (another type: another compile).
+    Once per process: a receiver loads them before its readers are built."""
     slots = DatagramReader(slots=2, slot_bytes=1)
     control = np.zeros(_CONTROL_SIZE, dtype=np.int64)
     _release_stop(control)

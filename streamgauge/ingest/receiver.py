@@ -96,7 +96,7 @@ from streamgauge.ingest.read_ahead import (
     MAX_DATAGRAMS_PER_WAKEUP,
     READ_AHEAD_BYTES,
     ReadAhead,
-    load_compiled,
+    prepare_read_ahead,
     read_ahead_for,
 )
 from streamgauge.ingest.transports import (
@@ -104,7 +104,6 @@ from streamgauge.ingest.transports import (
     LineAssembler,
     bind_udp,
     describe,
-    recvmmsg_available,
 )
 from streamgauge.retention import committed_sequences
 
@@ -246,9 +245,9 @@ class Receiver:
         self._reader = DatagramReader(batched=recvmmsg)
         self._read_ahead_bytes = read_ahead_bytes
         self._read_ahead: ReadAhead | None = None
-        if read_ahead_bytes and recvmmsg_available() and any(
-                sock.type == socket.SOCK_DGRAM for sock in self._sockets):
-            load_compiled()  # now, while LLVM is loaded for the fast path anyway
+        self._datagram_sockets = [s for s in self._sockets if s.type == socket.SOCK_DGRAM]
+        if read_ahead_bytes and self._datagram_sockets:
+            prepare_read_ahead()  # now, while LLVM is loaded for the fast path anyway
         self._read_ahead_full_seen = 0
         self._truncated_seen = 0  # datagrams cut by every reader, counted so far
         self._truncated_by_stopped = 0  # by read-aheads stopped since
@@ -325,12 +324,11 @@ class Receiver:
         self.close()
 
     def _start_read_ahead(self) -> None:
-        datagram_sockets = [sock for sock in self._sockets if sock.type == socket.SOCK_DGRAM]
-        if not self._read_ahead_bytes or not datagram_sockets:
+        if not self._read_ahead_bytes or not self._datagram_sockets:
             return
-        for sock in datagram_sockets:
+        for sock in self._datagram_sockets:
             self._selector.unregister(sock)
-        read_ahead = read_ahead_for(datagram_sockets, self._read_ahead_bytes)
+        read_ahead = read_ahead_for(self._datagram_sockets, self._read_ahead_bytes)
         self._selector.register(read_ahead.wake_fd, selectors.EVENT_READ, "read-ahead")
         self._read_ahead = read_ahead
         read_ahead.start()
@@ -414,24 +412,14 @@ class Receiver:
     def _read_datagrams(self, sock: socket.socket) -> int:
         """Everything queued on ``sock`` (up to MAX_DATAGRAMS_PER_WAKEUP), as one buffer."""
         reader = self._reader
-        chunks: list[bytes] = []
-        received = 0
         syscalls = reader.syscalls
-        while received < MAX_DATAGRAMS_PER_WAKEUP:
-            datagrams = reader.read(sock, MAX_DATAGRAMS_PER_WAKEUP - received)
-            if not datagrams:
-                break
-            received += len(datagrams)
-            # the reader's buffers are reused by the next read: join (copy) them now
-            chunks.append(b"\n".join(datagrams))
-            if len(datagrams) < reader.slots and reader.batched:
-                break  # the queue was empty
+        buffer, received = reader.read_queued(sock, MAX_DATAGRAMS_PER_WAKEUP)
         self.stats.syscalls += reader.syscalls - syscalls
         self._count_truncated()
         if received:
             self.stats.datagrams += received
             self._pending_self_metrics.datagrams += received
-            self._ingest_buffer(b"\n".join([*chunks, b""]), self.now_ms())
+            self._ingest_buffer(buffer, self.now_ms())
         return received
 
     def _ingest_datagrams(self, datagrams: list[bytes], recv_ms: int) -> None:

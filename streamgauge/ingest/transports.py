@@ -351,6 +351,21 @@ class DatagramReader:
             datagrams.append(view[start : start + length])
         return datagrams
 
+    def read_queued(self, sock: socket.socket, limit: int) -> tuple[bytes, int]:
+        """Every datagram queued on ``sock`` now, up to about ``limit``, each followed by a
+        newline (copied out of the slots, which the next read reuses), and how many."""
+        chunks: list[bytes] = []
+        received = 0
+        while received < limit:
+            datagrams = self.read(sock, limit - received)
+            if not datagrams:
+                break
+            received += len(datagrams)
+            chunks.append(b"\n".join(datagrams))
+            if len(datagrams) < self.slots and self.batched:
+                break  # the queue was empty
+        return b"\n".join([*chunks, b""]), received
+
     def _whole_lines(self, start: int, length: int) -> int:
         """A datagram cut off at ``length`` bytes: the length of its whole lines (up to its
         last newline, none if it has none); counted in ``truncated``."""
