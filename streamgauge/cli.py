@@ -435,7 +435,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             "ingest_pid": ingest.pid,
             "ingest_pids": ingest.pids,
         }
-        write_private_json(run_file, info)
         print(
             f"streamgauge {config.name}: udp {udp} | postgres {redact_url(url)} | "
             f"spark ui {job.ui_url} | data {data_dir}\n"
@@ -443,6 +442,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"  query: streamgauge query --data-dir {data_dir} 'select * from window_results'",
             flush=True,
         )
+        # run.json last: whoever waits for it (scripts, the e2e tests) finds the banner
+        # printed already (written after it, the banner lost that race in one CI run)
+        write_private_json(run_file, info)
         failure = supervise(stop, job, ingest)
     finally:
         failure = shutdown(ingest, job, server, failure) or failure
