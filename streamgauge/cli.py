@@ -149,7 +149,7 @@ RECEIVER_FLAGS = (
     ("--max-skew", "max_skew"), ("--max-series", "max_series"),
     ("--max-series-per-metric", "max_series_per_metric"), ("--series-ttl", "series_ttl"),
     ("--max-line-bytes", "max_line_bytes"), ("--max-tags", "max_tags"), ("--rcvbuf", "rcvbuf"),
-    ("--unix-mode", "unix_mode"),
+    ("--unix-mode", "unix_mode"), ("--worker-nice", "worker_nice"),
 )  # fmt: skip
 
 
@@ -171,6 +171,10 @@ def receiver_flags(p: argparse.ArgumentParser) -> None:
                    help="socket receive buffer (default 8 MiB)")
     p.add_argument("--unix-mode", default="0600", choices=["0600", "0660"],
                    help="permissions of unixgram sockets (default %(default)s)")
+    p.add_argument("--worker-nice", type=int, metavar="N",
+                   help="nice steps the receive loop and segment writer run below the socket "
+                   "readers, so a reader waking to a filling buffer gets a core; 0 = alike "
+                   "(default 8; Linux)")
 
 
 def spool_flag(parser: argparse.ArgumentParser) -> None:
@@ -264,6 +268,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     import dataclasses
 
     from streamgauge.ingest.guard import CardinalityLimits
+    from streamgauge.ingest.priority import DEFAULT_WORKER_NICE
     from streamgauge.ingest.process import (
         IngestSettings,
         parse_byte_size,
@@ -295,6 +300,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             spool_location=_spool_location(args),
             max_skew_ms=round(args.max_skew * 1000), limits=limits, cardinality=cardinality,
             rcvbuf_bytes=args.rcvbuf or DEFAULT_RCVBUF_BYTES, unix_mode=int(args.unix_mode, 8),
+            worker_nice=DEFAULT_WORKER_NICE if args.worker_nice is None else args.worker_nice,
             spool_quota_bytes=parse_byte_size(args.spool_quota, "--spool-quota"),
             sketches=config.sketches, kll_k=config.kll_k,
         )

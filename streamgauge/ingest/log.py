@@ -388,6 +388,11 @@ class SegmentQueue:
         return self._writer.receiver
 
     @property
+    def thread_id(self) -> int | None:
+        """The writer thread's native id (None: ``depth`` 0, segments written in ``append``)."""
+        return None if self._thread is None else self._thread.native_id
+
+    @property
     def writer(self) -> SegmentWriter:
         return self._writer
 

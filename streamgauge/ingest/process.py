@@ -36,6 +36,7 @@ from streamgauge.ingest.log import (
     validate_receiver_name,
 )
 from streamgauge.ingest.memory import release_library_pages
+from streamgauge.ingest.priority import DEFAULT_WORKER_NICE, MAX_NICE
 from streamgauge.ingest.protocol import DEFAULT_LIMITS, ProtocolLimits
 from streamgauge.ingest.receiver import DEFAULT_MAX_SKEW_MS, Receiver
 from streamgauge.ingest.spool_fs import resolve_spool
@@ -66,6 +67,9 @@ class IngestSettings:
     cardinality: CardinalityLimits = field(default_factory=CardinalityLimits)
     rcvbuf_bytes: int = DEFAULT_RCVBUF_BYTES
     unix_mode: int = 0o600
+    #: Nice steps the receive loop and the segment writer run below the socket readers
+    #: (``priority.py``); 0 = alike.
+    worker_nice: int = DEFAULT_WORKER_NICE
     #: Over this many bytes in the spool (all streams), new data is refused and counted
     #: (``streamgauge.ingest.refused{reason=spool_quota}``); 0 = no quota.
     spool_quota_bytes: int = 0
@@ -94,6 +98,8 @@ class IngestSettings:
             problems.append(f"max_skew_ms must be >= 0, got {self.max_skew_ms}")
         if self.rcvbuf_bytes <= 0:
             problems.append(f"rcvbuf_bytes must be positive, got {self.rcvbuf_bytes}")
+        if not 0 <= self.worker_nice <= MAX_NICE:
+            problems.append(f"worker_nice must be in 0..{MAX_NICE}, got {self.worker_nice}")
         if self.spool_quota_bytes < 0:
             problems.append(f"spool_quota_bytes must be >= 0 (0 = none), got "
                             f"{self.spool_quota_bytes}")
@@ -206,6 +212,7 @@ def run_ingest(
         stats_path=settings.stats_path,
         checkpoints=settings.query_checkpoints,
         full_collections=FullCollections(),
+        worker_nice=settings.worker_nice,
     )
     # The fast path is compiled (or loaded from numba's cache) by now and LLVM is done: its
     # ~108 MB of library code leaves this process's RSS (1.2 M lines/s at 20 per datagram,

@@ -85,6 +85,8 @@ class ReadAhead(Protocol):
 
     sockets: list[socket.socket]
     wake_fd: int
+    needs_gil: bool
+    """Its readers take the GIL to hand over: threads holding it must not be slowed down."""
 
     @property
     def full_waits(self) -> int: ...
@@ -144,6 +146,8 @@ class PythonReadAhead:
     """A Python thread per datagram socket, reading many datagrams per ``recvmmsg`` (or one
     per ``recv`` where there is none) while blocked in ``poll``/``recvmmsg`` without the GIL,
     holding it to join what it read. Hands over at most ``limit_bytes``."""
+
+    needs_gil = True
 
     def __init__(self, sockets: Sequence[socket.socket], limit_bytes: int = READ_AHEAD_BYTES
                  ) -> None:
@@ -512,6 +516,8 @@ class _CompiledReader:
 class CompiledReadAhead:
     """A compiled reader loop per datagram socket (see the module's docstring), each with a
     ring of ``limit_bytes`` (at least four of the largest datagrams)."""
+
+    needs_gil = False
 
     def __init__(self, sockets: Sequence[socket.socket], limit_bytes: int = READ_AHEAD_BYTES
                  ) -> None:

@@ -83,6 +83,7 @@ from streamgauge.ingest.log import (
     read_heartbeat,
     segment_at,
 )
+from streamgauge.ingest.priority import lower_thread_priority
 from streamgauge.ingest.protocol import (
     DEFAULT_LIMITS,
     ParseResult,
@@ -220,6 +221,7 @@ class Receiver:
         checkpoints: Sequence[Path] | None = None,
         read_ahead_bytes: int = READ_AHEAD_BYTES,
         full_collections: FullCollections | None = None,
+        worker_nice: int = 0,
     ) -> None:
         """``writer``: a ``SegmentQueue`` writes on its own thread; a bare ``SegmentWriter``
         writes in ``roll`` itself. ``recvmmsg``: many datagrams per system call on Linux.
@@ -228,7 +230,9 @@ class Receiver:
         ``read_ahead_bytes``: while ``run`` runs, datagram sockets are read by read-ahead
         threads holding up to this much (0: read by the loop itself).
         ``full_collections``: run the garbage collector's full collections from ``roll``
-        (a receiver process takes them off the automatic schedule: ``collector.py``)."""
+        (a receiver process takes them off the automatic schedule: ``collector.py``).
+        ``worker_nice``: while compiled readers read the datagram sockets, ``run``'s thread
+        and the segment writer run this many nice steps below them (``priority.py``)."""
         if max_skew_ms < 0:
             raise ValueError(f"max_skew_ms must be >= 0, got {max_skew_ms}")
         self._sockets = [sockets] if isinstance(sockets, socket.socket) else list(sockets)
@@ -244,6 +248,7 @@ class Receiver:
         self._writer = writer if isinstance(writer, SegmentQueue) else SegmentQueue(writer, depth=0)
         self._reader = DatagramReader(batched=recvmmsg)
         self._read_ahead_bytes = read_ahead_bytes
+        self._worker_nice = worker_nice
         self._read_ahead: ReadAhead | None = None
         self._datagram_sockets = [s for s in self._sockets if s.type == socket.SOCK_DGRAM]
         if read_ahead_bytes and self._datagram_sockets:
@@ -308,6 +313,7 @@ class Receiver:
     def run(self, stop: threading.Event) -> None:
         """Receive until ``stop`` is set, then drain the sockets and write a closing segment."""
         self._start_read_ahead()
+        self._yield_to_readers()
         next_roll = self.now_ms() + self._roll_ms
         while not stop.is_set():
             timeout_s = max(0, next_roll - self.now_ms()) / 1000
@@ -332,6 +338,20 @@ class Receiver:
         self._selector.register(read_ahead.wake_fd, selectors.EVENT_READ, "read-ahead")
         self._read_ahead = read_ahead
         read_ahead.start()
+
+    def _yield_to_readers(self) -> None:
+        """Once readers that never take the GIL run, this thread (the loop) and the segment
+        writer go ``worker_nice`` below them: a reader waking to a filling socket buffer gets
+        a core from them (``priority.py``). Not with Python readers: they need the GIL these
+        threads hold, so slowing them would slow the readers too."""
+        read_ahead = self._read_ahead
+        if not self._worker_nice or read_ahead is None or read_ahead.needs_gil:
+            return
+        for thread_id in (threading.get_native_id(), self._writer.thread_id):
+            if thread_id is not None:
+                nice = lower_thread_priority(thread_id, self._worker_nice)
+                log.debug("thread %d of receiver %s at nice %s", thread_id,
+                          self._writer.receiver, nice)
 
     def _stop_read_ahead(self) -> None:
         """Stop the reader threads, take what they read; the loop reads the sockets again."""

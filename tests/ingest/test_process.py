@@ -244,6 +244,12 @@ def test_ingest_settings_refuse_a_negative_quota_and_an_empty_write_queue(tmp_pa
         IngestSettings(tmp_path, "udp-0", 1000, spool_quota_bytes=-1, write_queue_depth=0)
 
 
+@pytest.mark.parametrize("nice", [-1, 20])
+def test_ingest_settings_refuse_a_worker_nice_outside_0_to_19(tmp_path: Path, nice: int) -> None:
+    with pytest.raises(ValueError, match=rf"worker_nice must be in 0\.\.19, got {nice}"):
+        IngestSettings(tmp_path, "udp-0", 1000, worker_nice=nice)
+
+
 def test_a_bad_spool_quota_fails_ingest_run_and_process_with_one_line(
     tmp_path: Path, config: Path
 ) -> None:

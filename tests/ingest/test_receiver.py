@@ -6,7 +6,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -703,4 +705,39 @@ def test_a_receiver_with_a_full_read_ahead_loses_nothing_and_counts_the_waits(
     if not compiled:
         assert receiver.stats.read_ahead_full > 0
         assert json.loads((tmp_path / "s.json").read_text())["read_ahead_full"] > 0
+    sock.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice: Linux")
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_loop_and_the_segment_writer_run_below_compiled_readers(
+    tmp_path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``worker_nice``: with compiled readers the loop's thread and the segment writer go 5
+    nice steps down, the readers stay where they started (they are started first: a thread
+    inherits its creator's nice value, and only a privileged one may lower it again). Python
+    readers need the GIL those threads hold: nothing changes."""
+    if not compiled:
+        monkeypatch.setattr(read_ahead_module.transports, "recvmmsg_available", lambda: False)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    sock = bind_udp("127.0.0.1", 0)
+    queue = SegmentQueue(SegmentWriter(tmp_path, "udp-0", fsync=False), depth=2)
+    receiver = Receiver(sock, queue, PaneCombiner(1000), SystemClock(), worker_nice=5)
+    thread, stop = _run_in_thread(receiver)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        for _ in range(10):
+            sender.sendto(b"n.count:1|c", sock.getsockname())
+    _wait_for(lambda: receiver.stats.datagrams == 10)
+    readers = [t for t in threading.enumerate() if t.name.startswith("read-ahead-udp")]
+    nice_of = {
+        "loop": os.getpriority(os.PRIO_PROCESS, thread.native_id or 0),
+        "writer": os.getpriority(os.PRIO_PROCESS, queue.thread_id or 0),
+        "readers": {os.getpriority(os.PRIO_PROCESS, t.native_id or 0) for t in readers},
+    }
+    stop.set()
+    thread.join(10)
+    lowered = min(19, base + 5) if compiled else base
+    assert nice_of == {"loop": lowered, "writer": lowered, "readers": {base}}
+    assert len(readers) == 1
+    assert _totals(_rows(tmp_path))[("n.count", "{}")]["count"] == 10
     sock.close()
