@@ -285,6 +285,42 @@ def test_finalization_never_touches_a_newer_revision(store: ResultStore, clean_s
     assert (r["is_final"], r["revision"]) == (False, 10)
 
 
+def test_a_window_the_watermark_passes_by_its_lateness_is_promoted_final_not_rewritten(
+    store: ResultStore, clean_store: str
+) -> None:
+    """A batch whose watermark passes a pending window's end *and* its allowed lateness
+    inserts it final, as finalizing it later in the batch would (same revision, same
+    emitted_at), without rewriting it: nothing is left for the finalization to do. A window
+    only past its end is promoted provisional; a finalization scoped to other metric types
+    makes nothing final."""
+    lane = ("c", "g", "s")
+    pending = table(*(window(i, metric=m, metric_type="c") for i, m in enumerate("abc")))
+    store.commit_batch("q", 0, pending, [], revision=1, hold_after={("web", "1m"): T0},
+                       lane_types=lane)  # fmt: skip
+    assert stored(clean_store) == []
+    watermark = T0 + 2 * MINUTE + MINUTE // 2  # past the ends of windows 0 and 1
+    lateness = MINUTE  # window 0 is past end + lateness, window 1 is not
+    out = store.commit_batch(
+        "q", 1, table(), [Finalization("web", "1m", watermark, lateness, lane)], revision=2,
+        hold_after={("web", "1m"): watermark}, lane_types=lane,
+    )
+    assert (out.rows_upserted, out.rows_finalized) == (2, 0)
+    emitted = {r["metric"]: (r["is_final"], r["revision"], r["emitted_ms"])
+               for r in stored(clean_store)}  # fmt: skip
+    assert emitted == {"a": (True, 2, NOW), "b": (False, 2, NOW)}
+    _, still_pending = run_sql(clean_store, "SELECT metric FROM window_pending")
+    assert still_pending == [("c",)]
+    # A finalization that covers another lane's types only: promoted, not final.
+    later = T0 + 4 * MINUTE
+    out = store.commit_batch(
+        "q", 2, table(), [Finalization("web", "1m", later, 0, ("ms",))], revision=3,
+        hold_after={("web", "1m"): later}, lane_types=lane,
+    )
+    assert (out.rows_upserted, out.rows_finalized) == (1, 0)
+    [c] = stored(clean_store, "metric = 'c'")
+    assert (c["is_final"], c["revision"]) == (False, 3)
+
+
 def test_a_lane_finalizes_and_emits_only_its_own_metric_types(
     store: ResultStore, clean_store: str
 ) -> None:
@@ -798,8 +834,9 @@ def test_an_open_window_is_published_early_once_per_tick_and_only_when_changed(
     assert commit(4, 35).rows_early == 0  # tick 30 s, but nothing changed since 20 s
     assert early_rows(clean_store) == [(2, 4, False, 20, 0)]
     out = commit(5, 60)
-    assert (out.rows_early, out.rows_finalized) == (0, 1)
-    # On time and final: early_as_of cleared, no correction counted, the pending row moved.
+    assert (out.rows_early, out.rows_upserted, out.rows_finalized) == (0, 1, 0)
+    # On time and final (moved in final: nothing left to finalize): early_as_of cleared, no
+    # correction counted, the pending row moved.
     assert early_rows(clean_store) == [(2, 6, True, None, 0)]
     assert latest_status(clean_store) == [(2, 6, "final")]
     assert run_sql(clean_store, "SELECT count(*) FROM window_pending")[1] == [(0,)]
