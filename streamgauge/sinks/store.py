@@ -872,6 +872,12 @@ class Finalization:
     metric_types: tuple[str, ...] | None = None
     """Only rows of these types (the query's lane); None: every row of the window."""
 
+    @property
+    def final_before_ms(self) -> int:
+        """Windows ending at or before this are final (``_FINALIZE``; ``_PROMOTE`` moves
+        them in final)."""
+        return self.watermark_ms - self.allowed_lateness_ms
+
 
 @dataclass(frozen=True)
 class BatchOutcome:
@@ -1065,7 +1071,7 @@ class ResultStore:
                             "now_ms": now_ms,
                             "config_name": fin.config_name,
                             "window_name": fin.window_name,
-                            "final_before_ms": fin.watermark_ms - fin.allowed_lateness_ms,
+                            "final_before_ms": fin.final_before_ms,
                             "metric_types": (
                                 None if fin.metric_types is None else list(fin.metric_types)
                             ),
@@ -1426,8 +1432,7 @@ def _final_before(
         if not covers:
             continue
         key = (fin.config_name, fin.window_name)
-        end = fin.watermark_ms - fin.allowed_lateness_ms
-        ends[key] = max(end, ends.get(key, end))
+        ends[key] = max(fin.final_before_ms, ends.get(key, fin.final_before_ms))
     return ends
 
 
