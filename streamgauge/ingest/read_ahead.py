@@ -95,6 +95,14 @@ class ReadAhead(Protocol):
     def truncated(self) -> int:
         """Datagrams longer than a slot, cut back to their last newline (``DatagramReader``)."""
 
+    @property
+    def read_errors(self) -> int:
+        """Reads that failed transiently and were retried (``DatagramReader.read_errors``)."""
+
+    @property
+    def last_read_error(self) -> int:
+        """The errno of the last of them (0: none)."""
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -174,6 +182,15 @@ class PythonReadAhead:
     @property
     def truncated(self) -> int:
         return sum(reader.truncated for reader in self._datagram_readers)
+
+    @property
+    def read_errors(self) -> int:
+        return sum(reader.read_errors for reader in self._datagram_readers)
+
+    @property
+    def last_read_error(self) -> int:
+        return max((r.last_read_error for r in self._datagram_readers if r.read_errors),
+                   default=0)  # fmt: skip
 
     def start(self) -> None:
         for thread in self._threads:
@@ -267,7 +284,10 @@ _TAKEN = 2  # chunks taken by the owner
 _FREED = 3  # ring bytes the owner is done with
 _FULL_WAITS = 4  # times the reader found the ring (or the descriptors) full
 _TRUNCATED = 5  # datagrams longer than a slot, cut back to their last newline
+_READ_ERRORS = 6  # reads failed with a transient error (transports.TRANSIENT_READ_ERRORS)
+_LAST_READ_ERROR = 7  # the errno of the last of them
 _CONTROL_SIZE = 8
+_SCRATCH_SIZE = 6  # int64s: the loop's C arguments (see _read_loop)
 _START, _USED, _COUNT, _CALLS = range(4)  # a descriptor's fields
 DESCRIPTORS = 4096
 # libc[...]: the C functions the loop calls, by address
@@ -275,6 +295,7 @@ _RECVMMSG, _POLL, _NANOSLEEP, _WRITE, _ERRNO_LOCATION = range(5)
 _NL = 10
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
 _MSG_TRUNC = transports.MSG_TRUNC
+_TRANSIENT_READ_ERRORS = tuple(sorted(transports.TRANSIENT_READ_ERRORS))  # numba: a constant
 _POLLIN = getattr(select, "POLLIN", 1)
 
 
@@ -338,13 +359,16 @@ def _read_loop(
     ``control[_TRUNCATED]``: only a Unix datagram socket's can be); the datagrams are copied,
     each followed by a newline, into the open chunk, which is published when the queue is
     empty and it holds ``min_datagrams`` or the reader already paused once for more, when it
-    holds ``max_datagrams``, or before the reader waits for room. ``scratch``: int64s for the
-    C calls — [0:2] the pause (a timespec), [2] the pollfd, [3] the wake-up byte.
+    holds ``max_datagrams``, or before the reader waits for room. A read failing with a
+    transient error (``transports.TRANSIENT_READ_ERRORS``) is counted in
+    ``control[_READ_ERRORS]`` and retried after a pause; any other error ends the loop.
+    ``scratch``: int64s for the C calls — [0:2] the pause (a timespec), [2] the pollfd, [3]
+    the wake-up byte, [4:6] the pause after a transient error (a timespec).
     """
     recvmmsg, poll, write = libc[_RECVMMSG], libc[_POLL], libc[_WRITE]
     nanosleep, errno_location = libc[_NANOSLEEP], libc[_ERRNO_LOCATION]
     base = address_of(scratch)
-    pause, pollfd, wake_byte = base, base + 16, base + 24
+    pause, pollfd, wake_byte, error_pause = base, base + 16, base + 24, base + 32
     stop = address_of(control) + 8 * _STOP
     freed, taken = address_of(control) + 8 * _FREED, address_of(control) + 8 * _TAKEN
     capacity = len(ring)
@@ -401,7 +425,11 @@ def _read_loop(
         calls += 1
         if received < 0:
             error = load_i32(call_address(errno_location))
-            if error != errno.EAGAIN and error != errno.EWOULDBLOCK and error != errno.EINTR:
+            if error in _TRANSIENT_READ_ERRORS:
+                control[_READ_ERRORS] += 1
+                control[_LAST_READ_ERROR] = error
+                call_nanosleep(nanosleep, error_pause, 0)
+            elif error != errno.EAGAIN and error != errno.EWOULDBLOCK and error != errno.EINTR:
                 if count:
                     _publish(descriptors, control, published, start, head - start, count,
                              calls, write, wake_fd, wake_byte)
@@ -438,7 +466,7 @@ def load_compiled() -> None:
                slots.lengths_array(), slots.flags_array(), slots.buffer_array(),
                slots.slot_bytes,
                np.zeros(8, dtype=np.uint8), np.zeros((1, 4), dtype=np.int64), control, -1,
-               np.zeros(4, dtype=np.int64), 1, 1)  # fmt: skip
+               np.zeros(_SCRATCH_SIZE, dtype=np.int64), 1, 1)  # fmt: skip
     _published(control)
     _release(control, 0, 0)
 
@@ -456,8 +484,9 @@ class _CompiledReader:
         self.descriptors = np.zeros((DESCRIPTORS, 4), dtype=np.int64)
         self.control = np.zeros(_CONTROL_SIZE, dtype=np.int64)
         self._slots = DatagramReader()
-        scratch = np.zeros(4, dtype=np.int64)
+        scratch = np.zeros(_SCRATCH_SIZE, dtype=np.int64)
         scratch[1] = int(READ_AHEAD_COALESCE_S * 1e9)  # struct timespec {0 s, ns}
+        scratch[5] = int(transports.READ_ERROR_PAUSE_S * 1e9)
         pollfd = scratch[2:3].view(np.int32)  # struct pollfd {int fd; short events, revents}
         pollfd[0] = sock.fileno()
         pollfd.view(np.int16)[2] = _POLLIN
@@ -512,6 +541,14 @@ class _CompiledReader:
     def truncated(self) -> int:
         return int(self.control[_TRUNCATED])
 
+    @property
+    def read_errors(self) -> int:
+        return int(self.control[_READ_ERRORS])
+
+    @property
+    def last_read_error(self) -> int:
+        return int(self.control[_LAST_READ_ERROR])
+
 
 class CompiledReadAhead:
     """A compiled reader loop per datagram socket (see the module's docstring), each with a
@@ -536,6 +573,14 @@ class CompiledReadAhead:
     @property
     def truncated(self) -> int:
         return sum(reader.truncated for reader in self._readers)
+
+    @property
+    def read_errors(self) -> int:
+        return sum(reader.read_errors for reader in self._readers)
+
+    @property
+    def last_read_error(self) -> int:
+        return max((r.last_read_error for r in self._readers if r.read_errors), default=0)
 
     def start(self) -> None:
         for reader in self._readers:

@@ -35,7 +35,8 @@ for debugging, and every count is fed back into the pipeline as ordinary metrics
 ``streamgauge.ingest.*``. Besides the line counts: ``refused{reason}`` and
 ``refused_partials{reason}`` (samples and partials the segment writer did not write:
 ``spool_quota``, ``disk_full``, ``spool_unavailable``; received and accounted, not in the
-log), ``write_backpressure`` and ``write_blocked_ms``, ``read_ahead_full``, and the gauges
+log), ``write_backpressure`` and ``write_blocked_ms``, ``read_ahead_full``, ``read_errors``
+(datagram reads the kernel failed for a moment, paused and retried), and the gauges
 ``series_active{receiver}`` and ``segment_lag_ms{receiver}`` (age of the oldest segment the
 window job has not committed).
 
@@ -150,6 +151,7 @@ class IngestStats:
     write_blocked_ms: int = 0  # how long they waited
     syscalls: int = 0  # datagram reads (recvmmsg or recv calls)
     read_ahead_full: int = 0  # times a reader thread waited for the loop (READ_AHEAD_BYTES)
+    read_errors: int = 0  # datagram reads failed with ENOMEM/ENOBUFS/ECONNREFUSED, retried
     full_collections: int = 0  # run by the receiver itself (collector.FullCollections)
     full_collection_ms: int = 0  # their total pause
     rejected: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -183,6 +185,7 @@ class IngestStats:
             "write_blocked_ms": self.write_blocked_ms,
             "syscalls": self.syscalls,
             "read_ahead_full": self.read_ahead_full,
+            "read_errors": self.read_errors,
             "full_collections": self.full_collections,
             "full_collection_ms": self.full_collection_ms,
             "rejected": dict(self.rejected),
@@ -256,6 +259,9 @@ class Receiver:
         self._read_ahead_full_seen = 0
         self._truncated_seen = 0  # datagrams cut by every reader, counted so far
         self._truncated_by_stopped = 0  # by read-aheads stopped since
+        self._read_errors_seen = 0  # transient read errors of every reader, counted so far
+        self._read_errors_by_stopped = 0  # by read-aheads stopped since
+        self._read_error_logged_ms: int | None = None
         self._full_collections = full_collections
         self._checkpoints = list(checkpoints) if checkpoints is not None else None
         self._next_lag_poll_ms = 0
@@ -364,6 +370,7 @@ class Receiver:
         self._selector.unregister(read_ahead.wake_fd)
         read_ahead.close()
         self._truncated_by_stopped += read_ahead.truncated
+        self._read_errors_by_stopped += read_ahead.read_errors
         self._read_ahead = None
         for sock in read_ahead.sockets:
             self._selector.register(sock, selectors.EVENT_READ, None)
@@ -377,6 +384,7 @@ class Receiver:
             self._pending_self_metrics.read_ahead_full += full - self._read_ahead_full_seen
             self._read_ahead_full_seen = full
         self._count_truncated()
+        self._count_read_errors()
         taken = read_ahead.take()
         if not taken:
             return 0
@@ -436,6 +444,7 @@ class Receiver:
         buffer, received = reader.read_queued(sock, MAX_DATAGRAMS_PER_WAKEUP)
         self.stats.syscalls += reader.syscalls - syscalls
         self._count_truncated()
+        self._count_read_errors()
         if received:
             self.stats.datagrams += received
             self._pending_self_metrics.datagrams += received
@@ -588,6 +597,30 @@ class Receiver:
             self._pending_self_metrics.lines += 1
             self._count("rejected", "line_too_long", TRUNCATED_SAMPLE)
         self._truncated_seen = total
+
+    def _count_read_errors(self) -> None:
+        """Reads the kernel failed for want of memory (ENOMEM, ENOBUFS) or with a pending
+        ICMP error (ECONNREFUSED): the readers paused and read again, losing nothing by
+        themselves (what the kernel then dropped is in ``kernel_drops``). Counted in
+        ``read_errors``, and logged at most once a minute."""
+        total = self._read_errors_by_stopped + self._reader.read_errors
+        last_error = self._reader.last_read_error
+        if self._read_ahead is not None:
+            total += self._read_ahead.read_errors
+            last_error = self._read_ahead.last_read_error or last_error
+        new = total - self._read_errors_seen
+        if new <= 0:
+            return
+        self._read_errors_seen = total
+        self.stats.read_errors += new
+        self._pending_self_metrics.read_errors += new
+        now_ms = self.now_ms()
+        if self._read_error_logged_ms is None or now_ms - self._read_error_logged_ms >= 60_000:
+            self._read_error_logged_ms = now_ms
+            log.warning(
+                "datagram reads failed %d more time(s) (last: %s), %d in all; retried",
+                new, os.strerror(last_error) if last_error else "unknown", total,
+            )  # fmt: skip
 
     def _count_overlong(self, result: ParseResult, overlong: int) -> None:
         for _ in range(overlong):
@@ -773,6 +806,7 @@ class Receiver:
 
     def _add_self_metrics(self, now_ms: int) -> None:
         """Feed this roll's counts back in as ordinary metrics, so they land in the store."""
+        self._count_read_errors()  # also while failing reads leave nothing to take
         pending = self._pending_self_metrics
         counters: list[tuple[str, int, tuple[tuple[str, str], ...]]] = [
             ("datagrams", pending.datagrams, ()),
@@ -794,6 +828,7 @@ class Receiver:
             ("write_backpressure", pending.write_backpressure, ()),
             ("write_blocked_ms", pending.write_blocked_ms, ()),
             ("read_ahead_full", pending.read_ahead_full, ()),
+            ("read_errors", pending.read_errors, ()),
             ("full_collections", pending.full_collections, ()),
             ("full_collection_ms", pending.full_collection_ms, ()),
         ]

@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,6 +244,14 @@ def _load_recvmmsg() -> Any:
 
 _RECVMMSG = _load_recvmmsg()
 
+TRANSIENT_READ_ERRORS = frozenset({errno.ENOMEM, errno.ENOBUFS, errno.ECONNREFUSED})
+"""Errors of a datagram read that say nothing lasting about the socket: the kernel could not
+allocate for this read (ENOMEM, ENOBUFS), or reported a pending ICMP error (ECONNREFUSED,
+cleared by reporting it). The datagrams stay queued, so a reader counts the error
+(``read_errors``), pauses ``READ_ERROR_PAUSE_S`` and reads again; before, the first one ended
+the reader for good, and the socket's input went to the kernel's drop counter from then on."""
+READ_ERROR_PAUSE_S = 0.001
+
 
 def recvmmsg_available() -> bool:
     """Whether this platform has ``recvmmsg(2)`` (Linux), and it was not turned off (the
@@ -294,6 +303,10 @@ class DatagramReader:
         #: Datagrams longer than a slot (only a Unix datagram socket's can be): each was cut
         #: back to its last newline, the line cut off to be counted as ``line_too_long``.
         self.truncated = 0
+        #: Reads that failed with one of TRANSIENT_READ_ERRORS (each paused, then retried),
+        #: and the last such errno.
+        self.read_errors = 0
+        self.last_read_error = 0
         if not self.batched:
             return
         base = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
@@ -341,6 +354,9 @@ class DatagramReader:
             error = ctypes.get_errno()
             if error in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
                 return datagrams
+            if error in TRANSIENT_READ_ERRORS:
+                self._transient_error(error)
+                return datagrams
             raise OSError(error, os.strerror(error))
         flags = self._flags
         for index in range(received):
@@ -372,6 +388,11 @@ class DatagramReader:
         self.truncated += 1
         return max(0, self._buffer.rfind(b"\n", start, start + length) - start)
 
+    def _transient_error(self, error: int) -> None:
+        self.read_errors += 1
+        self.last_read_error = error
+        time.sleep(READ_ERROR_PAUSE_S)
+
     def _read_one_by_one(self, sock: socket.socket, limit: int) -> list[memoryview]:
         datagrams: list[memoryview] = []
         recv_into, view, size = sock.recv_into, self._view, self.slot_bytes
@@ -380,6 +401,11 @@ class DatagramReader:
             try:  # MSG_TRUNC: the datagram's whole length, even if longer than the slot
                 length = recv_into(view[start : start + size], 0, MSG_TRUNC)
             except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno not in TRANSIENT_READ_ERRORS:
+                    raise
+                self._transient_error(exc.errno)
                 break
             self.syscalls += 1
             if length > size:

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import errno
 import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -20,6 +24,7 @@ from datadog.dogstatsd.base import DogStatsd
 
 from streamgauge.clock import ManualClock, SystemClock
 from streamgauge.ingest import read_ahead as read_ahead_module
+from streamgauge.ingest import transports as transports_module
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import (
@@ -665,6 +670,94 @@ def test_compiled_read_ahead_stopped_while_waiting_for_a_chunk_hands_everything_
     assert b"".join(taken) + b"".join(d + b"\n" for d in rest) == b"".join(
         d + b"\n" for d in datagrams)
     assert taken
+    sock.close()
+
+
+_FAILING_RECVMMSG_C = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* recvmmsg(2) as libc's, but the next fail_next calls fail with fail_errno. */
+int fail_next = 0;
+int fail_errno = 0;
+int failed = 0;
+
+int failing_recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags,
+                     struct timespec *timeout) {
+    if (fail_next > 0) {
+        fail_next--;
+        failed++;
+        errno = fail_errno;
+        return -1;
+    }
+    return (int)syscall(SYS_recvmmsg, fd, vec, vlen, flags, timeout);
+}
+"""
+
+
+def _failing_recvmmsg(directory: Path) -> ctypes.CDLL:
+    """A real ``recvmmsg`` (the system call itself) whose next calls can be made to fail: the
+    kernel's ENOMEM cannot be caused on purpose, so it is injected at the call's boundary."""
+    source = directory / "failing_recvmmsg.c"
+    source.write_text(_FAILING_RECVMMSG_C)
+    library = directory / "failing_recvmmsg.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(library), str(source)],
+                   check=True, capture_output=True)  # fmt: skip
+    return ctypes.CDLL(str(library), use_errno=True)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("gcc") is None,
+    reason="recvmmsg and a C compiler: Linux",
+)
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_read_the_kernel_fails_for_a_moment_is_counted_and_retried(
+    tmp_path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ENOMEM and ENOBUFS from ``recvmmsg`` say the kernel could not allocate for this read,
+    not that the socket is gone: the datagrams stay queued. Each reader (the compiled loop,
+    the Python read-ahead) counts the failure, pauses and reads again; before, the first one
+    ended the reader for good and everything after went to the kernel's drop counter."""
+    shim = _failing_recvmmsg(tmp_path)
+    failing = shim.failing_recvmmsg
+    address = ctypes.cast(failing, ctypes.c_void_p).value
+    assert address is not None
+    if compiled:
+        real = read_ahead_module._libc_addresses
+
+        def with_failing_recvmmsg() -> Any:
+            addresses = real()
+            addresses[read_ahead_module._RECVMMSG] = address
+            return addresses
+
+        monkeypatch.setattr(read_ahead_module, "_libc_addresses", with_failing_recvmmsg)
+    else:
+        monkeypatch.setattr(read_ahead_module.transports, "recvmmsg_available", lambda: False)
+        failing.argtypes = transports_module._RECVMMSG.argtypes
+        failing.restype = ctypes.c_int
+        monkeypatch.setattr(transports_module, "_RECVMMSG", failing)
+    ctypes.c_int.in_dll(shim, "fail_errno").value = errno.ENOMEM
+    sock = bind_udp("127.0.0.1", 0)
+    receiver = Receiver(sock, SegmentWriter(tmp_path, "udp-0", fsync=False), PaneCombiner(1000),
+                        SystemClock(), stats_path=tmp_path / "s.json")
+    thread, stop = _run_in_thread(receiver)
+    client = statsd.StatsClient(*sock.getsockname())
+    client.incr("f.count")
+    _wait_for(lambda: receiver.stats.datagrams == 1)
+    ctypes.c_int.in_dll(shim, "fail_next").value = 3  # the next three reads fail...
+    for _ in range(199):  # ... while these wait in the socket's queue
+        client.incr("f.count")
+    _wait_for(lambda: receiver.stats.datagrams == 200)
+    stop.set()
+    thread.join(10)
+    assert ctypes.c_int.in_dll(shim, "failed").value == 3
+    assert _totals(_rows(tmp_path))[("f.count", "{}")]["count"] == 200
+    assert receiver.stats.read_errors == 3
+    assert json.loads((tmp_path / "s.json").read_text())["read_errors"] == 3
     sock.close()
 
 
