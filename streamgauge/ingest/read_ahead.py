@@ -101,7 +101,7 @@ class ReadAhead(Protocol):
 
     @property
     def last_read_error(self) -> int:
-        """The errno of the last of them (0: none)."""
+        """The errno of one of them, a reader's last (0: none); for the log."""
 
     def start(self) -> None: ...
 
