@@ -384,7 +384,6 @@ class Receiver:
             self._pending_self_metrics.read_ahead_full += full - self._read_ahead_full_seen
             self._read_ahead_full_seen = full
         self._count_truncated()
-        self._count_read_errors()
         taken = read_ahead.take()
         if not taken:
             return 0
@@ -444,7 +443,6 @@ class Receiver:
         buffer, received = reader.read_queued(sock, MAX_DATAGRAMS_PER_WAKEUP)
         self.stats.syscalls += reader.syscalls - syscalls
         self._count_truncated()
-        self._count_read_errors()
         if received:
             self.stats.datagrams += received
             self._pending_self_metrics.datagrams += received
@@ -602,7 +600,8 @@ class Receiver:
         """Reads the kernel failed for want of memory (ENOMEM, ENOBUFS) or with a pending
         ICMP error (ECONNREFUSED): the readers paused and read again, losing nothing by
         themselves (what the kernel then dropped is in ``kernel_drops``). Counted in
-        ``read_errors``, and logged at most once a minute."""
+        ``read_errors`` once per roll (no invariant needs them sooner, unlike the truncated
+        lines' rejects, so not on the per-wake-up path), and logged at most once a minute."""
         total = self._read_errors_by_stopped + self._reader.read_errors
         last_error = self._reader.last_read_error
         if self._read_ahead is not None:
@@ -694,6 +693,7 @@ class Receiver:
         """Write a segment if there is data, a heartbeat is due, or the receiver is closing."""
         self._poll_kernel(now_ms, force=closed)
         self._take_writer_counts()
+        self._count_read_errors()
         self._poll_lag(now_ms)
         self._sync_guard()
         self._guard.expire(now_ms)
@@ -806,7 +806,6 @@ class Receiver:
 
     def _add_self_metrics(self, now_ms: int) -> None:
         """Feed this roll's counts back in as ordinary metrics, so they land in the store."""
-        self._count_read_errors()  # also while failing reads leave nothing to take
         pending = self._pending_self_metrics
         counters: list[tuple[str, int, tuple[tuple[str, str], ...]]] = [
             ("datagrams", pending.datagrams, ()),
