@@ -32,9 +32,9 @@ stops the daemon and checks, all against measured counts:
 - ingest lost nothing it did not count: lines received = lines sent - kernel drops x lines per
   datagram, and samples in the log = metric lines received - rejects;
 - the store holds the log exactly once: per metric type, sum of ``count`` (and of ``sum`` for
-  counters) over ``window_results`` = the same totals over the segment log; nothing left in
-  ``window_pending``; counters' stored sum = what the sender sent (computed from its cycle)
-  when there were no kernel drops;
+  counters) over ``window_results`` = the same totals over the segment log; nothing left
+  pending (``window_latest``); counters' stored sum = what the sender sent (computed from its
+  cycle) when there were no kernel drops;
 - a sample of ``--check-series`` series: the stored windows equal the reference windower
   (streamgauge.windows.reference) over those series' partials in the log.
 
@@ -640,8 +640,8 @@ def main() -> int:
             time.sleep(2)
         drain_s = time.monotonic() - drain_started
         print(f"drained in {drain_s:.0f} s", flush=True)
-        pending = run.sql("select count(*) from window_pending where config_name = 'soak' "
-                          "and metric like 'bench.%'")[0][0]
+        pending = run.sql("select count(*) from window_latest where config_name = 'soak' "
+                          "and metric like 'bench.%' and status = 'pending'")[0][0]
         stored = {
             t: (int(n), float(s or 0))
             for t, n, s in run.sql(

@@ -17,7 +17,8 @@ read is never deleted for the quota: the receivers refuse new data instead
 
 **Results.** Windows that ended before the retention age are deleted from
 ``window_results``, ``window_pending`` and ``late_events``, and old ``sink_batches`` records
-with them (a batch that old can no longer be replayed by Spark: its segments are gone too).
+with them (a batch that old can no longer be replayed by Spark: its segments are gone too), as
+are the holdings (``window_held``) no window job has written since (windows no longer running).
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ def clean_store(postgres_url: str) -> str:
         store.ensure_schema()
     run_sql(
         postgres_url,
-        "TRUNCATE window_results, window_pending, window_histograms, window_panes, sink_batches, "
-        "pipeline_state, late_events, pipeline_metrics",
+        "TRUNCATE window_results, window_pending, window_histograms, window_panes, window_held, "
+        "sink_batches, pipeline_state, late_events, pipeline_metrics",
     )
     return postgres_url
 

@@ -840,9 +840,110 @@ ORDER BY config_name, window_name, metric, tags, window_start, window_end, revis
          status = 'pending';
 """
 
+_MIGRATION_9 = """
+-- The open windows of a tumbling window's counters, gauges and sets with no early_every
+-- are held by the window job until the watermark passes their end, instead of
+-- being upserted into window_pending every micro-batch (issue #4: that upsert was 1.31 s of
+-- each batch at 100k series). The job's holding is made durable by one row per query,
+-- written in the transaction of the batch it follows (streamgauge windows/held_windows.py):
+-- a snapshot the job restarts from, and the windows' values as arrays for SQL readers
+-- (window_held_rows, window_latest).
+CREATE TABLE window_held (
+    query_name      text        PRIMARY KEY,
+    config_name     text        NOT NULL,
+    window_name     text        NOT NULL,
+    batch_id        int8        NOT NULL,  -- the micro-batch this is the holding after
+    revision        int8        NOT NULL,  -- that batch's revision
+    windows         int8        NOT NULL,  -- open windows held
+    samples         int8        NOT NULL,  -- samples they count
+    snapshot        bytea       NOT NULL,  -- the windows, an Arrow IPC stream (zstd)
+    metrics         text[]      NOT NULL,  -- the windows' values, element i of each array
+    tags            text[]      NOT NULL,  --   for window i (canonical JSON text)
+    metric_types    text[]      NOT NULL,
+    window_starts   int8[]      NOT NULL,  -- epoch ms
+    window_ends     int8[]      NOT NULL,
+    counts          int8[]      NOT NULL,
+    sums            float8[]    NOT NULL,
+    mins            float8[]    NOT NULL,
+    maxs            float8[]    NOT NULL,
+    lasts           float8[]    NOT NULL,
+    distinct_counts float8[]    NOT NULL,
+    written_at      timestamptz NOT NULL
+);
+-- Compressed by the job already: no second compression by TOAST.
+ALTER TABLE window_held ALTER COLUMN snapshot SET STORAGE EXTERNAL;
+COMMENT ON TABLE window_held IS
+    'Internal: the open windows a window job holds until the watermark passes their end '
+    '(counters, gauges and sets of tumbling windows without early_every), one '
+    'row per query. Read them in window_held_rows or window_latest (status pending).';
+
+CREATE VIEW window_held_rows AS
+SELECT h.config_name, h.window_name, w.metric, w.tags::jsonb AS tags,
+       timestamptz 'epoch' + w.start_ms * interval '1 millisecond' AS window_start,
+       timestamptz 'epoch' + w.end_ms * interval '1 millisecond' AS window_end,
+       w.metric_type, w.count,
+       CASE WHEN w.metric_type = 'c' THEN w.sum END AS sum,
+       CASE WHEN w.metric_type = 'g' THEN w.min END AS min,
+       CASE WHEN w.metric_type = 'g' THEN w.max END AS max,
+       CASE WHEN w.metric_type = 'g' THEN w.last END AS last,
+       CASE WHEN w.metric_type = 's' THEN w.distinct_count END AS distinct_count,
+       h.revision, h.written_at AS emitted_at
+FROM window_held h
+CROSS JOIN LATERAL unnest(h.metrics, h.tags, h.metric_types, h.window_starts, h.window_ends,
+                          h.counts, h.sums, h.mins, h.maxs, h.lasts, h.distinct_counts)
+    AS w(metric, tags, metric_type, start_ms, end_ms, count, sum, min, max, last,
+         distinct_count);
+COMMENT ON COLUMN window_held.query_name IS 'The window query holding the windows.';
+COMMENT ON COLUMN window_held.config_name IS 'The config of the window held.';
+COMMENT ON COLUMN window_held.window_name IS 'The window (of the config) held.';
+COMMENT ON COLUMN window_held.batch_id IS 'The micro-batch this is the holding after.';
+COMMENT ON COLUMN window_held.revision IS 'The revision of that micro-batch.';
+COMMENT ON COLUMN window_held.windows IS 'How many open windows are held.';
+COMMENT ON COLUMN window_held.samples IS 'How many samples the held windows count.';
+COMMENT ON COLUMN window_held.snapshot IS
+    'The held windows as an Arrow IPC stream (zstd): what the window job restarts from.';
+COMMENT ON COLUMN window_held.metrics IS
+    'Element i of this and the following arrays is held window i (see window_held_rows).';
+COMMENT ON COLUMN window_held.tags IS 'Canonical JSON text of each held window''s tags.';
+COMMENT ON COLUMN window_held.metric_types IS 'Each held window''s metric type.';
+COMMENT ON COLUMN window_held.window_starts IS 'Each held window''s start, epoch ms.';
+COMMENT ON COLUMN window_held.window_ends IS 'Each held window''s end, epoch ms (exclusive).';
+COMMENT ON COLUMN window_held.counts IS 'Each held window''s sample count.';
+COMMENT ON COLUMN window_held.sums IS 'Each held window''s sum, as Spark merged it.';
+COMMENT ON COLUMN window_held.mins IS 'Each held window''s minimum, as Spark merged it.';
+COMMENT ON COLUMN window_held.maxs IS 'Each held window''s maximum, as Spark merged it.';
+COMMENT ON COLUMN window_held.lasts IS 'Each held window''s latest value, as Spark merged it.';
+COMMENT ON COLUMN window_held.distinct_counts IS
+    'Each held set window''s distinct-count estimate (NULL for other types).';
+COMMENT ON COLUMN window_held.written_at IS 'When the micro-batch wrote this holding.';
+COMMENT ON COLUMN window_held_rows.revision IS
+    'The revision of the micro-batch that last wrote the holding.';
+COMMENT ON COLUMN window_held_rows.emitted_at IS 'When that micro-batch wrote it.';
+COMMENT ON VIEW window_held_rows IS
+    'The open windows the window jobs hold (window_held), one row each, as window_pending '
+    'shows its own: their latest value, the revision of the batch that last wrote the '
+    'holding. Published to window_results when the watermark passes window_end.';
+"""
+
+_VIEW_8 = _MIGRATION_8[_MIGRATION_8.index("CREATE OR REPLACE VIEW window_latest"):]
+_PANES_BRANCH_END = "\n    ) w\n) w\nORDER BY"
+assert _VIEW_8.count(_PANES_BRANCH_END) == 1
+_WINDOW_LATEST_WITH_HELD = _VIEW_8.replace(_PANES_BRANCH_END, """
+    ) w
+    UNION ALL
+    SELECT h.config_name, h.window_name, h.metric, h.tags, h.window_start, h.window_end,
+           h.metric_type, h.count, h.sum, h.min, h.max, h.last, NULL, NULL, NULL, NULL,
+           h.distinct_count, h.revision, false, 0::bigint, 0::bigint, h.emitted_at,
+           'pending', NULL::timestamptz
+    FROM window_held_rows h
+) w
+ORDER BY""")
+"""Migration 8's ``window_latest`` with one more pending branch: the held windows (the
+columns, their order and the ordering are unchanged, as CREATE OR REPLACE VIEW requires)."""
+
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6,
-    _MIGRATION_7, _MIGRATION_8,
+    _MIGRATION_7, _MIGRATION_8, _MIGRATION_9 + _WINDOW_LATEST_WITH_HELD,
 )
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 

@@ -139,6 +139,9 @@ _PRUNE = {
         ("pipeline_metrics", "ts"),
         ("late_events", "window_end"),
         ("sink_batches", "committed_at"),
+        # A running query rewrites its holding every batch: one not written since is of a
+        # window no longer running (renamed, removed), and its windows ended before then.
+        ("window_held", "written_at"),
     )
 }
 # Panes of a window no longer running (renamed, removed) are never evicted by a batch.
@@ -880,6 +883,38 @@ class Finalization:
 
 
 @dataclass(frozen=True)
+class HeldSnapshot:
+    """The open windows a query holds after a batch (``windows.held_windows``), stored in the
+    batch's transaction (``window_held``): the holding never runs ahead of, or behind, the
+    results the same batch published."""
+
+    config_name: str
+    window_name: str
+    windows: int
+    samples: int
+    snapshot: bytes
+    arrays: Mapping[str, str]
+    """``window_held``'s value arrays by column, as PostgreSQL array literals."""
+
+
+_HELD_ARRAYS = {
+    "metrics": "text[]", "tags": "text[]", "metric_types": "text[]", "window_starts": "int8[]",
+    "window_ends": "int8[]", "counts": "int8[]", "sums": "float8[]", "mins": "float8[]",
+    "maxs": "float8[]", "lasts": "float8[]", "distinct_counts": "float8[]",
+}  # fmt: skip
+_HELD_COLUMNS = ("config_name", "window_name", "batch_id", "revision", "windows", "samples",
+                 "snapshot", *_HELD_ARRAYS)  # fmt: skip
+_WRITE_HELD = f"""
+INSERT INTO window_held (query_name, {", ".join(_HELD_COLUMNS)}, written_at)
+VALUES (%(query_name)s, {", ".join(
+    f"%({c})s::{_HELD_ARRAYS[c]}" if c in _HELD_ARRAYS else f"%({c})s" for c in _HELD_COLUMNS)},
+    {_ms_to_ts("%(now_ms)s")})
+ON CONFLICT (query_name) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, "written_at"))}
+"""
+
+
+@dataclass(frozen=True)
 class BatchOutcome:
     """What a ``commit_batch`` did; ``already_committed`` means the batch id was seen before."""
 
@@ -981,6 +1016,7 @@ class ResultStore:
         histograms: pa.Table | None = None,
         early_every: Mapping[tuple[str, str], int] = _NO_STATE,
         panes: PaneBatch | None = None,
+        held: HeldSnapshot | None = None,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
 
@@ -1004,6 +1040,9 @@ class ResultStore:
         giving the batch's watermark): the panes are kept in ``window_panes`` and the windows
         this batch publishes are merged from them (``_ASSEMBLE_WINDOWS``), instead of open
         windows waiting in ``window_pending``.
+
+        ``held``: the open windows the query holds after this batch (its ``results`` are then
+        only the windows the watermark passed); replaces the query's ``window_held`` row.
         """
         table = _with_hll_registers(_conform(results))
         retracted_rows = None if retractions is None else _conform(retractions, RETRACTION_SCHEMA)
@@ -1078,6 +1117,15 @@ class ResultStore:
                         },
                     )
                     finalized += max(cur.rowcount, 0)
+                if held is not None:
+                    cur.execute(
+                        _WRITE_HELD,
+                        {"query_name": query_name, "config_name": held.config_name,
+                         "window_name": held.window_name, "batch_id": batch_id,
+                         "revision": revision, "windows": held.windows,
+                         "samples": held.samples, "snapshot": held.snapshot,
+                         "now_ms": now_ms, **held.arrays},
+                    )  # fmt: skip
                 if state:
                     cur.executemany(
                         _UPSERT_STATE,
@@ -1285,6 +1333,18 @@ class ResultStore:
             return  # the generation's other query forgot them already
         conn.execute(_RECOUNT_WITHOUT_FORGOTTEN_LATE, params)
         conn.execute(_FORGET_LATE, params)
+
+    def read_held(self, query_name: str) -> bytes | None:
+        """The snapshot of the open windows ``query_name`` held after its last committed batch
+        (``window_held``), or None if it holds none."""
+
+        def work(conn: psycopg.Connection[Any]) -> bytes | None:
+            row = conn.execute(
+                "SELECT snapshot FROM window_held WHERE query_name = %s", (query_name,)
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return self._with_retry(f"read the windows {query_name!r} holds", work)
 
     def read_state(self, config_name: str, key: str) -> int | None:
         """A value of ``pipeline_state`` (e.g. a window's watermark), or None if never set."""

@@ -9,7 +9,8 @@ For each window spec::
 Emission and revisions (this slice; corrections and replay deepen it):
 
 - Spark's update mode emits a window whenever a micro-batch changes it. Until the watermark
-  passes the window's end the store holds that row in ``window_pending``; the batch whose
+  passes the window's end the store holds that row in ``window_pending`` (a tumbling window's
+  native lane without ``early_every`` holds it itself, ``HoldingBatchWriter``); the batch whose
   watermark passes the end moves it to ``window_results`` (provisional), later changes are
   corrections (``corrections`` counts them). ``revision`` is the micro-batch id + 1 plus the
   checkpoint's base (``revision_base``: 0 on a fresh data dir, above every stored revision
@@ -88,6 +89,7 @@ from streamgauge.ingest.spool_fs import SpoolLike
 from streamgauge.sinks.store import (
     RESULT_SCHEMA,
     Finalization,
+    HeldSnapshot,
     LateRowsReread,
     PaneBatch,
     ResultStore,
@@ -102,6 +104,7 @@ from streamgauge.windows.checkpoints import all_checkpoints as all_checkpoints
 from streamgauge.windows.checkpoints import checkpoint_dir as checkpoint_dir
 from streamgauge.windows.checkpoints import sketch_checkpoint as sketch_checkpoint
 from streamgauge.windows.checkpoints import sketch_params as sketch_params
+from streamgauge.windows.held_windows import HeldWindows
 from streamgauge.windows.session_windows import (
     OUTPUT_DDL,
     STATE_DDL,
@@ -763,6 +766,9 @@ class WindowBatchWriter:
         self._state_key = f"watermark_ms:{window.name}"
         self._watermark_floor: int | None = None
         self._revision_base: int | None = None
+        #: The open windows held after the last committed batch (``HoldingBatchWriter``;
+        #: None until loaded, and always for the writers that hold none).
+        self._held: HeldWindows | None = None
         store.error_labels = {"config": config.name, "query": self._name}
 
     def revision(self, batch_id: int) -> int:
@@ -822,7 +828,10 @@ class WindowBatchWriter:
             )  # fmt: skip
 
         pane_batch = None if panes is None else self._pane_batch(panes, progress_ms, result_rows)
-        rows = result_rows(changed) if pane_batch is None else RESULT_SCHEMA.empty_table()
+        publish, holding = self._held_after(
+            changed, NO_WATERMARK_MS if watermark_ms is None else watermark_ms
+        )
+        rows = result_rows(publish) if pane_batch is None else RESULT_SCHEMA.empty_table()
         finalizations = []
         state: dict[tuple[str, str], int] = {}
         if watermark_ms is not None:
@@ -849,15 +858,40 @@ class WindowBatchWriter:
             hold_after=hold, retractions=retractions, late=late,
             late_query_name=late_query_name(self._config, self._window),
             lane_types=self.lane_types, histograms=histograms, early_every=early,
-            panes=pane_batch,
+            panes=pane_batch, held=None if holding is None else HeldSnapshot(
+                self._config.name, self._window.name, holding.num_windows, holding.samples,
+                holding.to_snapshot(), holding.sql_arrays()),
         )  # fmt: skip
+        if holding is not None:
+            self._held = holding  # only now: a batch the store refused is run again
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
+
+    def _held_after(
+        self, changed: pa.Table, watermark_ms: int
+    ) -> tuple[pa.Table, HeldWindows | None]:
+        """The windows of ``changed`` to hand the store, and the open windows held after the
+        batch (None: this writer holds none; the store keeps them in ``window_pending``)."""
+        return changed, None
 
     def _pane_batch(
         self, panes: pa.Table, progress_ms: int | None,
         result_rows: Callable[[pa.Table], pa.Table],
     ) -> PaneBatch:
         raise NotImplementedError(f"{type(self).__name__} keeps no panes")
+
+
+class HoldingBatchWriter(WindowBatchWriter):
+    """``foreachBatch`` of a native lane with no ``early_every``: open windows are held here,
+    not in ``window_pending`` (``held_windows``), and the store gets each window once the
+    watermark passes its end (then every straggler's change, as before)."""
+
+    def _held_after(
+        self, changed: pa.Table, watermark_ms: int
+    ) -> tuple[pa.Table, HeldWindows | None]:
+        if self._held is None:  # after revision(): a fresh checkpoint has been started
+            self._held = HeldWindows.from_snapshot(self._store.read_held(self._name))
+        released, holding = self._held.merged(changed).release(watermark_ms)
+        return (changed.slice(0, 0) if released is None else released), holding
 
 
 class PaneBatchWriter(WindowBatchWriter):
@@ -1114,7 +1148,10 @@ def start_window_queries(
                 writer = PaneBatchWriter(config, window, store_factory(), checkpoint, clock)
                 changes = hopping_pane_aggregates(log, window)
             else:
-                writer = WindowBatchWriter(config, window, store_factory(), checkpoint, clock)
+                writer = (
+                    WindowBatchWriter if window.early_every_ms is not None
+                    else HoldingBatchWriter  # _EARLY publishes from window_pending
+                )(config, window, store_factory(), checkpoint, clock)  # fmt: skip
                 changes = windowed_partials(log, window)
             params = sketch_params(config)
             lane_checkpoint = sketch_checkpoint(checkpoint, params, window)

@@ -58,7 +58,8 @@ def _assert_store_equals_log(daemon: Daemon) -> None:
 
 COUNTER_SAMPLES = (  # emitted windows, and the last ones the watermark has not passed yet
     "select coalesce(sum(count), 0) as n from (select count from window_results where metric "
-    "like 'e2e.c.%' union all select count from window_pending where metric like 'e2e.c.%') w"
+    "like 'e2e.c.%' union all select count from window_pending where metric like 'e2e.c.%' "
+    "union all select count from window_held_rows where metric like 'e2e.c.%') w"
 )
 
 

@@ -7,8 +7,9 @@ keeps sending throughout, the log keeps growing, and the restarted job resumes f
 checkpoints. Afterwards:
 
 - accounting: counter lines sent = counter samples stored (emitted windows, and the last ones
-  still waiting for the watermark in ``window_pending``) + kernel drops + rejects (both
-  counted by the receivers and written through the pipeline as self-metrics);
+  still waiting for the watermark: ``window_pending``, or held by the job,
+  ``window_held_rows``) + kernel drops + rejects (both counted by the receivers and written
+  through the pipeline as self-metrics);
 - exactly once: the store equals the reference windower over the durable log (a micro-batch
   committed before the kill and replayed after it is not counted twice).
 """
@@ -58,7 +59,8 @@ def processes() -> Iterator[SplitPipeline]:
 
 COUNTER_SAMPLES = (  # emitted windows, and the last ones the watermark has not passed yet
     "select coalesce(sum(count), 0) as n from (select count from window_results where metric "
-    "like 'e2e.c.%' union all select count from window_pending where metric like 'e2e.c.%') w"
+    "like 'e2e.c.%' union all select count from window_pending where metric like 'e2e.c.%' "
+    "union all select count from window_held_rows where metric like 'e2e.c.%') w"
 )
 DROPPED = (  # the receivers' own counts, through the pipeline (integer sums: exact)
     "select coalesce(sum(sum), 0)::bigint as n from window_results where metric in "

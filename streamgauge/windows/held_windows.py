@@ -1,0 +1,137 @@
+"""Open windows held by the window job until the watermark passes their end.
+
+Spark's update mode hands ``foreachBatch`` every window a micro-batch changed. At 1 s panes
+that is every open window of every active series, every batch. Writing each of them to
+``window_pending`` (a keyed upsert under the window's identity) was the largest part of a
+batch at 100k series: 1.31 s of store time per batch, paid again by the next, longer batch
+(issue #4, README "What p50 ≤ 1 s at 100k series would take here").
+
+A lane whose open windows are only read when they close (no ``early_every``) keeps them here
+instead: the batch merges its changed windows in (a window's row from Spark is its whole value
+as of the batch, so the newer row replaces the older), hands the store only the windows the
+watermark has passed (``release``), and the rest stays held.
+
+Durability is a snapshot: the held windows as one Arrow IPC stream (``to_snapshot``), written
+by the store in the batch's own transaction (``window_held``, one row per query). A restarted
+job loads it (``from_snapshot``) and Spark resumes after the last batch it committed; a batch
+Spark replays (committed to the store, not to Spark's commit log) merges the same changes into
+the snapshot that already has them, which changes nothing. So a crash neither loses an open
+window's latest value nor counts it twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_KEY_COLUMNS = ("metric", "tags", "window_start_ms", "window_end_ms")
+"""A window's identity within a query: Spark's grouping keys (``job.aggregate_windows``)."""
+_SEPARATOR = "\x1f"  # unit separator: in neither metric names nor canonical JSON tags
+
+
+def _window_keys(table: pa.Table) -> pa.Array | pa.ChunkedArray:
+    """One string per row naming its window, for hashing (``is_in``)."""
+    parts = [
+        table.column(name) if table.schema.field(name).type == pa.string()
+        else pc.cast(table.column(name), pa.string())
+        for name in _KEY_COLUMNS
+    ]  # fmt: skip
+    return pc.binary_join_element_wise(*parts, _SEPARATOR)
+
+
+READABLE_COLUMNS = {
+    "metric": "metrics", "tags": "tags", "metric_type": "metric_types",
+    "window_start_ms": "window_starts", "window_end_ms": "window_ends", "count": "counts",
+    "sum": "sums", "min": "mins", "max": "maxs", "last": "lasts",
+    "distinct_count": "distinct_counts",
+}  # fmt: skip
+"""Held columns SQL readers see (``window_held_rows``), by their array in ``window_held``."""
+
+
+def _array_literal(column: pa.Array | pa.ChunkedArray) -> str:
+    """``column`` as a PostgreSQL array literal (``{a,"b c",NULL}``), built by Arrow's
+    compute kernels: one string per column instead of a Python object per value."""
+    text = pc.cast(column, pa.string())
+    if column.type == pa.string():  # quoted, with the two characters that need it escaped
+        text = pc.replace_substring(text, "\\", "\\\\")
+        text = pc.replace_substring(text, '"', '\\"')
+        text = pc.binary_join_element_wise('"', text, '"', "")
+    text = pc.fill_null(text, "NULL")
+    if isinstance(text, pa.ChunkedArray):
+        text = text.combine_chunks()
+    one_list = pa.ListArray.from_arrays(pa.array([0, len(text)], pa.int32()), text)
+    return "{" + str(pc.binary_join(one_list, ",")[0].as_py()) + "}"
+
+
+@dataclass(frozen=True)
+class HeldWindows:
+    """The open windows of one query, as Spark last emitted them (immutable: a batch builds
+    the next holding and keeps it only once the store committed the batch)."""
+
+    table: pa.Table | None = None
+
+    @property
+    def num_windows(self) -> int:
+        return 0 if self.table is None else self.table.num_rows
+
+    @property
+    def samples(self) -> int:
+        """The samples the held windows count (what accounting adds to the stored rows)."""
+        if self.table is None or self.table.num_rows == 0:
+            return 0
+        return int(pc.sum(self.table.column("count")).as_py() or 0)
+
+    def merged(self, changed: pa.Table) -> HeldWindows:
+        """The holding after a batch that changed ``changed`` (one row per window)."""
+        if changed.num_rows == 0:
+            return self
+        if self.table is None or self.table.num_rows == 0:
+            return HeldWindows(changed.combine_chunks())
+        unchanged = self.table.filter(
+            pc.invert(pc.is_in(_window_keys(self.table), value_set=_window_keys(changed)))
+        )
+        return HeldWindows(
+            pa.concat_tables([unchanged, changed.select(unchanged.column_names)])
+            .combine_chunks()
+        )
+
+    def release(self, watermark_ms: int) -> tuple[pa.Table | None, HeldWindows]:
+        """The windows whose end the watermark passed (to publish), and the holding without
+        them. None: nothing is held."""
+        if self.table is None:
+            return None, self
+        passed = pc.less_equal(self.table.column("window_end_ms"), watermark_ms)
+        return self.table.filter(passed), HeldWindows(self.table.filter(pc.invert(passed)))
+
+    def sql_arrays(self) -> dict[str, str]:
+        """The held windows' values as ``window_held``'s arrays (``READABLE_COLUMNS``)."""
+        if self.table is None:
+            return {array: "{}" for array in READABLE_COLUMNS.values()}
+        names = set(self.table.column_names)
+        n = self.table.num_rows
+        return {
+            array: _array_literal(
+                self.table.column(column) if column in names else pa.nulls(n, pa.float64())
+            )
+            for column, array in READABLE_COLUMNS.items()
+        }
+
+    def to_snapshot(self) -> bytes:
+        """The holding as an Arrow IPC stream (zstd-compressed: sets' HLL images and the
+        repeated metric names and tags shrink several-fold)."""
+        table = self.table if self.table is not None else pa.table({})
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+        return bytes(sink.getvalue())
+
+    @classmethod
+    def from_snapshot(cls, snapshot: bytes | None) -> HeldWindows:
+        """The holding a snapshot stored (none: nothing held)."""
+        if snapshot is None:
+            return cls()
+        table = pa.ipc.open_stream(pa.py_buffer(snapshot)).read_all()
+        return cls(table if table.num_columns else None)

@@ -1,0 +1,118 @@
+"""Open windows held by the window job (``held_windows``): the merge and release a batch
+makes, and the holding's row in the real PostgreSQL, read back by the job (the snapshot) and
+by SQL readers (``window_held_rows``, ``window_latest``)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from streamgauge.clock import ManualClock
+from streamgauge.sinks.store import RESULT_SCHEMA, HeldSnapshot, ResultStore, run_sql
+from streamgauge.windows.held_windows import HeldWindows
+
+T0 = 1_700_000_000_000
+
+
+def _windows(*rows: tuple[str, str, int, int, float | None]) -> pa.Table:
+    """Native-lane rows (metric, tags, start s, count, sum) of 10 s windows, as Spark emits."""
+    return pa.table(
+        {
+            "metric": pa.array([r[0] for r in rows], pa.string()),
+            "tags": pa.array([r[1] for r in rows], pa.string()),
+            "metric_type": pa.array(["c"] * len(rows), pa.string()),
+            "window_start_ms": pa.array([T0 + r[2] * 1000 for r in rows], pa.int64()),
+            "window_end_ms": pa.array([T0 + r[2] * 1000 + 10_000 for r in rows], pa.int64()),
+            "count": pa.array([r[3] for r in rows], pa.int64()),
+            "sum": pa.array([r[4] for r in rows], pa.float64()),
+            "min": pa.nulls(len(rows), pa.float64()),
+            "max": pa.nulls(len(rows), pa.float64()),
+            "last": pa.nulls(len(rows), pa.float64()),
+            "distinct_count": pa.nulls(len(rows), pa.float64()),
+            "sketch": pa.nulls(len(rows), pa.binary()),
+        }
+    )
+
+
+def _by_window(table: pa.Table | None) -> dict[tuple[str, str, int], tuple[int, float | None]]:
+    if table is None:
+        return {}
+    return {
+        (row["metric"], row["tags"], (row["window_start_ms"] - T0) // 1000): (
+            row["count"], row["sum"])
+        for row in table.to_pylist()
+    }  # fmt: skip
+
+
+def test_a_batch_replaces_the_windows_it_changed_and_releases_those_the_watermark_passed() -> None:
+    """Spark's row for a window is its whole value as of the batch: the newer one replaces
+    the held one, windows of another series or start are kept, and release takes exactly the
+    windows whose end is at or before the watermark (half-open: [0, 10) ends at 10)."""
+    held = HeldWindows().merged(_windows(("a", "{}", 0, 1, 1.0), ("b", "{}", 0, 2, 2.0)))
+    held = held.merged(_windows(("a", "{}", 0, 3, 6.0), ("a", "{}", 10, 1, 1.0)))
+    assert _by_window(held.table) == {
+        ("a", "{}", 0): (3, 6.0), ("b", "{}", 0): (2, 2.0), ("a", "{}", 10): (1, 1.0),
+    }  # fmt: skip
+    assert held.samples == 6 and held.num_windows == 3
+
+    released, rest = held.release(T0 + 9_999)
+    assert _by_window(released) == {} and rest == held
+    released, rest = held.release(T0 + 10_000)
+    assert _by_window(released) == {("a", "{}", 0): (3, 6.0), ("b", "{}", 0): (2, 2.0)}
+    assert _by_window(rest.table) == {("a", "{}", 10): (1, 1.0)}
+    assert held.merged(_windows()) is held  # a batch that changed nothing
+
+
+def test_the_snapshot_restores_the_holding_exactly() -> None:
+    held = HeldWindows().merged(_windows(("a", '{"k": "v"}', 0, 1, None), ("b", "{}", 10, 2, 2.5)))
+    restored = HeldWindows.from_snapshot(held.to_snapshot())
+    assert restored.table is not None and restored.table.equals(held.table)
+    assert HeldWindows.from_snapshot(None).table is None
+    assert HeldWindows.from_snapshot(HeldWindows().to_snapshot()).num_windows == 0
+
+
+def test_the_holding_is_stored_with_its_batch_and_readable_in_sql(clean_store: str) -> None:
+    """Awkward tags (quotes, backslashes, commas, braces, non-ASCII) and NULL values survive
+    the array literals; a later batch's holding replaces the earlier one; a replayed batch
+    (already committed) writes nothing."""
+    tags = '{"path": "C:\\\\x, {y} \\"z\\"", "city": "Zürich"}'
+    held = HeldWindows().merged(_windows(("a", tags, 0, 4, None), ("NULL", "{}", 10, 2, 2.5)))
+    store = ResultStore(clean_store, clock=ManualClock(T0))
+    try:
+        def commit(batch_id: int, holding: HeldWindows) -> bool:
+            snapshot = HeldSnapshot("cfg", "w", holding.num_windows, holding.samples,
+                                    holding.to_snapshot(), holding.sql_arrays())  # fmt: skip
+            outcome = store.commit_batch("cfg.w", batch_id, RESULT_SCHEMA.empty_table(), [],
+                                         revision=batch_id + 1, held=snapshot)  # fmt: skip
+            return not outcome.already_committed
+
+        assert commit(0, held)
+        restored = HeldWindows.from_snapshot(store.read_held("cfg.w"))
+        assert restored.table is not None and restored.table.equals(held.table)
+        _, rows = run_sql(
+            clean_store,
+            "select metric, tags, (extract(epoch from window_start) * 1000)::bigint - %s, count,"
+            " sum, min, revision from window_held_rows order by metric",
+            [T0],
+        )
+        assert rows == [("NULL", {}, 10_000, 2, 2.5, None, 1),
+                        ("a", {"path": 'C:\\x, {y} "z"', "city": "Zürich"}, 0, 4, None, None, 1)]
+        _, latest = run_sql(
+            clean_store, "select metric, status, count from window_latest"
+            " where config_name = 'cfg' order by metric",
+        )  # fmt: skip
+        assert latest == [("NULL", "pending", 2), ("a", "pending", 4)]
+        assert run_sql(clean_store, "select windows, samples from window_held")[1] == [(2, 6)]
+
+        _, rest = held.release(T0 + 10_000)
+        assert not commit(0, rest)  # replayed: the stored holding stays the batch's own
+        assert run_sql(clean_store, "select count(*) from window_held_rows")[1] == [(2,)]
+        assert commit(1, rest)
+        _, rows = run_sql(clean_store, "select metric, revision from window_held_rows")
+        assert rows == [("NULL", 2)]
+        assert commit(2, HeldWindows())
+        assert run_sql(clean_store, "select count(*) from window_held_rows")[1] == [(0,)]
+        # Retention: only a holding no batch has written since the cutoff goes.
+        assert store.prune(T0)["window_held"] == 0
+        assert store.prune(T0 + 1)["window_held"] == 1
+    finally:
+        store.close()
