@@ -870,7 +870,8 @@ class WindowBatchWriter:
         self, changed: pa.Table, watermark_ms: int
     ) -> tuple[pa.Table, HeldWindows | None]:
         """The windows of ``changed`` to hand the store, and the open windows held after the
-        batch (None: this writer holds none; the store keeps them in ``window_pending``)."""
+        batch if they are to be written (None: this writer holds none, the store keeps them
+        in ``window_pending``; or the batch left its holding as it was)."""
         return changed, None
 
     def _pane_batch(
@@ -888,10 +889,14 @@ class HoldingBatchWriter(WindowBatchWriter):
     def _held_after(
         self, changed: pa.Table, watermark_ms: int
     ) -> tuple[pa.Table, HeldWindows | None]:
-        if self._held is None:  # after revision(): a fresh checkpoint has been started
+        if self._held is None:  # once: what the last committed batch stored
             self._held = HeldWindows.from_snapshot(self._store.read_held(self._name))
         released, holding = self._held.merged(changed).release(watermark_ms)
-        return (changed.slice(0, 0) if released is None else released), holding
+        if released is None or (changed.num_rows == 0 and released.num_rows == 0):
+            # Idle input, the watermark short of every held end: the stored holding stands
+            # (not rewritten every batch while nothing arrives).
+            return changed.slice(0, 0), None
+        return released, holding
 
 
 class PaneBatchWriter(WindowBatchWriter):

@@ -4,13 +4,23 @@ by SQL readers (``window_held_rows``, ``window_latest``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
 from streamgauge.clock import ManualClock
+from streamgauge.configs import parse_config
 from streamgauge.sinks.store import RESULT_SCHEMA, HeldSnapshot, ResultStore, run_sql
 from streamgauge.windows.held_windows import HeldWindows
+from streamgauge.windows.job import HoldingBatchWriter
 
 T0 = 1_700_000_000_000
+CONFIG = """
+name: held
+pane: 1s
+windows:
+  - {name: w, kind: tumbling, size: 10s, watermark_delay: 1s, allowed_lateness: 1s}
+"""
 
 
 def _windows(*rows: tuple[str, str, int, int, float | None]) -> pa.Table:
@@ -114,5 +124,37 @@ def test_the_holding_is_stored_with_its_batch_and_readable_in_sql(clean_store: s
         # Retention: only a holding no batch has written since the cutoff goes.
         assert store.prune(T0)["window_held"] == 0
         assert store.prune(T0 + 1)["window_held"] == 1
+    finally:
+        store.close()
+
+
+def test_the_writer_rewrites_its_holding_only_when_a_batch_changes_it(
+    clean_store: str, tmp_path: Path
+) -> None:
+    """A batch of idle input (no changed window, the watermark short of every held end)
+    leaves the stored holding as it is; a change or a release rewrites it. A new writer (a
+    restarted job) starts from the stored holding."""
+    config = parse_config(CONFIG, "test")
+    store = ResultStore(clean_store)
+    try:
+        def writer() -> HoldingBatchWriter:
+            return HoldingBatchWriter(config, config.windows[0], store, tmp_path / "cp",
+                                      ManualClock(T0))  # fmt: skip
+
+        first = writer()
+        publish, holding = first._held_after(_windows(("a", "{}", 0, 2, 2.0)), T0 + 5_000)
+        assert publish.num_rows == 0 and holding is not None and holding.num_windows == 1
+        first._held = holding  # as _commit does once the store took the batch
+        publish, holding = first._held_after(_windows(), T0 + 9_999)
+        assert publish.num_rows == 0 and holding is None  # idle: nothing to write
+        store.commit_batch(
+            "held.w", 0, RESULT_SCHEMA.empty_table(), [], revision=1,
+            held=HeldSnapshot("held", "w", 1, 2, first._held.to_snapshot(),
+                              first._held.sql_arrays()),
+        )  # fmt: skip
+        restarted = writer()
+        publish, holding = restarted._held_after(_windows(), T0 + 10_000)
+        assert _by_window(publish) == {("a", "{}", 0): (2, 2.0)}
+        assert holding is not None and holding.num_windows == 0  # released: rewritten
     finally:
         store.close()
