@@ -139,8 +139,9 @@ _PRUNE = {
         ("pipeline_metrics", "ts"),
         ("late_events", "window_end"),
         ("sink_batches", "committed_at"),
-        # A running query rewrites its holding every batch: one not written since is of a
-        # window no longer running (renamed, removed), and its windows ended before then.
+        # Rewritten by every batch that changes it (heartbeats release its windows even while
+        # no data arrives): a holding not written since is of a window no longer running
+        # (renamed, removed) or of windows that ended before then.
         ("window_held", "written_at"),
     )
 }
@@ -1312,6 +1313,8 @@ class ResultStore:
                     " (SELECT max(revision) FROM window_results"
                     "  WHERE config_name = %(c)s AND window_name = %(w)s),"
                     " (SELECT max(revision) FROM window_pending"
+                    "  WHERE config_name = %(c)s AND window_name = %(w)s),"
+                    " (SELECT max(revision) FROM window_held"  # shown in window_held_rows
                     "  WHERE config_name = %(c)s AND window_name = %(w)s))",
                     {"c": config_name, "w": window_name},
                 ).fetchone()

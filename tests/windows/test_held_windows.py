@@ -119,6 +119,8 @@ def test_the_holding_is_stored_with_its_batch_and_readable_in_sql(clean_store: s
         assert commit(1, rest)
         _, rows = run_sql(clean_store, "select metric, revision from window_held_rows")
         assert rows == [("NULL", 2)]
+        # A new checkpoint's revisions start above the holding's too (window_held_rows).
+        assert store.start_checkpoint("cfg", "w", ["cfg.w"]) == 2
         assert commit(2, HeldWindows())
         assert run_sql(clean_store, "select count(*) from window_held_rows")[1] == [(0,)]
         # Retention: only a holding no batch has written since the cutoff goes.
