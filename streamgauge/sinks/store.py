@@ -898,20 +898,24 @@ class HeldSnapshot:
     """``window_held``'s value arrays by column, as PostgreSQL array literals."""
 
 
-_HELD_ARRAYS = {
-    "metrics": "text[]", "tags": "text[]", "metric_types": "text[]", "window_starts": "int8[]",
-    "window_ends": "int8[]", "counts": "int8[]", "sums": "float8[]", "mins": "float8[]",
-    "maxs": "float8[]", "lasts": "float8[]", "distinct_counts": "float8[]",
+HELD_ARRAYS = {
+    "metrics": ("metric", "text[]"), "tags": ("tags", "text[]"),
+    "metric_types": ("metric_type", "text[]"), "window_starts": ("window_start_ms", "int8[]"),
+    "window_ends": ("window_end_ms", "int8[]"), "counts": ("count", "int8[]"),
+    "sums": ("sum", "float8[]"), "mins": ("min", "float8[]"), "maxs": ("max", "float8[]"),
+    "lasts": ("last", "float8[]"), "distinct_counts": ("distinct_count", "float8[]"),
 }  # fmt: skip
+"""``window_held``'s value arrays: each array's name, the held windows' column it holds
+(``HeldWindows.sql_arrays``) and its type (what ``window_held_rows`` unnests)."""
 _HELD_COLUMNS = ("config_name", "window_name", "batch_id", "revision", "windows", "samples",
-                 "snapshot", *_HELD_ARRAYS)  # fmt: skip
+                 "snapshot")  # fmt: skip
 _WRITE_HELD = f"""
-INSERT INTO window_held (query_name, {", ".join(_HELD_COLUMNS)}, written_at)
-VALUES (%(query_name)s, {", ".join(
-    f"%({c})s::{_HELD_ARRAYS[c]}" if c in _HELD_ARRAYS else f"%({c})s" for c in _HELD_COLUMNS)},
+INSERT INTO window_held (query_name, {", ".join((*_HELD_COLUMNS, *HELD_ARRAYS))}, written_at)
+VALUES (%(query_name)s, {", ".join(f"%({c})s" for c in _HELD_COLUMNS)},
+    {", ".join(f"%({a})s::{pg_type}" for a, (_, pg_type) in HELD_ARRAYS.items())},
     {_ms_to_ts("%(now_ms)s")})
 ON CONFLICT (query_name) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, "written_at"))}
+    {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, *HELD_ARRAYS, "written_at"))}
 """
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from streamgauge.sinks.store import HELD_ARRAYS
+
 _KEY_COLUMNS = ("metric", "tags", "window_start_ms", "window_end_ms")
 """A window's identity within a query: Spark's grouping keys (``job.aggregate_windows``)."""
 _SEPARATOR = "\x1f"  # unit separator: in neither metric names nor canonical JSON tags
@@ -39,15 +41,6 @@ def _window_keys(table: pa.Table) -> pa.Array | pa.ChunkedArray:
         for name in _KEY_COLUMNS
     ]  # fmt: skip
     return pc.binary_join_element_wise(*parts, _SEPARATOR)
-
-
-READABLE_COLUMNS = {
-    "metric": "metrics", "tags": "tags", "metric_type": "metric_types",
-    "window_start_ms": "window_starts", "window_end_ms": "window_ends", "count": "counts",
-    "sum": "sums", "min": "mins", "max": "maxs", "last": "lasts",
-    "distinct_count": "distinct_counts",
-}  # fmt: skip
-"""Held columns SQL readers see (``window_held_rows``), by their array in ``window_held``."""
 
 
 def _array_literal(column: pa.Array | pa.ChunkedArray) -> str:
@@ -106,16 +99,16 @@ class HeldWindows:
         return self.table.filter(passed), HeldWindows(self.table.filter(pc.invert(passed)))
 
     def sql_arrays(self) -> dict[str, str]:
-        """The held windows' values as ``window_held``'s arrays (``READABLE_COLUMNS``)."""
+        """The held windows' values as ``window_held``'s arrays (``HELD_ARRAYS``)."""
         if self.table is None:
-            return {array: "{}" for array in READABLE_COLUMNS.values()}
+            return {array: "{}" for array in HELD_ARRAYS}
         names = set(self.table.column_names)
         n = self.table.num_rows
         return {
             array: _array_literal(
                 self.table.column(column) if column in names else pa.nulls(n, pa.float64())
             )
-            for column, array in READABLE_COLUMNS.items()
+            for array, (column, _) in HELD_ARRAYS.items()
         }
 
     def to_snapshot(self) -> bytes:
