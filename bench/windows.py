@@ -308,6 +308,15 @@ def compare_kll(tdigest: list[dict], kll: list[dict], kll_k: int) -> None:  # ty
           "reads them all and keeps the timer rows)")
 
 
+def measured_query(args: argparse.Namespace) -> str:
+    """The query of window ``w`` that the bench's metric type goes through."""
+    if args.kind in ("tumbling", "hopping") and args.type == "ms":
+        return "bench.w.sketches"
+    if args.kind == "tumbling" and args.type == "s":
+        return "bench.w.sets"  # a tumbling window's sets have a lane of their own
+    return "bench.w"
+
+
 def catch_up(spark, config, paths, url, args) -> None:  # type: ignore[no-untyped-def]
     """Write ``args.seconds`` segments, then drain them with ``availableNow``."""
     writer = Writer(paths.spool, args.series, args.seconds, args.type, config.kll_k)
@@ -324,8 +333,7 @@ def catch_up(spark, config, paths, url, args) -> None:  # type: ignore[no-untype
     for query in queries:
         query.awaitTermination()
     wall = time.monotonic() - started
-    sketched = args.type in ("ms", "h", "d") and args.kind in ("tumbling", "hopping")
-    lane = "bench.w.sketches" if sketched else "bench.w"
+    lane = measured_query(args)
     for query in queries:
         progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
         rows = sum(p["numInputRows"] for p in progress)
@@ -424,8 +432,7 @@ def main() -> None:
         writer.start()
         lags, _ = freshness(url, writer, config.windows[0].watermark_delay_ms, args.seconds)
         writer.join()
-        sketched = args.type == "ms" and args.kind in ("tumbling", "hopping")
-        lane = "bench.w.sketches" if sketched else "bench.w"
+        lane = measured_query(args)
         [measured] = [q for q in queries if q.name == lane]
 
         def measured_batches(query: StreamingQuery) -> list[dict]:  # type: ignore[type-arg]

@@ -98,6 +98,19 @@ class HeldWindows:
         passed = pc.less_equal(self.table.column("window_end_ms"), watermark_ms)
         return self.table.filter(passed), HeldWindows(self.table.filter(pc.invert(passed)))
 
+    def of_types(self, metric_types: tuple[str, ...] | None) -> HeldWindows:
+        """The holding without windows of other metric types (None: all kept).
+
+        A holding stored before its query's lane narrowed (a tumbling window's sets moved to
+        a lane of their own, ``checkpoints.splits_sets``) still has the windows the other
+        lane now rebuilds from the log under its new checkpoint; released by both, the two
+        rows would race on revision.
+        """
+        if self.table is None or metric_types is None:
+            return self
+        keep = pc.is_in(self.table.column("metric_type"), pa.array(metric_types, pa.string()))
+        return HeldWindows(self.table.filter(keep))
+
     def sql_arrays(self) -> dict[str, str]:
         """The held windows' values as ``window_held``'s arrays (``HELD_ARRAYS``)."""
         if self.table is None:

@@ -52,7 +52,10 @@ instead of three times, a timer twice (the sketch lane's two branches each scan 
 A hopping window's sketch lane merges each partial once into its hop-wide pane and the pane
 into its size/hop windows (``hopping_windows``) instead of copying the partial into every
 window; its native lane aggregates panes only (``hopping_pane_aggregates``) and the store
-makes each window of its panes when it publishes it (``PaneBatchWriter``). Session and sliding
+makes each window of its panes when it publishes it (``PaneBatchWriter``). A tumbling window
+splits its native lane in two (``splits_sets``): counters and gauges with plain sums and
+extremes (``plain_lane_partials``), sets with their HLL union (``set_lane_partials``), so an
+HLL buffer sits only in a set's state, not in every counter's. Session and sliding
 windows run one query of their own operator for every type, which merges the sketches too
 (``window_sketches``: percentiles, histograms and distinct counts as in the two lanes).
 
@@ -102,8 +105,10 @@ from streamgauge.windows import hopping_windows, sketch_windows
 from streamgauge.windows.checkpoints import JobPaths as JobPaths
 from streamgauge.windows.checkpoints import all_checkpoints as all_checkpoints
 from streamgauge.windows.checkpoints import checkpoint_dir as checkpoint_dir
+from streamgauge.windows.checkpoints import sets_checkpoint as sets_checkpoint
 from streamgauge.windows.checkpoints import sketch_checkpoint as sketch_checkpoint
 from streamgauge.windows.checkpoints import sketch_params as sketch_params
+from streamgauge.windows.checkpoints import splits_sets as splits_sets
 from streamgauge.windows.held_windows import HeldWindows
 from streamgauge.windows.session_windows import (
     OUTPUT_DDL,
@@ -188,6 +193,25 @@ def query_name(config: PipelineConfig, window: WindowSpec) -> str:
 
 def sketch_query_name(config: PipelineConfig, window: WindowSpec) -> str:
     return f"{query_name(config, window)}.sketches"
+
+
+@dataclass(frozen=True)
+class NativeLane:
+    """One of a tumbling window's two native lanes (``splits_sets``): the metric types its
+    query takes and writes, and what tells its query name and watermark apart."""
+
+    row_filter: str
+    """``RowFilter`` lane of its source."""
+    types: tuple[str, ...]
+    query_suffix: str
+    """Appended to the window's query name (``query_name``)."""
+    watermark_prefix: str
+    """Of its watermark's ``pipeline_state`` key (``<prefix>:<window>``)."""
+
+
+PLAIN_LANE = NativeLane("plain", ("c", "g"), "", "watermark_ms")
+"""Counters and gauges: the window's own query name and watermark, as the native lane had."""
+SETS_LANE = NativeLane("sets", ("s",), ".sets", "watermark_ms.sets")
 
 
 def is_sketched() -> Column:
@@ -290,8 +314,9 @@ def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> D
     )
 
 
-def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
-    """Merge on-time pane partials into the windows of ``window``.
+def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """Merge on-time counter and gauge partials into the windows of ``window``
+    (``splits_sets``): Spark's own sums and extremes and nothing else in the state.
 
     Late rows are removed here and recorded by the late rows of the sketch lane's query
     instead (``sketch_lane_with_late_rows``), so Spark's own
@@ -299,7 +324,22 @@ def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     ``window_end <= max(window_end seen) - (delay + lateness + size)``; the extra ``size``
     covers a window end running up to one window ahead of the newest event.
     """
-    return aggregate_windows(_on_time(source, window).where(~is_sketched()))
+    on_time = _on_time(source, window).where(F.col("metric_type").isin(list(PLAIN_LANE.types)))
+    grouped = on_time.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
+        *_merged_scalars()
+    )
+    # The columns aggregate_windows gives a counter: a held window's row is the same either way.
+    return _window_rows(
+        grouped,
+        F.lit(None).cast("double").alias("distinct_count"),
+        F.lit(None).cast("binary").alias("sketch"),
+    )
+
+
+def set_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """Merge on-time set partials into the windows of ``window`` (``splits_sets``): the
+    native aggregation, HLL union included, over sets only."""
+    return aggregate_windows(_on_time(source, window).where(_is_set()))
 
 
 def _on_time(source: DataFrame, window: WindowSpec) -> DataFrame:
@@ -754,8 +794,10 @@ class WindowBatchWriter:
         clock: Clock,
         *,
         late_rows: LateRowsOrigin | None = None,
+        lane: NativeLane | None = None,
     ) -> None:
-        """``late_rows``: given if the query records the window's late rows."""
+        """``late_rows``: given if the query records the window's late rows. ``lane``: which
+        of a tumbling window's two native lanes this query is (``splits_sets``)."""
         self._config = config
         self._window = window
         self._store = store
@@ -764,6 +806,10 @@ class WindowBatchWriter:
         self._late_rows = late_rows
         self._name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
+        if lane is not None:
+            self.lane_types = lane.types
+            self._name += lane.query_suffix
+            self._state_key = f"{lane.watermark_prefix}:{window.name}"
         self._watermark_floor: int | None = None
         self._revision_base: int | None = None
         #: The open windows held after the last committed batch (``HoldingBatchWriter``;
@@ -890,7 +936,8 @@ class HoldingBatchWriter(WindowBatchWriter):
         self, changed: pa.Table, watermark_ms: int
     ) -> tuple[pa.Table, HeldWindows | None]:
         if self._held is None:  # once: what the last committed batch stored
-            self._held = HeldWindows.from_snapshot(self._store.read_held(self._name))
+            stored = HeldWindows.from_snapshot(self._store.read_held(self._name))
+            self._held = stored.of_types(self.lane_types)
         released, holding = self._held.merged(changed).release(watermark_ms)
         if released is None or (changed.num_rows == 0 and released.num_rows == 0):
             # Idle input, the watermark short of every held end: the stored holding stands
@@ -1123,7 +1170,9 @@ def start_window_queries(
         checkpoint = checkpoint_dir(paths, config, window)
         late_margin_ms = window.watermark_delay_ms + window.allowed_lateness_ms
         lane_rows = RowFilter("all")
-        if window.kind in ("tumbling", "hopping") and not window.uses_kll:
+        if splits_sets(window):
+            lane_rows = RowFilter(PLAIN_LANE.row_filter)
+        elif window.kind in ("tumbling", "hopping") and not window.uses_kll:
             lane_rows = RowFilter("native")
         log = _read_spool(spark, paths, query_name(config, window), lane_rows)
         # The queries recording the window's late rows (LateRowsOrigin), one generation per
@@ -1153,11 +1202,31 @@ def start_window_queries(
                 writer = PaneBatchWriter(config, window, store_factory(), checkpoint, clock)
                 changes = hopping_pane_aggregates(log, window)
             else:
-                writer = (
+                native_writer = (
                     WindowBatchWriter if window.early_every_ms is not None
                     else HoldingBatchWriter  # _EARLY publishes from window_pending
-                )(config, window, store_factory(), checkpoint, clock)  # fmt: skip
-                changes = windowed_partials(log, window)
+                )  # fmt: skip
+                writer = native_writer(
+                    config, window, store_factory(), checkpoint, clock, lane=PLAIN_LANE
+                )
+                changes = plain_lane_partials(log, window)
+                set_lane = query_name(config, window) + SETS_LANE.query_suffix
+                set_checkpoint = sets_checkpoint(checkpoint)
+                queries.append(
+                    _start(
+                        set_lane_partials(
+                            _read_spool(spark, paths, set_lane, RowFilter(SETS_LANE.row_filter)),
+                            window,
+                        ),
+                        set_lane,
+                        set_checkpoint,
+                        native_writer(
+                            config, window, store_factory(), set_checkpoint, clock, lane=SETS_LANE
+                        ),
+                        trigger_interval,
+                        output_mode="update",
+                    )
+                )
             params = sketch_params(config)
             lane_checkpoint = sketch_checkpoint(checkpoint, params, window)
             queries.append(

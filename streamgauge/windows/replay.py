@@ -67,6 +67,7 @@ from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sinks.store import LateRecord, ResultStore, canonical_tags_text
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.job import (
+    SETS_LANE,
     aggregate_windows,
     assign_windows,
     is_sketched,
@@ -75,6 +76,7 @@ from streamgauge.windows.job import (
     series_keys,
     series_tags,
     sketch_params,
+    splits_sets,
     to_histogram_rows,
     to_result_rows,
 )
@@ -145,10 +147,12 @@ def replay(
                 )
             )
             continue
-        # Both lanes' watermarks: a window is final for replay only once final in each (a
+        # Every lane's watermark: a window is final for replay only once final in each (a
         # quantiles: kll window has one query; a sketch lane's state left from before it
         # became one must not hold it back).
         prefixes = ["watermark_ms"] + ([] if window.uses_kll else ["watermark_ms.sketches"])
+        if splits_sets(window):
+            prefixes.append(SETS_LANE.watermark_prefix)
         lanes = [store.read_state(config.name, f"{prefix}:{window.name}")
                  for prefix in prefixes]  # fmt: skip
         known = [w for w in lanes if w is not None]

@@ -109,9 +109,17 @@ from streamgauge.ingest.spool_fs import SpoolLike
 
 SOURCE_NAME = "streamgauge_spool"
 
-_SKETCHED = pa.array(SKETCHED_TYPES, pa.string())
-#: ``lane`` option values: which metric types a query reads whole.
-LANES = ("all", "native", "sketch", "none")
+#: The metric types of each ``lane`` option value besides ``all`` and ``none``: which a query
+#: reads whole (``native``: a window that merges sets with counters and gauges; ``plain`` and
+#: ``sets``: a tumbling window's two native lanes, ``job.splits_sets``).
+LANE_TYPES: dict[str, tuple[str, ...]] = {
+    "native": ("c", "g", "s"),
+    "plain": ("c", "g"),
+    "sets": ("s",),
+    "sketch": SKETCHED_TYPES,
+}
+LANES = ("all", *LANE_TYPES, "none")
+_LANE_VALUES = {lane: pa.array(types, pa.string()) for lane, types in LANE_TYPES.items()}
 
 
 def register_source_for_query(spark: SparkSession, query_name: str) -> str:
@@ -150,7 +158,7 @@ _ADDED_COLUMNS = 3
 @dataclass(frozen=True)
 class RowFilter:
     """Which rows a query is handed (see the module docstring): the metric types of ``lane``
-    (``all``, ``native``: not sketched, ``sketch``, ``none``), plus, with
+    (``all``, ``LANE_TYPES``' keys, ``none``), plus, with
     ``late_margin_ms`` (the window's ``watermark_delay + allowed_lateness``), every row that
     may be late."""
 
@@ -179,9 +187,8 @@ class RowFilter:
         if self.lane == "all":
             return batch
         keep: pa.Array | None = None
-        if self.lane in ("native", "sketch"):
-            sketched = pc.is_in(batch.column("metric_type"), value_set=_SKETCHED)
-            keep = sketched if self.lane == "sketch" else pc.invert(sketched)
+        if self.lane in LANE_TYPES:
+            keep = pc.is_in(batch.column("metric_type"), value_set=_LANE_VALUES[self.lane])
         if self.late_margin_ms is not None:
             event = pc.min_element_wise(
                 batch.column("pane_start_ms"), pa.scalar(heartbeat_ms, pa.int64())
