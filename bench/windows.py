@@ -92,7 +92,7 @@ from streamgauge.windows.session import build_spark_session
 class TimedStore(ResultStore):
     """The real store, timing its commits: splits a batch's time into Spark vs. PostgreSQL."""
 
-    commits: list[tuple[int, float]] = []  # (wall ms at the start, seconds)
+    commits: list[tuple[int, float, str]] = []  # (wall ms at the start, seconds, query)
 
     def commit_batch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         wall = time.time_ns() // 1_000_000
@@ -100,7 +100,31 @@ class TimedStore(ResultStore):
         try:
             return super().commit_batch(*args, **kwargs)
         finally:
-            TimedStore.commits.append((wall, time.perf_counter() - started))
+            TimedStore.commits.append((wall, time.perf_counter() - started, args[0]))
+
+
+class TimedToArrow:
+    """Times ``DataFrame.toArrow`` (a ``foreachBatch`` taking its micro-batch to the driver:
+    Spark's jobs plus the Arrow transfer) for the calls that brought rows: splits a batch's
+    driver time into Spark, the store, and our own code between them."""
+
+    calls: list[tuple[int, float]] = []  # (wall ms at the start, seconds)
+
+    @classmethod
+    def install(cls) -> None:
+        from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+
+        original = ClassicDataFrame.toArrow
+
+        def timed(frame):  # type: ignore[no-untyped-def]
+            wall = time.time_ns() // 1_000_000
+            started = time.perf_counter()
+            table = original(frame)
+            if table.num_rows:
+                cls.calls.append((wall, time.perf_counter() - started))
+            return table
+
+        ClassicDataFrame.toArrow = timed  # type: ignore[method-assign]
 
 
 WINDOWS = {
@@ -313,7 +337,7 @@ def measured_query(args: argparse.Namespace) -> str:
     if args.kind in ("tumbling", "hopping") and args.type == "ms":
         return "bench.w.sketches"
     if args.kind == "tumbling" and args.type == "s":
-        return "bench.w.sets"  # a tumbling window's sets have a lane of their own
+        return "bench.w.sketches"  # a tumbling window's sets merge in its sketch lane
     return "bench.w"
 
 
@@ -414,6 +438,7 @@ def main() -> None:
         for setting in args.conf:
             key, _, value = setting.partition("=")
             conf[key] = value
+        TimedToArrow.install()
         spark = build_spark_session(
             "local[2]", app_name="bench-windows", shuffle_partitions=args.shuffle_partitions,
             extra_conf=conf,
@@ -442,8 +467,10 @@ def main() -> None:
         progress = measured_batches(measured)
         kll_progress = [p for q in queries if q.name == "bench.wk"
                         for p in measured_batches(q)]  # fmt: skip
-        commits = [seconds for wall, seconds in TimedStore.commits
-                   if wall >= writer.measured_from_ms]  # fmt: skip
+        commits = [seconds for wall, seconds, query in TimedStore.commits
+                   if wall >= writer.measured_from_ms and query == lane]  # fmt: skip
+        to_arrow = [seconds for wall, seconds in TimedToArrow.calls
+                    if wall >= writer.measured_from_ms]  # fmt: skip
         for query in queries:
             batches = query.recentProgress
             print(f"query {query.name}: {len(batches)} progress reports, "
@@ -476,7 +503,8 @@ def main() -> None:
             ("partial rows/s per micro-batch (lane query)", rates),
             ("micro-batch duration (s)", durations),
             ("freshness: watermark passes end -> row (s)", lags),
-            ("store commit per window batch (s)", commits),
+            ("store commit per batch, lane query (s)", commits),
+            ("toArrow of a batch with rows (s)", to_arrow),
         ):
             if values:
                 p99 = float(np.percentile(values, 99))

@@ -52,7 +52,8 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
             # Counters, gauges and sets by panes (job.hopping_pane_aggregates): another state.
             shape += ["panes"]
         elif splits_sets(window):
-            # Counters and gauges without an HLL per group: another state (sets_checkpoint).
+            # Counters and gauges without an HLL per group, sets in the sketch lane: other
+            # states in both lanes (the sketch lane's checkpoint is named after this one).
             shape += ["sets apart"]
     fingerprint = json.dumps(shape)
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
@@ -71,32 +72,27 @@ def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
             continue
         else:  # late rows ride in the sketch lane (sketch_lane_with_late_rows)
             found.append(sketch_checkpoint(checkpoint, sketch_params(config), window))
-            if splits_sets(window):
-                found.append(sets_checkpoint(checkpoint))
     return found
 
 
 def splits_sets(window: WindowSpec) -> bool:
-    """Whether ``window``'s sets run in a lane of their own (``job.set_lane_partials``).
+    """Whether ``window``'s sets merge in its sketch lane rather than its native lane
+    (``job.native_lane_types``, ``job.sketch_lane_types``).
 
-    A tumbling window's native lane merged sets' HLLs with ``hll_union_agg``, which keeps an
-    HLL buffer in the state of *every* group, a counter's too (an empty one): at 100k
-    counters that state was most of a micro-batch (issue #4, README "What p50 ≤ 1 s at 100k
-    series would take here"). Apart, counters and gauges keep plain sums and extremes, and
-    only sets pay for HLLs. A hopping window's pane lane and a ``quantiles: kll`` window
-    keep their one native query.
+    A native lane that merges sets' HLLs with ``hll_union_agg`` keeps an HLL buffer in the
+    state of *every* group, a counter's too (an empty one), and Spark sorts its groups
+    instead of hashing them (issue #4, README "What p50 ≤ 1 s at 100k series would take
+    here"). Without sets, counters and gauges keep plain sums and extremes. Sets go to the
+    sketch lane's operator, which merges HLLs as the session and sliding operators do, rather
+    than to a query of their own: a third query per window slows every batch of the other two
+    on this machine. A hopping window's pane lane and a ``quantiles: kll`` window keep sets
+    in their native aggregation.
     """
     return (
         window.kind in ("tumbling", "hopping")
         and not window.uses_kll
         and not (window.kind == "hopping" and window.hop_ms)
     )
-
-
-def sets_checkpoint(checkpoint: Path) -> Path:
-    """Checkpoint of a window's set lane (``splits_sets``), beside the window's own (whose
-    name already fingerprints the definition)."""
-    return checkpoint.with_name(f"{checkpoint.name}.sets")
 
 
 def sketch_checkpoint(checkpoint: Path, params: SketchParams, window: WindowSpec) -> Path:

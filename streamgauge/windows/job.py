@@ -54,8 +54,8 @@ into its size/hop windows (``hopping_windows``) instead of copying the partial i
 window; its native lane aggregates panes only (``hopping_pane_aggregates``) and the store
 makes each window of its panes when it publishes it (``PaneBatchWriter``). A tumbling window
 splits its native lane in two (``splits_sets``): counters and gauges with plain sums and
-extremes (``plain_lane_partials``), sets with their HLL union (``set_lane_partials``), so an
-HLL buffer sits only in a set's state, not in every counter's. Session and sliding
+extremes (``plain_lane_partials``), and its sketch lane merges sets' HLLs beside the digests,
+so no HLL buffer sits in a counter's state and the window stays two queries. Session and sliding
 windows run one query of their own operator for every type, which merges the sketches too
 (``window_sketches``: percentiles, histograms and distinct counts as in the two lanes).
 
@@ -105,7 +105,6 @@ from streamgauge.windows import hopping_windows, sketch_windows
 from streamgauge.windows.checkpoints import JobPaths as JobPaths
 from streamgauge.windows.checkpoints import all_checkpoints as all_checkpoints
 from streamgauge.windows.checkpoints import checkpoint_dir as checkpoint_dir
-from streamgauge.windows.checkpoints import sets_checkpoint as sets_checkpoint
 from streamgauge.windows.checkpoints import sketch_checkpoint as sketch_checkpoint
 from streamgauge.windows.checkpoints import sketch_params as sketch_params
 from streamgauge.windows.checkpoints import splits_sets as splits_sets
@@ -195,23 +194,21 @@ def sketch_query_name(config: PipelineConfig, window: WindowSpec) -> str:
     return f"{query_name(config, window)}.sketches"
 
 
-@dataclass(frozen=True)
-class NativeLane:
-    """One of a tumbling window's two native lanes (``splits_sets``): the metric types its
-    query takes and writes, and what tells its query name and watermark apart."""
-
-    row_filter: str
-    """``RowFilter`` lane of its source."""
-    types: tuple[str, ...]
-    query_suffix: str
-    """Appended to the window's query name (``query_name``)."""
-    watermark_prefix: str
-    """Of its watermark's ``pipeline_state`` key (``<prefix>:<window>``)."""
+def native_lane_types(window: WindowSpec) -> tuple[str, ...]:
+    """The metric types of ``window``'s native lane: a tumbling window's sets merge in its
+    sketch lane instead (``splits_sets``)."""
+    return PLAIN_TYPES if splits_sets(window) else NATIVE_LANE_TYPES
 
 
-PLAIN_LANE = NativeLane("plain", ("c", "g"), "", "watermark_ms")
-"""Counters and gauges: the window's own query name and watermark, as the native lane had."""
-SETS_LANE = NativeLane("sets", ("s",), ".sets", "watermark_ms.sets")
+def sketch_lane_types(window: WindowSpec) -> tuple[str, ...]:
+    """The metric types of ``window``'s sketch lane (``sketch_windows``; a hopping window's:
+    ``hopping_windows``)."""
+    return (*SKETCHED_TYPES, "s") if splits_sets(window) else SKETCHED_TYPES
+
+
+def sketch_lane_rows(window: WindowSpec) -> str:
+    """The ``RowFilter`` lane of ``window``'s sketch lane query."""
+    return "sketch_sets" if splits_sets(window) else "sketch"
 
 
 def is_sketched() -> Column:
@@ -324,7 +321,7 @@ def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     ``window_end <= max(window_end seen) - (delay + lateness + size)``; the extra ``size``
     covers a window end running up to one window ahead of the newest event.
     """
-    on_time = _on_time(source, window).where(F.col("metric_type").isin(list(PLAIN_LANE.types)))
+    on_time = _on_time(source, window).where(F.col("metric_type").isin(list(PLAIN_TYPES)))
     grouped = on_time.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
         *_merged_scalars()
     )
@@ -334,12 +331,6 @@ def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
         F.lit(None).cast("double").alias("distinct_count"),
         F.lit(None).cast("binary").alias("sketch"),
     )
-
-
-def set_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
-    """Merge on-time set partials into the windows of ``window`` (``splits_sets``): the
-    native aggregation, HLL union included, over sets only."""
-    return aggregate_windows(_on_time(source, window).where(_is_set()))
 
 
 def _on_time(source: DataFrame, window: WindowSpec) -> DataFrame:
@@ -392,7 +383,7 @@ def sketched_window_partials(
     # every column shipped to Python costs Arrow conversion per group.
     on_time = (
         _on_time(source, window)
-        .where(is_sketched())
+        .where(F.col("metric_type").isin(list(sketch_lane_types(window))))
         .select(*sketch_windows.INPUT_COLUMNS, "window_end_ts")
     )
     return on_time.groupBy("metric", "tags").applyInPandasWithState(
@@ -763,8 +754,10 @@ def to_result_rows(
 
 
 NATIVE_LANE_TYPES = ("c", "g", "s")
-"""Metric types of a tumbling/hopping window's native lane; the sketch lane has the rest
-(a ``quantiles: kll`` window has no sketch lane: its one query has every type)."""
+"""Metric types of a hopping window's native lane; the sketch lane has the rest (a
+``quantiles: kll`` window has no sketch lane: its one query has every type)."""
+PLAIN_TYPES = ("c", "g")
+"""Metric types of a tumbling window's native lane: its sketch lane has sets too."""
 
 _KLL_RESULT_COLUMNS = (
     "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "count", "sum", "min",
@@ -794,10 +787,8 @@ class WindowBatchWriter:
         clock: Clock,
         *,
         late_rows: LateRowsOrigin | None = None,
-        lane: NativeLane | None = None,
     ) -> None:
-        """``late_rows``: given if the query records the window's late rows. ``lane``: which
-        of a tumbling window's two native lanes this query is (``splits_sets``)."""
+        """``late_rows``: given if the query records the window's late rows."""
         self._config = config
         self._window = window
         self._store = store
@@ -806,10 +797,8 @@ class WindowBatchWriter:
         self._late_rows = late_rows
         self._name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
-        if lane is not None:
-            self.lane_types = lane.types
-            self._name += lane.query_suffix
-            self._state_key = f"{lane.watermark_prefix}:{window.name}"
+        if self.lane_types == NATIVE_LANE_TYPES:  # a native lane: a tumbling one has no sets
+            self.lane_types = native_lane_types(window)
         self._watermark_floor: int | None = None
         self._revision_base: int | None = None
         #: The open windows held after the last committed batch (``HoldingBatchWriter``;
@@ -998,7 +987,7 @@ class SketchBatchWriter(WindowBatchWriter):
     the changed windows' HDR bucket rows for ``window_histograms``.
     """
 
-    lane_types = SKETCHED_TYPES
+    lane_types: tuple[str, ...] | None = SKETCHED_TYPES
 
     def __init__(
         self,
@@ -1015,6 +1004,7 @@ class SketchBatchWriter(WindowBatchWriter):
         self._name = sketch_query_name(config, window)
         store.error_labels = {"config": config.name, "query": self._name}
         self._state_key = f"watermark_ms.sketches:{window.name}"
+        self.lane_types = sketch_lane_types(window)
         self._layout = HdrLayout.from_params(params)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -1171,7 +1161,7 @@ def start_window_queries(
         late_margin_ms = window.watermark_delay_ms + window.allowed_lateness_ms
         lane_rows = RowFilter("all")
         if splits_sets(window):
-            lane_rows = RowFilter(PLAIN_LANE.row_filter)
+            lane_rows = RowFilter("plain")
         elif window.kind in ("tumbling", "hopping") and not window.uses_kll:
             lane_rows = RowFilter("native")
         log = _read_spool(spark, paths, query_name(config, window), lane_rows)
@@ -1202,31 +1192,12 @@ def start_window_queries(
                 writer = PaneBatchWriter(config, window, store_factory(), checkpoint, clock)
                 changes = hopping_pane_aggregates(log, window)
             else:
-                native_writer = (
+                assert splits_sets(window)
+                writer = (
                     WindowBatchWriter if window.early_every_ms is not None
                     else HoldingBatchWriter  # _EARLY publishes from window_pending
-                )  # fmt: skip
-                writer = native_writer(
-                    config, window, store_factory(), checkpoint, clock, lane=PLAIN_LANE
-                )
+                )(config, window, store_factory(), checkpoint, clock)  # fmt: skip
                 changes = plain_lane_partials(log, window)
-                set_lane = query_name(config, window) + SETS_LANE.query_suffix
-                set_checkpoint = sets_checkpoint(checkpoint)
-                queries.append(
-                    _start(
-                        set_lane_partials(
-                            _read_spool(spark, paths, set_lane, RowFilter(SETS_LANE.row_filter)),
-                            window,
-                        ),
-                        set_lane,
-                        set_checkpoint,
-                        native_writer(
-                            config, window, store_factory(), set_checkpoint, clock, lane=SETS_LANE
-                        ),
-                        trigger_interval,
-                        output_mode="update",
-                    )
-                )
             params = sketch_params(config)
             lane_checkpoint = sketch_checkpoint(checkpoint, params, window)
             queries.append(
@@ -1236,7 +1207,7 @@ def start_window_queries(
                             spark,
                             paths,
                             sketch_query_name(config, window),
-                            RowFilter("sketch", late_margin_ms),
+                            RowFilter(sketch_lane_rows(window), late_margin_ms),
                         ),
                         window,
                         params,

@@ -67,16 +67,15 @@ from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sinks.store import LateRecord, ResultStore, canonical_tags_text
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.job import (
-    SETS_LANE,
     aggregate_windows,
     assign_windows,
-    is_sketched,
     metric_filter,
+    native_lane_types,
     query_name,
     series_keys,
     series_tags,
+    sketch_lane_types,
     sketch_params,
-    splits_sets,
     to_histogram_rows,
     to_result_rows,
 )
@@ -151,8 +150,6 @@ def replay(
         # quantiles: kll window has one query; a sketch lane's state left from before it
         # became one must not hold it back).
         prefixes = ["watermark_ms"] + ([] if window.uses_kll else ["watermark_ms.sketches"])
-        if splits_sets(window):
-            prefixes.append(SETS_LANE.watermark_prefix)
         lanes = [store.read_state(config.name, f"{prefix}:{window.name}")
                  for prefix in prefixes]  # fmt: skip
         known = [w for w in lanes if w is not None]
@@ -185,11 +182,11 @@ def replay(
             )  # fmt: skip
             continue
         native = aggregate_windows(
-            assigned.where(~is_sketched())
+            assigned.where(F.col("metric_type").isin(list(native_lane_types(window))))
             .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
         ).toArrow()
         sketched = (
-            assigned.where(is_sketched())
+            assigned.where(F.col("metric_type").isin(list(sketch_lane_types(window))))
             .groupBy("window_start_ms", "window_end_ms", "metric", "tags")
             .applyInPandas(merge_windows_batch(params), SKETCH_OUTPUT_DDL)
             .toArrow()

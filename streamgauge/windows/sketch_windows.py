@@ -22,19 +22,26 @@ p99/p999 from the t-digest (strong in the tails; the HDR rows answer mid-range q
 bounded relative error), the serialized digest, the HdrHistogram standard encoding and the
 bucket rows the store writes into ``window_histograms``.
 
-The other lane (counters, gauges, sets) is the native aggregation in ``job.py``; the two lanes
-are separate streaming queries over the same source and share the late-events query, and the
-store scopes emission and finality to each lane's metric types.
+A tumbling window's sets take this path too (``checkpoints.splits_sets``): their pane HLLs are
+unioned per window with DataSketches at the config's lgK, kept where a timer keeps its digest,
+and the row gets ``distinct_count`` (rounded as Spark's ``hll_sketch_estimate`` rounds) and the
+HLL image in ``sketch``, as the session and sliding operators give a set. Its counters and
+gauges then aggregate natively without an HLL buffer in every group's state.
+
+The other lane (counters and gauges; a hopping window's sets too) is the native aggregation in
+``job.py``; the two lanes are separate streaming queries over the same source and share the
+late-events query, and the store scopes emission and finality to each lane's metric types.
 
 State blob, per window (a list of records; an array field in a state schema crashed the
 Python worker, a blob works — DESIGN.md §9)::
 
     <qqqddddqII>  start, end, count, sum, min, max, last, last_event_ms, len(digest), buckets
-    digest bytes, int32 bucket indices, int64 bucket counts
+    digest bytes (a set's: its HLL image), int32 bucket indices, int64 bucket counts
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -45,6 +52,7 @@ import pandas as pd
 
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout, merge
+from streamgauge.sketches.hll import estimate, serialize_hll, union_hll
 from streamgauge.sketches.tdigest import deserialize_tdigest, new_tdigest, quantiles
 from streamgauge.windows.aggregates import Scalars, output_frame, read_batch, total_order
 
@@ -58,8 +66,8 @@ STATE_DDL = "metric_type string, windows binary"
 OUTPUT_DDL = (
     "metric string, tags string, metric_type string, window_start_ms bigint, "
     "window_end_ms bigint, count bigint, sum double, min double, max double, last double, "
-    "p50 double, p90 double, p99 double, p999 double, sketch binary, hdr_histogram string, "
-    "hdr_buckets binary"
+    "p50 double, p90 double, p99 double, p999 double, distinct_count double, sketch binary, "
+    "hdr_histogram string, hdr_buckets binary"
 )
 OUTPUT_COLUMNS = tuple(part.split()[0] for part in OUTPUT_DDL.split(", "))
 
@@ -177,9 +185,27 @@ def _in_merge_order(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.iloc[total_order(rows, MERGE_ORDER)]
 
 
-def merge_rows(window: SketchWindow, rows: pd.DataFrame, k: int) -> None:
+def merge_hll(hll: bytes, blobs: Iterable[bytes | None], lg_k: int) -> bytes:
+    """``hll`` (a serialized HLL; ``b""`` for none yet) unioned with the pane HLLs ``blobs``
+    (NULL skipped) at ``lg_k``, serialized: a set window's sketch."""
+    images = [bytes(blob) for blob in blobs if blob is not None]
+    if not images:
+        return hll
+    return serialize_hll(union_hll([hll, *images] if hll else images, lg_k))
+
+
+def distinct_count(hll: bytes) -> float | None:
+    """A set window's distinct count, rounded as Spark's ``hll_sketch_estimate`` rounds (the
+    native lanes' and other window kinds' numbers are the same)."""
+    return float(math.floor(estimate(hll).estimate + 0.5)) if hll else None
+
+
+def merge_rows(
+    window: SketchWindow, rows: pd.DataFrame, k: int, *, metric_type: str = "ms", lg_k: int = 12
+) -> None:
     """Fold pane partials (``INPUT_COLUMNS`` rows of this window) into ``window``, in
-    ``MERGE_ORDER``."""
+    ``MERGE_ORDER``: a set's HLLs (``metric_type`` ``s``, unioned at ``lg_k``), otherwise
+    t-digests and HDR buckets."""
     rows = _in_merge_order(rows)
     scalars = window.scalars
     scalars.count += int(rows["count"].sum())
@@ -191,6 +217,9 @@ def merge_rows(window: SketchWindow, rows: pd.DataFrame, k: int) -> None:
     if int(rows["last_event_ms"].iloc[newest]) >= scalars.last_event_ms:
         scalars.last = float(rows["last"].iloc[newest])
         scalars.last_event_ms = int(rows["last_event_ms"].iloc[newest])
+    if metric_type == "s":
+        window.digest = merge_hll(window.digest, rows["sketch"], lg_k)
+        return
     window.digest = merge_digest(window.digest, rows["sketch"], k)
     window.buckets, window.counts = merge_hdr(
         window.buckets, window.counts, rows["hdr_bucket"], rows["hdr_count"]
@@ -209,12 +238,19 @@ def digest_quantiles(digest: bytes) -> list[float | None]:
 def output_row(
     metric: str, tags: str, metric_type: str, window: SketchWindow, layout: HdrLayout
 ) -> tuple[Any, ...]:
-    """One ``OUTPUT_DDL`` row: the window's values, quantiles and encodings."""
+    """One ``OUTPUT_DDL`` row: the window's values, quantiles and encodings (a set's: its
+    distinct count and HLL)."""
+    if metric_type == "s":
+        return (
+            metric, tags, metric_type, window.start, window.end,
+            *window.scalars.output_values(), *(None,) * len(QUANTILES),
+            distinct_count(window.digest), window.digest or None, None, None,
+        )  # fmt: skip
     p = digest_quantiles(window.digest)
     encoded = layout.encode(window.buckets, window.counts) if len(window.buckets) else None
     return (
         metric, tags, metric_type, window.start, window.end, *window.scalars.output_values(),
-        *p, window.digest or None, encoded, pack_buckets(window.buckets, window.counts),
+        *p, None, window.digest or None, encoded, pack_buckets(window.buckets, window.counts),
     )  # fmt: skip
 
 
@@ -231,7 +267,7 @@ def _by_window(batch: pd.DataFrame) -> Any:
 
 def sketch_state_function(params: SketchParams) -> Any:
     """The ``applyInPandasWithState`` function of the sketch lane (picklable closure)."""
-    k = params.tdigest_k
+    k, lg_k = params.tdigest_k, params.hll_lg_k
     layout = HdrLayout.from_params(params)
 
     def update_windows(
@@ -249,7 +285,7 @@ def sketch_state_function(params: SketchParams) -> Any:
             for (start, end), rows in _by_window(batch):
                 bounds = (int(start), int(end))
                 window = windows.setdefault(bounds, SketchWindow(*bounds))
-                merge_rows(window, rows, k)
+                merge_rows(window, rows, k, metric_type=metric_type or "ms", lg_k=lg_k)
                 changed.append(bounds)
         out = [output_row(metric, tags, metric_type or "ms", windows[b], layout)
                for b in sorted(changed)]  # fmt: skip
@@ -270,14 +306,14 @@ def sketch_state_function(params: SketchParams) -> Any:
 def merge_windows_batch(params: SketchParams) -> Any:
     """The ``groupBy(...).applyInPandas`` function for batch recomputation (``replay``): the
     same merge as the streaming operator, over all partials of a window at once."""
-    k = params.tdigest_k
+    k, lg_k = params.tdigest_k, params.hll_lg_k
     layout = HdrLayout.from_params(params)
 
     def merge_group(rows: pd.DataFrame) -> pd.DataFrame:
         first = rows.iloc[0]
         window = SketchWindow(int(first["window_start_ms"]), int(first["window_end_ms"]))
-        merge_rows(window, rows, k)
         metric_type = min(rows["metric_type"].tolist())
+        merge_rows(window, rows, k, metric_type=metric_type, lg_k=lg_k)
         row = output_row(str(first["metric"]), str(first["tags"]), metric_type, window, layout)
         return pd.DataFrame([row], columns=list(OUTPUT_COLUMNS))
 

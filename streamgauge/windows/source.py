@@ -110,13 +110,13 @@ from streamgauge.ingest.spool_fs import SpoolLike
 SOURCE_NAME = "streamgauge_spool"
 
 #: The metric types of each ``lane`` option value besides ``all`` and ``none``: which a query
-#: reads whole (``native``: a window that merges sets with counters and gauges; ``plain`` and
-#: ``sets``: a tumbling window's two native lanes, ``job.splits_sets``).
+#: reads whole (``plain`` and ``sketch_sets``: a tumbling window's lanes, whose sketch lane
+#: merges sets too, ``job.sketch_lane_types``; ``native`` and ``sketch``: other windows').
 LANE_TYPES: dict[str, tuple[str, ...]] = {
     "native": ("c", "g", "s"),
     "plain": ("c", "g"),
-    "sets": ("s",),
     "sketch": SKETCHED_TYPES,
+    "sketch_sets": (*SKETCHED_TYPES, "s"),
 }
 LANES = ("all", *LANE_TYPES, "none")
 _LANE_VALUES = {lane: pa.array(types, pa.string()) for lane, types in LANE_TYPES.items()}

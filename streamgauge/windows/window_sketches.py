@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,12 +56,13 @@ import numpy as np
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
-from streamgauge.sketches.hll import estimate, serialize_hll, union_hll
 from streamgauge.windows.sketch_windows import (
     QUANTILE_COLUMNS,
     digest_quantiles,
+    distinct_count,
     merge_digest,
     merge_hdr,
+    merge_hll,
     pack_buckets,
     pack_digest_and_buckets,
     unpack_digest_and_buckets,
@@ -201,7 +201,7 @@ class SketchMerger:
         sketches.complete = sketches.complete and other.complete
 
     def _union(self, hll: bytes, other: bytes) -> bytes:
-        return serialize_hll(union_hll([hll, other] if hll else [other], self.lg_k))
+        return merge_hll(hll, [other], self.lg_k)
 
     def columns(self, sketches: Sketches, metric_type: str) -> tuple[Any, ...]:
         """``OUTPUT_COLUMNS`` of a window of ``metric_type``: quantiles, HdrHistogram encoding
@@ -211,8 +211,7 @@ class SketchMerger:
         if not sketches.complete:
             return none
         if metric_type == "s" and sketches.hll:
-            distinct = float(math.floor(estimate(sketches.hll).estimate + 0.5))
-            return (*none[:4], distinct, sketches.hll, None, None)
+            return (*none[:4], distinct_count(sketches.hll), sketches.hll, None, None)
         if metric_type in SKETCHED_TYPES:
             encoded = (
                 self.layout.encode(sketches.buckets, sketches.counts)

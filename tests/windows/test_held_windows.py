@@ -12,7 +12,7 @@ from streamgauge.clock import ManualClock
 from streamgauge.configs import parse_config
 from streamgauge.sinks.store import RESULT_SCHEMA, HeldSnapshot, ResultStore, run_sql
 from streamgauge.windows.held_windows import HeldWindows
-from streamgauge.windows.job import PLAIN_LANE, SETS_LANE, HoldingBatchWriter
+from streamgauge.windows.job import HoldingBatchWriter
 
 T0 = 1_700_000_000_000
 CONFIG = """
@@ -165,12 +165,11 @@ def test_the_writer_rewrites_its_holding_only_when_a_batch_changes_it(
 def test_a_lane_narrowed_to_counters_drops_the_sets_of_a_holding_stored_before(
     clean_store: str, tmp_path: Path
 ) -> None:
-    """A holding stored when the window's native lane still merged sets: the counters' lane
-    (``PLAIN_LANE``) keeps its counters and leaves the set to the set lane, which rebuilds it
-    from the log under a new checkpoint (released by both, the two rows would race on
-    revision). The set lane holds under a query name of its own."""
+    """A holding stored when the tumbling window's native lane still merged sets: the lane
+    now takes counters and gauges only (sets merge in the sketch lane, ``splits_sets``), so it
+    keeps its counters and leaves the set to the sketch lane, which rebuilds it from the log
+    under a new checkpoint (released by both, the two rows would race on revision)."""
     config = parse_config(CONFIG, "test")
-    window = config.windows[0]
     before = _windows(("a", "{}", 0, 2, 2.0), ("users", "{}", 0, 3, None))
     before = before.set_column(
         before.schema.get_field_index("metric_type"), "metric_type", pa.array(["c", "s"])
@@ -184,14 +183,11 @@ def test_a_lane_narrowed_to_counters_drops_the_sets_of_a_holding_stored_before(
             "held.w", 0, RESULT_SCHEMA.empty_table(), [], revision=1,
             held=HeldSnapshot("held", "w", 2, 5, held.to_snapshot(), held.sql_arrays()),
         )  # fmt: skip
-        plain = HoldingBatchWriter(config, window, store, tmp_path / "cp", ManualClock(T0),
-                                   lane=PLAIN_LANE)  # fmt: skip
-        publish, holding = plain._held_after(_windows(), T0 + 10_000)
+        writer = HoldingBatchWriter(config, config.windows[0], store, tmp_path / "cp",
+                                    ManualClock(T0))  # fmt: skip
+        assert writer.lane_types == ("c", "g")
+        publish, holding = writer._held_after(_windows(), T0 + 10_000)
         assert _by_window(publish) == {("a", "{}", 0): (2, 2.0)}
-        sets = HoldingBatchWriter(config, window, store, tmp_path / "cp.sets", ManualClock(T0),
-                                  lane=SETS_LANE)  # fmt: skip
-        assert sets._name == "held.w.sets" and sets.lane_types == ("s",)
-        publish, holding = sets._held_after(_windows(), T0 + 10_000)
-        assert publish.num_rows == 0 and holding is None  # nothing of its own stored yet
+        assert holding is not None and holding.num_windows == 0
     finally:
         store.close()
