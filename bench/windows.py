@@ -28,6 +28,12 @@ aggregates); ``s`` too, with an HLL_8 of 20 members per partial unioned by ``hll
 ``ms`` through the sketch lane (t-digest + HDR buckets of 10 values per partial, merged by the
 stateful operator). Same series count, same rows: the ratio is the sketch lane's cost.
 
+``--sets with_timers`` (tumbling): the window's ``sets: with_timers``, so its native lane
+aggregates counters and gauges without an HLL per group and its sets go through the sketch
+lane (``--type s`` is then measured there). The lane's store commits and the ``toArrow`` of
+each batch with rows are timed apart, so a batch's driver time splits into Spark (``toArrow``),
+the store, and the code between them.
+
 ``--compare-kll`` (with ``--type ms``, tumbling or hopping): the config gets a second window,
 ``wk``, identical but for ``quantiles: kll``, and the partials also carry pane KLLs (as
 receivers write them when a window uses kll). Both windows run in the same job on the same
@@ -336,8 +342,8 @@ def measured_query(args: argparse.Namespace) -> str:
     """The query of window ``w`` that the bench's metric type goes through."""
     if args.kind in ("tumbling", "hopping") and args.type == "ms":
         return "bench.w.sketches"
-    if args.kind == "tumbling" and args.type == "s":
-        return "bench.w.sketches"  # a tumbling window's sets merge in its sketch lane
+    if args.sets == "with_timers" and args.type == "s":
+        return "bench.w.sketches"  # the window's sets merge in its sketch lane
     return "bench.w"
 
 
@@ -399,6 +405,8 @@ def main() -> None:
                         help="write --seconds segments first, then drain them (availableNow)")
     parser.add_argument("--shuffle-partitions", type=int, default=None,
                         help="state partitions (default: 2 per core)")
+    parser.add_argument("--sets", choices=("native", "with_timers"), default="native",
+                        help="the tumbling window's sets: key (where its sets merge)")
     parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Spark setting for the job (repeatable)")
@@ -412,6 +420,8 @@ def main() -> None:
         duty = (int(active), int(period))
         if not 0 < duty[0] <= duty[1]:
             parser.error("--duty ACTIVE/PERIOD needs 0 < ACTIVE <= PERIOD")
+    if args.sets != "native" and args.kind != "tumbling":
+        parser.error("--sets with_timers needs --kind tumbling")
     if args.compare_kll and (args.type != "ms" or args.kind not in ("tumbling", "hopping")):
         parser.error("--compare-kll needs --type ms and --kind tumbling or hopping")
 
@@ -421,6 +431,8 @@ def main() -> None:
     try:
         ResultStore(url).ensure_schema()
         shape = WINDOWS[args.kind].replace("SIZE", args.size).replace("HOP", args.hop)
+        if args.sets != "native":
+            shape = shape.replace("kind: tumbling,", f"kind: tumbling, sets: {args.sets},")
         # --windows N: N - 1 more windows of the same shape (w2, w3, ...) share the job and the
         # cores; "bench.w" is still the one measured.
         windows = [shape] + [shape.replace("name: w,", f"name: w{i},")

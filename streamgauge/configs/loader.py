@@ -35,6 +35,7 @@ from streamgauge.configs.model import (
     DEFAULT_PANE_MS,
     NAME_MAX_LENGTH,
     QUANTILE_SKETCHES,
+    SETS_MERGES,
     SKETCH_KEYS,
     WINDOW_KINDS,
     AlertDraft,
@@ -43,6 +44,7 @@ from streamgauge.configs.model import (
     PipelineConfig,
     Problem,
     QuantileSketch,
+    SetsMerge,
     SketchTargets,
     WindowDraft,
     WindowKind,
@@ -142,6 +144,7 @@ _Number = Annotated[float | None, BeforeValidator(_number), BeforeValidator(_pre
 _Duration = Annotated[int | None, BeforeValidator(_duration), BeforeValidator(_present)]
 _Kind = Annotated[WindowKind | None, BeforeValidator(_present)]
 _Quantiles = Annotated[QuantileSketch | None, BeforeValidator(_present)]
+_Sets = Annotated[SetsMerge | None, BeforeValidator(_present)]
 _StrList = Annotated[list[str] | None, BeforeValidator(_present)]
 _StrMap = Annotated[dict[str, str] | None, BeforeValidator(_present)]
 
@@ -166,6 +169,7 @@ class _RawWindow(_Shape):
     group_by: _StrList = None
     quantiles: _Quantiles = None
     early_every: _Duration = None
+    sets: _Sets = None
 
 
 class _RawAlert(_Shape):
@@ -308,6 +312,13 @@ def _shape_message(error: ErrorDetails, model: type[_Shape]) -> str:
         return _unknown_key_message(str(error["loc"][-1]), model)
     if kind == "invalid_key":
         return f"key {value!r} is not a name; keys are words like size or windows"
+    if kind == "literal_error" and error["loc"][:1] == ("sets",):
+        merges = ", ".join(SETS_MERGES)
+        if isinstance(value, str):
+            guess = difflib.get_close_matches(value.lower(), SETS_MERGES, n=1, cutoff=0.5)
+            hint = f"; did you mean {guess[0]}?" if guess else ""
+            return f"unknown value {value!r}; one of {merges}{hint}"
+        return f"must be one of {merges}, not {_describe(value)}"
     if kind == "literal_error" and error["loc"][:1] == ("quantiles",):
         sketches = ", ".join(QUANTILE_SKETCHES)
         if isinstance(value, str):
@@ -491,6 +502,7 @@ def _draft(raw: _RawWindow, holes: _Holes, given: frozenset[str]) -> WindowDraft
         group_by=_with_holes(raw.group_by, holes.get("group_by")),
         quantiles=raw.quantiles,
         early_every_ms=raw.early_every,
+        sets=raw.sets,
     )
 
 
@@ -510,6 +522,7 @@ def _spec(raw: _RawWindow) -> WindowSpec:
         "group_by": None if raw.group_by is None else tuple(raw.group_by),
         "quantiles": raw.quantiles,
         "early_every_ms": raw.early_every,
+        "sets": raw.sets,
     }
     return WindowSpec(**{k: v for k, v in values.items() if v is not None})
 

@@ -33,6 +33,7 @@ from streamgauge.sketches.accuracy import (
 
 WindowKind = Literal["tumbling", "hopping", "sliding", "session"]
 QuantileSketch = Literal["tdigest", "kll"]
+SetsMerge = Literal["native", "with_timers"]
 Aggregate = Literal[
     "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999", "distinct_count", "rate"
 ]  # fmt: skip
@@ -48,6 +49,11 @@ WINDOW_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping", "sliding", "sessi
 #: ``tdigest`` (default): t-digest + HDR histogram in the sketch lane, p50..p999 and histogram
 #: rows; ``kll``: Spark's native KLL in the native lane, p50 and p90 only (see ``kll_problem``).
 QUANTILE_SKETCHES: tuple[QuantileSketch, ...] = ("tdigest", "kll")
+#: Where a tumbling window merges its sets' HyperLogLogs: ``native`` (default): in Spark's own
+#: aggregation with counters and gauges (``hll_union_agg``); ``with_timers``: in the timers'
+#: Python operator, so counters and gauges aggregate without an HLL buffer each (see
+#: ``checkpoints.splits_sets``: faster counters, ~1 ms per set partial).
+SETS_MERGES: tuple[SetsMerge, ...] = ("native", "with_timers")
 #: Window kinds that compute percentiles (sessions and sliding windows store none yet).
 QUANTILE_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping")
 #: What a ``quantiles: kll`` window stores no value for: KLL's rank error is the same at every
@@ -162,6 +168,7 @@ class WindowDraft:
     group_by: Sequence[str | None] | None = None
     quantiles: QuantileSketch | None = None
     early_every_ms: int | None = None
+    sets: SetsMerge | None = None
 
 
 def _not_allowed(key: str, kind: WindowKind) -> str:
@@ -280,6 +287,27 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
                 "nothing; remove it",
             )
         )
+
+    if draft.sets == "with_timers" and kind is not None:
+        whole = kind == "tumbling" or (
+            kind == "hopping" and draft.hop_ms is not None and draft.hop_ms == draft.size_ms
+        )
+        if not whole:
+            problems.append(
+                (
+                    ("sets",),
+                    f"tumbling windows only: a {kind} window merges its sets "
+                    + ("by panes" if kind == "hopping" else "in its own operator already"),
+                )
+            )
+        elif draft.quantiles == "kll":
+            problems.append(
+                (
+                    ("sets",),
+                    "a quantiles: kll window has no timers' operator: its one query merges "
+                    "every type",
+                )
+            )
 
     if draft.metrics is not None:
         if not draft.metrics:
@@ -829,12 +857,19 @@ class WindowSpec:
     early_every_ms: int | None = None
     """Publish the open window's running value every this much watermark progress (event
     time) before its end; None: first emission when the watermark passes the end."""
+    sets: SetsMerge = "native"
+    """Where the window merges its sets' HLLs (``SETS_MERGES``)."""
 
     def __post_init__(self) -> None:
         if self.quantiles not in QUANTILE_SKETCHES:
             raise ValueError(
                 f"invalid window {self.name!r}: quantiles: {self.quantiles!r} is not one of "
                 f"{', '.join(QUANTILE_SKETCHES)}"
+            )
+        if self.sets not in SETS_MERGES:
+            raise ValueError(
+                f"invalid window {self.name!r}: sets: {self.sets!r} is not one of "
+                f"{', '.join(SETS_MERGES)}"
             )
         if self.kind not in WINDOW_KINDS:
             raise ValueError(
@@ -868,6 +903,8 @@ class WindowSpec:
             given.add("quantiles")
         if self.early_every_ms is not None:
             given.add("early_every")
+        if self.sets != "native":
+            given.add("sets")
         return WindowDraft(
             given=frozenset(given),
             name=self.name,
@@ -883,6 +920,7 @@ class WindowSpec:
             group_by=self.group_by,
             quantiles=self.quantiles,
             early_every_ms=self.early_every_ms,
+            sets=self.sets,
         )
 
     @property
@@ -921,6 +959,8 @@ class WindowSpec:
             out["quantiles"] = self.quantiles
         if self.early_every_ms is not None:
             out["early_every"] = format_duration_ms(self.early_every_ms)
+        if self.kind == "tumbling":
+            out["sets"] = self.sets
         return out
 
 

@@ -101,8 +101,8 @@ class HeldWindows:
     def of_types(self, metric_types: tuple[str, ...] | None) -> HeldWindows:
         """The holding without windows of other metric types (None: all kept).
 
-        A holding stored before its query's lane narrowed (a tumbling window's sets moved to
-        a lane of their own, ``checkpoints.splits_sets``) still has the windows the other
+        A holding stored before its query's lane narrowed (a tumbling window switched to
+        ``sets: with_timers``, ``checkpoints.splits_sets``) still has the sets the sketch
         lane now rebuilds from the log under its new checkpoint; released by both, the two
         rows would race on revision.
         """

@@ -53,9 +53,9 @@ A hopping window's sketch lane merges each partial once into its hop-wide pane a
 into its size/hop windows (``hopping_windows``) instead of copying the partial into every
 window; its native lane aggregates panes only (``hopping_pane_aggregates``) and the store
 makes each window of its panes when it publishes it (``PaneBatchWriter``). A tumbling window
-splits its native lane in two (``splits_sets``): counters and gauges with plain sums and
-extremes (``plain_lane_partials``), and its sketch lane merges sets' HLLs beside the digests,
-so no HLL buffer sits in a counter's state and the window stays two queries. Session and sliding
+with ``sets: with_timers`` (``splits_sets``) aggregates only counters and gauges natively, with
+plain sums and extremes (``plain_lane_partials``), and its sketch lane merges the sets' HLLs
+beside the digests: no HLL buffer in a counter's state, and still two queries. Session and sliding
 windows run one query of their own operator for every type, which merges the sketches too
 (``window_sketches``: percentiles, histograms and distinct counts as in the two lanes).
 
@@ -195,8 +195,8 @@ def sketch_query_name(config: PipelineConfig, window: WindowSpec) -> str:
 
 
 def native_lane_types(window: WindowSpec) -> tuple[str, ...]:
-    """The metric types of ``window``'s native lane: a tumbling window's sets merge in its
-    sketch lane instead (``splits_sets``)."""
+    """The metric types of ``window``'s native lane: with ``sets: with_timers`` a tumbling
+    window's sets merge in its sketch lane instead (``splits_sets``)."""
     return PLAIN_TYPES if splits_sets(window) else NATIVE_LANE_TYPES
 
 
@@ -311,9 +311,9 @@ def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> D
     )
 
 
-def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
-    """Merge on-time counter and gauge partials into the windows of ``window``
-    (``splits_sets``): Spark's own sums and extremes and nothing else in the state.
+def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """Merge on-time pane partials of counters, gauges and sets into the windows of
+    ``window``.
 
     Late rows are removed here and recorded by the late rows of the sketch lane's query
     instead (``sketch_lane_with_late_rows``), so Spark's own
@@ -321,6 +321,12 @@ def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     ``window_end <= max(window_end seen) - (delay + lateness + size)``; the extra ``size``
     covers a window end running up to one window ahead of the newest event.
     """
+    return aggregate_windows(_on_time(source, window).where(~is_sketched()))
+
+
+def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """``windowed_partials`` of counters and gauges alone (``sets: with_timers``,
+    ``splits_sets``): Spark's own sums and extremes and nothing else in the state."""
     on_time = _on_time(source, window).where(F.col("metric_type").isin(list(PLAIN_TYPES)))
     grouped = on_time.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
         *_merged_scalars()
@@ -754,10 +760,11 @@ def to_result_rows(
 
 
 NATIVE_LANE_TYPES = ("c", "g", "s")
-"""Metric types of a hopping window's native lane; the sketch lane has the rest (a
-``quantiles: kll`` window has no sketch lane: its one query has every type)."""
+"""Metric types of a tumbling/hopping window's native lane (``sets: with_timers``:
+``PLAIN_TYPES``); the sketch lane has the rest (a ``quantiles: kll`` window has no sketch
+lane: its one query has every type)."""
 PLAIN_TYPES = ("c", "g")
-"""Metric types of a tumbling window's native lane: its sketch lane has sets too."""
+"""Metric types of a ``sets: with_timers`` window's native lane: its sketch lane has sets."""
 
 _KLL_RESULT_COLUMNS = (
     "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "count", "sum", "min",
@@ -797,7 +804,7 @@ class WindowBatchWriter:
         self._late_rows = late_rows
         self._name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
-        if self.lane_types == NATIVE_LANE_TYPES:  # a native lane: a tumbling one has no sets
+        if self.lane_types == NATIVE_LANE_TYPES:  # a native lane: with_timers has no sets
             self.lane_types = native_lane_types(window)
         self._watermark_floor: int | None = None
         self._revision_base: int | None = None
@@ -1192,12 +1199,14 @@ def start_window_queries(
                 writer = PaneBatchWriter(config, window, store_factory(), checkpoint, clock)
                 changes = hopping_pane_aggregates(log, window)
             else:
-                assert splits_sets(window)
                 writer = (
                     WindowBatchWriter if window.early_every_ms is not None
                     else HoldingBatchWriter  # _EARLY publishes from window_pending
                 )(config, window, store_factory(), checkpoint, clock)  # fmt: skip
-                changes = plain_lane_partials(log, window)
+                changes = (
+                    plain_lane_partials(log, window) if splits_sets(window)
+                    else windowed_partials(log, window)
+                )  # fmt: skip
             params = sketch_params(config)
             lane_checkpoint = sketch_checkpoint(checkpoint, params, window)
             queries.append(

@@ -22,7 +22,8 @@ p99/p999 from the t-digest (strong in the tails; the HDR rows answer mid-range q
 bounded relative error), the serialized digest, the HdrHistogram standard encoding and the
 bucket rows the store writes into ``window_histograms``.
 
-A tumbling window's sets take this path too (``checkpoints.splits_sets``): their pane HLLs are
+A tumbling window's sets take this path too with ``sets: with_timers``
+(``checkpoints.splits_sets``): their pane HLLs are
 unioned per window with DataSketches at the config's lgK, kept where a timer keeps its digest,
 and the row gets ``distinct_count`` (rounded as Spark's ``hll_sketch_estimate`` rounds) and the
 HLL image in ``sketch``, as the session and sliding operators give a set. Its counters and

@@ -110,8 +110,8 @@ from streamgauge.ingest.spool_fs import SpoolLike
 SOURCE_NAME = "streamgauge_spool"
 
 #: The metric types of each ``lane`` option value besides ``all`` and ``none``: which a query
-#: reads whole (``plain`` and ``sketch_sets``: a tumbling window's lanes, whose sketch lane
-#: merges sets too, ``job.sketch_lane_types``; ``native`` and ``sketch``: other windows').
+#: reads whole (``native`` and ``sketch``; ``plain`` and ``sketch_sets``: the lanes of a
+#: tumbling window with ``sets: with_timers``, ``job.sketch_lane_types``).
 LANE_TYPES: dict[str, tuple[str, ...]] = {
     "native": ("c", "g", "s"),
     "plain": ("c", "g"),

@@ -125,6 +125,7 @@ def test_reference_uses_every_key() -> None:
         "group_by",
         "quantiles",
         "early_every",
+        "sets",
     }
 
 
@@ -173,6 +174,7 @@ def test_defaults() -> None:
                 "metrics": ["*"],
                 "group_by": [],
                 "quantiles": "tdigest",
+                "sets": "native",
             }
         ],
     }
@@ -203,6 +205,7 @@ def test_hop_equal_to_size_is_canonicalised_to_tumbling() -> None:
             "metrics": ["*"],
             "group_by": [],
             "quantiles": "tdigest",
+            "sets": "native",
         }
     ]
 
@@ -289,7 +292,7 @@ windows:
 
 WINDOW_KEYS = (
     "name, kind, size, hop, offset, gap, key, watermark_delay, allowed_lateness, metrics, "
-    "group_by, quantiles, early_every"
+    "group_by, quantiles, early_every, sets"
 )
 
 

@@ -145,3 +145,43 @@ def test_an_expensive_kll_k_is_a_warning() -> None:
     )
     assert config.kll_k is not None and config.kll_k > 5000
     assert any("needs KLL k" in warning for warning in config.warnings)
+
+
+def test_sets_with_timers_is_per_tumbling_window_and_moves_its_sets_to_the_sketch_lane() -> None:
+    """``sets: with_timers``: the window's sets merge in its sketch lane (``splits_sets``),
+    its native lane takes counters and gauges only; the default keeps sets native, and a
+    hopping window whose hop is its size is the tumbling window it is."""
+    from streamgauge.windows.checkpoints import splits_sets
+    from streamgauge.windows.job import native_lane_types, sketch_lane_types
+
+    config = parse_config(
+        "windows:\n"
+        "  - {name: apart, kind: tumbling, size: 10s, sets: with_timers}\n"
+        "  - {name: whole, kind: hopping, size: 10s, hop: 10s, sets: with_timers}\n"
+        "  - {name: plain, kind: tumbling, size: 10s}\n",
+        "t",
+    )
+    assert [w.sets for w in config.windows] == ["with_timers", "with_timers", "native"]
+    assert [splits_sets(w) for w in config.windows] == [True, True, False]
+    apart, _, plain = config.windows
+    assert (native_lane_types(apart), sketch_lane_types(apart)) == (
+        ("c", "g"), ("d", "h", "ms", "s"))  # fmt: skip
+    assert (native_lane_types(plain), sketch_lane_types(plain)) == (
+        ("c", "g", "s"), ("d", "h", "ms"))  # fmt: skip
+    canonical = config.to_canonical_dict()["windows"]
+    assert [w["sets"] for w in canonical] == ["with_timers", "with_timers", "native"]
+    assert parse_config(yaml.safe_dump(config.to_canonical_dict()), "again") == config
+
+
+@pytest.mark.parametrize(
+    ("window", "path", "message"),
+    [
+        ("{name: w, kind: tumbling, size: 10s, sets: timers}", "windows[0].sets", "unknown value 'timers'; one of native, with_timers; did you mean with_timers?"),
+        ("{name: w, kind: tumbling, size: 10s, sets: 1}", "windows[0].sets", "must be one of native, with_timers, not a number (1)"),
+        ("{name: w, kind: hopping, size: 10s, hop: 5s, sets: with_timers}", "windows[0].sets", "tumbling windows only: a hopping window merges its sets by panes"),
+        ("{name: w, kind: sliding, size: 5s, sets: with_timers}", "windows[0].sets", "tumbling windows only: a sliding window merges its sets in its own operator already"),
+        ("{name: w, kind: tumbling, size: 10s, quantiles: kll, sets: with_timers}", "windows[0].sets", "a quantiles: kll window has no timers' operator: its one query merges every type"),
+    ],
+)  # fmt: skip
+def test_bad_sets_are_reported_at_their_path(window: str, path: str, message: str) -> None:
+    assert issues(f"windows: [{window}]") == [(path, message)]

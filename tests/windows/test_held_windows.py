@@ -165,11 +165,13 @@ def test_the_writer_rewrites_its_holding_only_when_a_batch_changes_it(
 def test_a_lane_narrowed_to_counters_drops_the_sets_of_a_holding_stored_before(
     clean_store: str, tmp_path: Path
 ) -> None:
-    """A holding stored when the tumbling window's native lane still merged sets: the lane
-    now takes counters and gauges only (sets merge in the sketch lane, ``splits_sets``), so it
+    """A holding stored when the tumbling window's native lane still merged sets: with
+    ``sets: with_timers`` the lane takes counters and gauges only (``splits_sets``), so it
     keeps its counters and leaves the set to the sketch lane, which rebuilds it from the log
     under a new checkpoint (released by both, the two rows would race on revision)."""
-    config = parse_config(CONFIG, "test")
+    config = parse_config(CONFIG.replace("allowed_lateness: 1s}", "allowed_lateness: 1s, "
+                                         "sets: with_timers}"), "test")
+    assert config.windows[0].sets == "with_timers"
     before = _windows(("a", "{}", 0, 2, 2.0), ("users", "{}", 0, 3, None))
     before = before.set_column(
         before.schema.get_field_index("metric_type"), "metric_type", pa.array(["c", "s"])

@@ -105,7 +105,7 @@ def test_partials_become_windows_revised_by_stragglers_and_finalised_by_heartbea
     _, state = run_sql(
         url, "select key, value_ms from pipeline_state where config_name = 'jobtest'"
         " and key like 'watermark%' order by 1"
-    )  # each lane of the window (native: a, g; sketches: t and sets) keeps its own watermark
+    )  # each lane of the window (native: a, g; sketches: t) keeps its own watermark
     assert state == [
         ("watermark_ms.sketches:per_2s", T0 + 5_000), ("watermark_ms:per_2s", T0 + 5_000)
     ]

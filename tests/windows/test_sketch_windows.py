@@ -1,8 +1,8 @@
 """Sketches through the window job: percentiles, histograms and distinct counts in the store.
 
 Seeded values go through the real combiner into segments of two receivers and several panes;
-the Spark job (a tumbling window: sets and timers in its sketch lane) writes PostgreSQL. Every
-stored number is checked against what was sent: p50..p999 within the t-digest's rank error, the
+the Spark job (native lane for sets, sketch lane for timers) writes PostgreSQL. Every stored
+number is checked against what was sent: p50..p999 within the t-digest's rank error, the
 ``window_histograms`` rows against the HDR histogram of all values (exactly), the stored
 HdrHistogram encoding decodes to the same buckets, distinct counts exact below the HLL's
 exact-mode size and within its bound above.
