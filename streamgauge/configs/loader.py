@@ -21,7 +21,7 @@ import datetime
 import difflib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -303,6 +303,22 @@ def _unknown_key_message(key: str, model: type[_Shape]) -> str:
     return f"unknown key; valid keys here: {', '.join(valid)}"
 
 
+def _choice_message(
+    value: object, choices: Sequence[str], what: str, *, fold_case: bool = False
+) -> str:
+    """A value outside a key's fixed ``choices``: the choices, and the nearest one to a
+    misspelt string (``fold_case``: compared in lower case, a looser match)."""
+    listed = ", ".join(choices)
+    if not isinstance(value, str):
+        return f"must be one of {listed}, not {_describe(value)}"
+    if fold_case:
+        guess = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
+    else:
+        guess = difflib.get_close_matches(value, choices, n=1)
+    hint = f"; did you mean {guess[0]}?" if guess else ""
+    return f"unknown {what} {value!r}; one of {listed}{hint}"
+
+
 def _shape_message(error: ErrorDetails, model: type[_Shape]) -> str:
     """pydantic's message, rephrased where pydantic speaks Python and users wrote YAML."""
     kind, value = error["type"], error["input"]
@@ -313,26 +329,11 @@ def _shape_message(error: ErrorDetails, model: type[_Shape]) -> str:
     if kind == "invalid_key":
         return f"key {value!r} is not a name; keys are words like size or windows"
     if kind == "literal_error" and error["loc"][:1] == ("sets",):
-        merges = ", ".join(SETS_MERGES)
-        if isinstance(value, str):
-            guess = difflib.get_close_matches(value.lower(), SETS_MERGES, n=1, cutoff=0.5)
-            hint = f"; did you mean {guess[0]}?" if guess else ""
-            return f"unknown value {value!r}; one of {merges}{hint}"
-        return f"must be one of {merges}, not {_describe(value)}"
+        return _choice_message(value, SETS_MERGES, "value", fold_case=True)
     if kind == "literal_error" and error["loc"][:1] == ("quantiles",):
-        sketches = ", ".join(QUANTILE_SKETCHES)
-        if isinstance(value, str):
-            guess = difflib.get_close_matches(value.lower(), QUANTILE_SKETCHES, n=1, cutoff=0.5)
-            hint = f"; did you mean {guess[0]}?" if guess else ""
-            return f"unknown quantile sketch {value!r}; one of {sketches}{hint}"
-        return f"must be one of {sketches}, not {_describe(value)}"
+        return _choice_message(value, QUANTILE_SKETCHES, "quantile sketch", fold_case=True)
     if kind == "literal_error":
-        kinds = ", ".join(WINDOW_KINDS)
-        if isinstance(value, str):
-            guess = difflib.get_close_matches(value, WINDOW_KINDS, n=1)
-            hint = f"; did you mean {guess[0]}?" if guess else ""
-            return f"unknown kind {value!r}; one of {kinds}{hint}"
-        return f"must be one of {kinds}, not {_describe(value)}"
+        return _choice_message(value, WINDOW_KINDS, "kind")
     if kind == "string_type":
         if model is _RawAlert and error["loc"][:1] == ("condition",):
             return f'must be a quoted string like "> 250", not {_describe(value)}'
