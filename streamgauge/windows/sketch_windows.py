@@ -202,7 +202,7 @@ def distinct_count(hll: bytes) -> float | None:
 
 
 def merge_rows(
-    window: SketchWindow, rows: pd.DataFrame, k: int, *, metric_type: str = "ms", lg_k: int = 12
+    window: SketchWindow, rows: pd.DataFrame, k: int, *, metric_type: str, lg_k: int
 ) -> None:
     """Fold pane partials (``INPUT_COLUMNS`` rows of this window) into ``window``, in
     ``MERGE_ORDER``: a set's HLLs (``metric_type`` ``s``, unioned at ``lg_k``), otherwise
