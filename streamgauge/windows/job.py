@@ -117,6 +117,7 @@ from streamgauge.windows.session_windows import (
 )
 from streamgauge.windows.sliding_windows import slid_partials, sliding_late_partials
 from streamgauge.windows.source import (
+    LANE_TYPES,
     RowFilter,
     batch_heartbeats,
     receivers_heartbeat_ms,
@@ -194,21 +195,27 @@ def sketch_query_name(config: PipelineConfig, window: WindowSpec) -> str:
     return f"{query_name(config, window)}.sketches"
 
 
-def native_lane_types(window: WindowSpec) -> tuple[str, ...]:
-    """The metric types of ``window``'s native lane: with ``sets: with_timers`` a tumbling
-    window's sets merge in its sketch lane instead (``splits_sets``)."""
-    return PLAIN_TYPES if splits_sets(window) else NATIVE_LANE_TYPES
-
-
-def sketch_lane_types(window: WindowSpec) -> tuple[str, ...]:
-    """The metric types of ``window``'s sketch lane (``sketch_windows``; a hopping window's:
-    ``hopping_windows``)."""
-    return (*SKETCHED_TYPES, "s") if splits_sets(window) else SKETCHED_TYPES
+def native_lane_rows(window: WindowSpec) -> str:
+    """The ``RowFilter`` lane of a tumbling/hopping window's native lane query: with
+    ``sets: with_timers`` a tumbling window's sets merge in its sketch lane (``splits_sets``)."""
+    return "plain" if splits_sets(window) else "native"
 
 
 def sketch_lane_rows(window: WindowSpec) -> str:
-    """The ``RowFilter`` lane of ``window``'s sketch lane query."""
+    """The ``RowFilter`` lane of ``window``'s sketch lane query (``sketch_windows``; a hopping
+    window's: ``hopping_windows``)."""
     return "sketch_sets" if splits_sets(window) else "sketch"
+
+
+def native_lane_types(window: WindowSpec) -> tuple[str, ...]:
+    """The metric types of ``window``'s native lane: what its source hands it."""
+    return LANE_TYPES[native_lane_rows(window)]
+
+
+def sketch_lane_types(window: WindowSpec) -> tuple[str, ...]:
+    """The metric types of ``window``'s sketch lane: what its source hands it (late rows
+    aside)."""
+    return LANE_TYPES[sketch_lane_rows(window)]
 
 
 def is_sketched() -> Column:
@@ -327,7 +334,7 @@ def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
 def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     """``windowed_partials`` of counters and gauges alone (``sets: with_timers``,
     ``splits_sets``): Spark's own sums and extremes and nothing else in the state."""
-    on_time = _on_time(source, window).where(F.col("metric_type").isin(list(PLAIN_TYPES)))
+    on_time = _on_time(source, window).where(F.col("metric_type").isin(list(LANE_TYPES["plain"])))
     grouped = on_time.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
         *_merged_scalars()
     )
@@ -759,12 +766,6 @@ def to_result_rows(
     return pa.table(columns)
 
 
-NATIVE_LANE_TYPES = ("c", "g", "s")
-"""Metric types of a tumbling/hopping window's native lane (``sets: with_timers``:
-``PLAIN_TYPES``); the sketch lane has the rest (a ``quantiles: kll`` window has no sketch
-lane: its one query has every type)."""
-PLAIN_TYPES = ("c", "g")
-"""Metric types of a ``sets: with_timers`` window's native lane: its sketch lane has sets."""
 
 _KLL_RESULT_COLUMNS = (
     "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "count", "sum", "min",
@@ -780,7 +781,7 @@ class WindowBatchWriter:
     None (sessions) covers every row of the window.
     """
 
-    lane_types: tuple[str, ...] | None = NATIVE_LANE_TYPES
+    lane_types: tuple[str, ...] | None
     keeps_panes = False
     """The query's panes live in ``window_panes`` (``PaneBatchWriter``): a fresh checkpoint
     forgets them."""
@@ -804,14 +805,18 @@ class WindowBatchWriter:
         self._late_rows = late_rows
         self._name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
-        if self.lane_types == NATIVE_LANE_TYPES:  # a native lane: with_timers has no sets
-            self.lane_types = native_lane_types(window)
+        self.lane_types = self.lane_types_of(window)
         self._watermark_floor: int | None = None
         self._revision_base: int | None = None
         #: The open windows held after the last committed batch (``HoldingBatchWriter``;
         #: None until loaded, and always for the writers that hold none).
         self._held: HeldWindows | None = None
         store.error_labels = {"config": config.name, "query": self._name}
+
+    @staticmethod
+    def lane_types_of(window: WindowSpec) -> tuple[str, ...] | None:
+        """``lane_types`` of the window's query: here its native lane's (None: every type)."""
+        return native_lane_types(window)
 
     def revision(self, batch_id: int) -> int:
         """The batch's revision: strictly increasing across batches and checkpoints."""
@@ -994,7 +999,9 @@ class SketchBatchWriter(WindowBatchWriter):
     the changed windows' HDR bucket rows for ``window_histograms``.
     """
 
-    lane_types: tuple[str, ...] | None = SKETCHED_TYPES
+    @staticmethod
+    def lane_types_of(window: WindowSpec) -> tuple[str, ...] | None:
+        return sketch_lane_types(window)
 
     def __init__(
         self,
@@ -1011,7 +1018,6 @@ class SketchBatchWriter(WindowBatchWriter):
         self._name = sketch_query_name(config, window)
         store.error_labels = {"config": config.name, "query": self._name}
         self._state_key = f"watermark_ms.sketches:{window.name}"
-        self.lane_types = sketch_lane_types(window)
         self._layout = HdrLayout.from_params(params)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -1038,7 +1044,9 @@ class KllBatchWriter(WindowBatchWriter):
     """``foreachBatch`` of a ``quantiles: kll`` window: its only query, every metric type
     (``lane_types`` None), upserts and late partials in one commit; no histogram rows."""
 
-    lane_types = None
+    @staticmethod
+    def lane_types_of(window: WindowSpec) -> tuple[str, ...] | None:
+        return None  # one query: every type of the window
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
@@ -1101,7 +1109,9 @@ class SessionBatchWriter(WindowBatchWriter):
     like the sketch lane's.
     """
 
-    lane_types = None
+    @staticmethod
+    def lane_types_of(window: WindowSpec) -> tuple[str, ...] | None:
+        return None  # one query: every type of the window
 
     def __init__(
         self,
@@ -1167,10 +1177,8 @@ def start_window_queries(
         checkpoint = checkpoint_dir(paths, config, window)
         late_margin_ms = window.watermark_delay_ms + window.allowed_lateness_ms
         lane_rows = RowFilter("all")
-        if splits_sets(window):
-            lane_rows = RowFilter("plain")
-        elif window.kind in ("tumbling", "hopping") and not window.uses_kll:
-            lane_rows = RowFilter("native")
+        if window.kind in ("tumbling", "hopping") and not window.uses_kll:
+            lane_rows = RowFilter(native_lane_rows(window))
         log = _read_spool(spark, paths, query_name(config, window), lane_rows)
         # The queries recording the window's late rows (LateRowsOrigin), one generation per
         # definition: a kll window's only query; a session or sliding window's query and its
