@@ -65,6 +65,27 @@ def committed_sequences(checkpoint: Path) -> dict[str, int] | None:
     return {name: int(position["seq"]) for name, position in receivers.items()}
 
 
+#: A file in a quiet query's checkpoint (``windows.source.QuietLane``): per receiver, the last
+#: segment whose footer it read and found nothing in to do, without running a batch, in the
+#: offsets' shape. Not a commit: retention keeps those segments (the query's next batch reads
+#: them); ``segment_lag_ms`` counts them as done, so an idle lane is not lag.
+PASSED_OVER_FILE = "passed_over"
+
+
+def done_sequences(checkpoint: Path) -> dict[str, int] | None:
+    """Per receiver, the last sequence a query has committed or passed over (idle, quiet)."""
+    committed = committed_sequences(checkpoint)
+    if committed is None:
+        return None
+    try:
+        passed = json.loads((checkpoint / PASSED_OVER_FILE).read_text()).get("receivers", {})
+    except FileNotFoundError:
+        return committed
+    for name, position in passed.items():
+        committed[name] = max(committed.get(name, -1), int(position["seq"]))
+    return committed
+
+
 def safe_sequences(checkpoints: Iterable[Path]) -> dict[str, int]:
     """Per receiver, the highest sequence every query has committed (the minimum over them).
 

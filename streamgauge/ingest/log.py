@@ -73,6 +73,11 @@ def conform_segment(batch: pa.RecordBatch) -> pa.RecordBatch:
     ]  # fmt: skip
     return pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
 
+#: How far past the receive clock a sample's ``|T`` may lie and still be its event time (a
+#: receiver's ``max_skew_ms`` default): so a row's pane may start up to this long after the
+#: heartbeat of the segment it is in.
+DEFAULT_MAX_SKEW_MS = 10 * 60_000
+
 _SEGMENT_NAME = re.compile(r"^(\d{12})\.arrow$")
 _RECEIVER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -96,6 +101,35 @@ class Heartbeat:
 
     heartbeat_ms: int
     closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentContents:
+    """Which rows a segment holds, in brief: read from its footer, so a reader can tell
+    whether a segment has anything for it without reading the rows (``read_contents``)."""
+
+    metric_types: frozenset[str]
+    #: The smallest and largest ``pane_start_ms`` of its rows; None: no rows (heartbeat only).
+    pane_range_ms: tuple[int, int] | None
+
+
+def contents_of(batch: pa.RecordBatch | pa.Table) -> SegmentContents:
+    """What ``batch`` (segment rows) holds: its metric types and the range of its panes."""
+    if batch.num_rows == 0:
+        return SegmentContents(frozenset(), None)
+    types = pc.unique(batch.column("metric_type")).to_pylist()
+    panes = pc.min_max(batch.column("pane_start_ms")).as_py()
+    return SegmentContents(
+        frozenset(t for t in types if t is not None), (int(panes["min"]), int(panes["max"]))
+    )
+
+
+def _contents_metadata(contents: SegmentContents) -> dict[bytes, bytes]:
+    panes = contents.pane_range_ms
+    return {
+        b"metric_types": ",".join(sorted(contents.metric_types)).encode(),
+        b"pane_range_ms": b"" if panes is None else f"{panes[0]},{panes[1]}".encode(),
+    }
 
 
 def validate_receiver_name(name: str) -> str:
@@ -140,6 +174,7 @@ class SegmentWriter:
         metadata = {
             b"heartbeat_ms": str(heartbeat.heartbeat_ms).encode(),
             b"closed": b"1" if heartbeat.closed else b"0",
+            **_contents_metadata(contents_of(batch)),
         }
         schema = SEGMENT_SCHEMA.with_metadata(metadata)
 
@@ -205,8 +240,30 @@ def _open(segment: SegmentInfo | Path) -> pa.NativeFile:
 def read_heartbeat(segment: SegmentInfo | Path) -> Heartbeat:
     """Read only the schema metadata of a segment (cheap: the footer, no row data)."""
     with _open(segment) as source:
-        metadata = pa.ipc.open_file(source).schema.metadata or {}
+        return _heartbeat_in(pa.ipc.open_file(source).schema.metadata or {})
+
+
+def _heartbeat_in(metadata: dict[bytes, bytes]) -> Heartbeat:
     return Heartbeat(int(metadata.get(b"heartbeat_ms", b"0")), metadata.get(b"closed") == b"1")
+
+
+def read_contents(segment: SegmentInfo | Path) -> tuple[SegmentContents, Heartbeat]:
+    """A segment's ``SegmentContents`` and heartbeat, from its footer; a segment written
+    before the footer said so (no ``metric_types``) has its two columns read instead."""
+    with _open(segment) as source:
+        reader = pa.ipc.open_file(source)
+        metadata = reader.schema.metadata or {}
+        heartbeat = _heartbeat_in(metadata)
+        if b"metric_types" in metadata:
+            types = metadata[b"metric_types"].decode()
+            panes = metadata.get(b"pane_range_ms", b"").decode()
+            low, _, high = panes.partition(",")
+            return SegmentContents(
+                frozenset(types.split(",")) if types else frozenset(),
+                (int(low), int(high)) if panes else None,
+            ), heartbeat
+        rows = reader.read_all()  # memory-mapped on a local spool: only these columns are read
+    return contents_of(rows), heartbeat
 
 
 def read_segment(segment: SegmentInfo | Path) -> Iterator[pa.RecordBatch]:

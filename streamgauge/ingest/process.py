@@ -30,6 +30,7 @@ from streamgauge.ingest.collector import FullCollections, settle_after_startup
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import (
+    DEFAULT_MAX_SKEW_MS,
     DEFAULT_WRITE_QUEUE_DEPTH,
     SegmentQueue,
     SegmentWriter,
@@ -38,7 +39,7 @@ from streamgauge.ingest.log import (
 from streamgauge.ingest.memory import release_library_pages
 from streamgauge.ingest.priority import DEFAULT_WORKER_NICE, MAX_NICE
 from streamgauge.ingest.protocol import DEFAULT_LIMITS, ProtocolLimits
-from streamgauge.ingest.receiver import DEFAULT_MAX_SKEW_MS, Receiver
+from streamgauge.ingest.receiver import Receiver
 from streamgauge.ingest.spool_fs import resolve_spool
 from streamgauge.ingest.transports import (
     DEFAULT_RCVBUF_BYTES,

@@ -76,6 +76,7 @@ from streamgauge.ingest.guard import (
     SeriesId,
 )
 from streamgauge.ingest.log import (
+    DEFAULT_MAX_SKEW_MS,
     Heartbeat,
     SegmentQueue,
     SegmentWriter,
@@ -107,7 +108,7 @@ from streamgauge.ingest.transports import (
     bind_udp,
     describe,
 )
-from streamgauge.retention import committed_sequences
+from streamgauge.retention import done_sequences
 
 __all__ = ["IngestStats", "Receiver", "UdpReceiver", "bind_udp"]
 
@@ -119,7 +120,6 @@ MAX_TCP_READ_BYTES = 1 << 16
 MAX_TCP_CONNECTIONS = 1024
 REJECT_SAMPLE_SIZE = 32
 TRUNCATED_SAMPLE = b"<datagram over 64 KiB: its last line cut off>"
-DEFAULT_MAX_SKEW_MS = 10 * 60_000
 KERNEL_POLL_MS = 1000
 LAG_POLL_MS = 5000
 #: A wake-up that found fewer than COALESCE_DATAGRAMS datagrams waits this long before the
@@ -760,7 +760,7 @@ class Receiver:
         oldest = writer.next_sequence  # every query read everything written
         for checkpoint in self._checkpoints:
             try:
-                committed = committed_sequences(checkpoint)
+                committed = done_sequences(checkpoint)  # an idle lane's passed-over too
             except (OSError, ValueError, KeyError):  # a commit being written right now
                 continue
             if committed and receiver in committed:

@@ -56,7 +56,8 @@ segment admitted is at or below the bound).
   Retention never removes segments no query has committed past.
 - A single receiver is never held back by itself.
 
-Offsets keep their format: ``seq``/``heartbeat_ms``/``closed`` of the last segment admitted.
+Offsets keep their format: ``seq``/``heartbeat_ms``/``closed`` of the last segment admitted
+(a quiet lane's add ``busy_until_ms``, below).
 Batch reads (``replay``) read the whole log.
 
 **Each query reads only the rows it can use** (``RowFilter``, the ``lane`` and
@@ -71,6 +72,34 @@ time, so ``event < prior_heartbeat - (watermark_delay + allowed_lateness)`` keep
 (the job's own late rule then decides). Spark's watermark of a lane now follows that lane's
 own rows: it can only be lower than before, so it drops nothing more; it frees state later
 while a lane's types are idle.
+
+**An idle lane waits** (``QuietLane``: a tumbling or hopping window's sketch lane, and the
+late-rows query of a session or sliding window, in a live job). A query with no rows of its
+own still ran a micro-batch on every new segment: read the segment, run its stages, commit its
+state and its store transaction (under the window's lock, which the other lane then waits
+for). At 100k counter series the idle sketch lane ran ~1 batch a second, and the counters'
+batches took twice as long beside it. Now ``latestOffset`` reads each new segment's footer
+(``read_contents``: its metric types and pane range) and admits nothing while:
+
+- no new segment has a row for the query (``RowFilter.wants``: ``apply``'s rule, per segment);
+- every window of the rows it took is final by the heartbeats it took: it keeps taking every
+  segment until the heartbeat reaches the latest such row's pane + ``QuietLane.span_ms``
+  (pane + size + ``watermark_delay`` + ``allowed_lateness``), ``busy_until_ms`` in the offset;
+- less than ``QuietLane.every_ms`` (30 s) of heartbeat came since its last batch: an idle
+  lane's watermark in ``pipeline_state`` (``replay`` waits for every lane's) trails by at most
+  that.
+
+Timeline, a sketch lane over a log of counters, one timer at 32 s (10 s windows, span 14 s)::
+
+    heartbeat (s)   1 ...... 31 . 33 ............ 46 .......... 76
+    segments        c ...... c  c  c+ms c c ... c  c ... c ... c  c
+    batches         █        █     █ █ █ █ █ ... █               █
+                    first    30 s  the timer: every segment      30 s after
+                             idle  until 32 + 14 = 46 s          the last
+
+Whether a batch runs never changes what it computes: Spark logs each batch's offsets before
+running it, a replayed batch reads the same segments, and a segment skipped now is read by
+the next batch (``partitions`` covers every segment between two offsets).
 """
 
 from __future__ import annotations
@@ -81,7 +110,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -95,11 +124,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from streamgauge.ingest.log import (
+    DEFAULT_MAX_SKEW_MS,
     SEGMENT_SCHEMA,
     Heartbeat,
+    SegmentContents,
     SegmentInfo,
     list_receivers,
     list_segments,
+    read_contents,
     read_heartbeat,
     read_segment,
     segment_at,
@@ -119,6 +151,10 @@ LANE_TYPES: dict[str, tuple[str, ...]] = {
     "sketch_sets": (*SKETCHED_TYPES, "s"),
 }
 LANES = ("all", *LANE_TYPES, "none")
+#: How far after its segment's heartbeat a row taken before ``busy_until_ms`` was kept in the
+#: offset may lie (the receivers' default ``max_skew_ms``); a larger skew only delays, by up to
+#: ``QuietLane.every_ms``, the closing of such a row's window.
+UNKNOWN_ROWS_AHEAD_MS = DEFAULT_MAX_SKEW_MS
 _LANE_VALUES = {lane: pa.array(types, pa.string()) for lane, types in LANE_TYPES.items()}
 
 
@@ -199,6 +235,51 @@ class RowFilter:
             return batch.slice(0, 0)
         return batch.filter(keep)
 
+    def wants(self, contents: SegmentContents, heartbeat_ms: int, prior_heartbeat_ms: int) -> bool:
+        """Whether ``apply`` would keep any row of a segment holding ``contents``: the same
+        rule, on the segment's types and earliest pane instead of its rows."""
+        if contents.pane_range_ms is None:
+            return False
+        if self.lane == "all":
+            return True
+        if self.lane in LANE_TYPES and contents.metric_types & set(LANE_TYPES[self.lane]):
+            return True
+        if self.late_margin_ms is None:
+            return False
+        earliest = min(contents.pane_range_ms[0], heartbeat_ms)
+        return earliest < prior_heartbeat_ms - self.late_margin_ms
+
+
+@dataclass(frozen=True)
+class QuietLane:
+    """A query that runs a micro-batch only when it has something to do (module docstring,
+    "A lane without rows waits").
+
+    ``span_ms``: from a row's pane start to the heartbeat at which every window holding it is
+    final (pane + size + ``watermark_delay`` + ``allowed_lateness``): until then the query
+    takes every segment, so its windows close and become final on time. ``every_ms``: while
+    idle, how much heartbeat progress it still takes in one batch, so its watermark in
+    ``pipeline_state`` (which ``replay`` reads) trails by at most that much.
+    """
+
+    span_ms: int
+    every_ms: int = 30_000
+    #: Where it notes the segments it passed over (``retention.PASSED_OVER_FILE`` in its
+    #: checkpoint), so ``segment_lag_ms`` does not count them; None: not noted.
+    passed_over: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Any) -> QuietLane | None:
+        span = options.get("quietSpanMs")
+        if span is None:
+            return None
+        every = int(options.get("quietEveryMs", cls.every_ms))
+        return cls(int(span), every, options.get("quietPassedOver"))
+
+    def options(self) -> dict[str, str]:
+        noted = {} if self.passed_over is None else {"quietPassedOver": self.passed_over}
+        return {"quietSpanMs": str(self.span_ms), "quietEveryMs": str(self.every_ms), **noted}
+
 
 class SegmentPartition(InputPartition):
     """A contiguous run of one receiver's segments; picklable (the spool as its location
@@ -217,20 +298,97 @@ class SegmentPartition(InputPartition):
         self.prior_heartbeat_ms = prior_heartbeat_ms
 
 
+class _SegmentNeed(NamedTuple):
+    #: The segment's latest pane if it has rows for the query, else None.
+    latest_pane_ms: int | None
+    heartbeat_ms: int
+
+
 class SpoolStreamReader(DataSourceStreamReader):
     def __init__(
-        self, spool: SpoolLike, max_segments_per_partition: int, rows: RowFilter | None = None
+        self,
+        spool: SpoolLike,
+        max_segments_per_partition: int,
+        rows: RowFilter | None = None,
+        quiet: QuietLane | None = None,
     ) -> None:
         self._spool = spool
         self._max_segments_per_partition = max_segments_per_partition
         self._rows = rows or RowFilter()
+        self._quiet = quiet
+        #: (receiver, sequence) -> what the segment holds for this query (``_need_of``).
+        self._needs: dict[tuple[str, int], _SegmentNeed] = {}
+        self._noted: dict[str, Any] | None = None  # the positions last noted as passed over
 
     def initialOffset(self) -> dict[str, Any]:
         return {"receivers": {}}
 
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:  # noqa: N802
-        """Admit new segments, holding back those ahead of the slowest open receiver."""
-        return self._offset(start, hold_back=True)
+        """Admit new segments, holding back those ahead of the slowest open receiver; a
+        ``QuietLane`` with nothing to do admits none (``_quiet_offset``)."""
+        end = self._offset(start, hold_back=True)
+        if self._quiet is None or end["receivers"] == start.get("receivers", {}):
+            return end
+        return self._quiet_offset(self._quiet, start, end)
+
+    def _quiet_offset(
+        self, quiet: QuietLane, start: dict[str, Any], end: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``end``, or ``start`` (no batch) while the query has nothing to do: no new row
+        for it, every window it has seen final by the heartbeats already taken, and less
+        than ``quiet.every_ms`` of heartbeat progress since its last batch.
+
+        ``busy_until_ms`` (in the offset, so it survives a restart): the heartbeat from which
+        every window of the rows taken so far is final. An offset written before it existed
+        gives the bound of a row stamped up to ``UNKNOWN_ROWS_AHEAD_MS`` after its heartbeat.
+        """
+        begun: dict[str, Any] = start.get("receivers", {})
+        busy_until = start.get("busy_until_ms")
+        if busy_until is None:
+            heartbeats = [int(p["heartbeat_ms"]) for p in begun.values()]
+            busy_until = max(heartbeats, default=-quiet.span_ms - UNKNOWN_ROWS_AHEAD_MS)
+            busy_until += UNKNOWN_ROWS_AHEAD_MS + quiet.span_ms
+        wanted = False
+        for receiver, position in end["receivers"].items():
+            before = begun.get(receiver, {"seq": -1, "heartbeat_ms": 0})
+            prior = int(before["heartbeat_ms"])
+            for segment in list_segments(
+                self._spool, receiver, after=before["seq"], upto=position["seq"]
+            ):
+                need = self._need_of(segment, prior)
+                if need.latest_pane_ms is not None:
+                    wanted = True
+                    busy_until = max(busy_until, need.latest_pane_ms + quiet.span_ms)
+                prior = need.heartbeat_ms
+        for key in [k for k in self._needs if k[1] <= begun.get(k[0], {"seq": -1})["seq"]]:
+            del self._needs[key]  # committed: never asked about again
+        taken = receivers_heartbeat_ms(begun)
+        offered = receivers_heartbeat_ms(end["receivers"])
+        idle = taken is not None and not wanted and taken >= busy_until
+        if idle and taken is not None and offered is not None and offered < taken + quiet.every_ms:
+            self._note_passed_over(quiet, end)
+            return start
+        return {**end, "busy_until_ms": busy_until}
+
+    def _note_passed_over(self, quiet: QuietLane, end: dict[str, Any]) -> None:
+        """Replace the ``passed_over`` file with ``end``'s positions (write, then rename)."""
+        if quiet.passed_over is None or end["receivers"] == self._noted:
+            return
+        path = Path(quiet.passed_over)
+        scratch = path.with_name(path.name + ".tmp")
+        scratch.write_text(json.dumps({"receivers": end["receivers"]}))
+        os.replace(scratch, path)
+        self._noted = end["receivers"]
+
+    def _need_of(self, segment: SegmentInfo, prior_heartbeat_ms: int) -> _SegmentNeed:
+        """What ``segment`` holds for this query (from its footer, once per segment)."""
+        key = (segment.receiver, segment.sequence)
+        if key not in self._needs:
+            contents, heartbeat = read_contents(segment)
+            wanted = self._rows.wants(contents, heartbeat.heartbeat_ms, prior_heartbeat_ms)
+            latest = contents.pane_range_ms[1] if wanted and contents.pane_range_ms else None
+            self._needs[key] = _SegmentNeed(latest, heartbeat.heartbeat_ms)
+        return self._needs[key]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Retention of committed segments is owned by the ingest tier, not by the reader."""
@@ -374,7 +532,10 @@ class SpoolDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         spool = str(self.options["path"])
         per_partition = int(self.options.get("maxSegmentsPerPartition", "64"))
-        return SpoolStreamReader(spool, per_partition, RowFilter.from_options(self.options))
+        return SpoolStreamReader(
+            spool, per_partition, RowFilter.from_options(self.options),
+            QuietLane.from_options(self.options),
+        )  # fmt: skip
 
 
 def batch_heartbeats(checkpoint: Path, batch_id: int) -> dict[str, dict[str, Any]]:

@@ -37,6 +37,7 @@ from streamgauge.ingest.log import (
 from streamgauge.ingest.read_ahead import CompiledReadAhead, PythonReadAhead
 from streamgauge.ingest.receiver import Receiver, UdpReceiver, bind_udp
 from streamgauge.ingest.transports import bind_tcp, bind_unixgram
+from streamgauge.retention import PASSED_OVER_FILE, safe_sequences
 
 T0 = 1_700_000_000_000
 
@@ -583,6 +584,14 @@ def test_segment_lag_follows_the_slowest_query_of_the_running_config(tmp_path: P
     clock.set(T0 + 40_000)
     receiver.roll(clock.now_ms())
     assert receiver.stats.segment_lag_ms == 35_000
+    # The native lane read 5..7; the sketch lane, idle (windows.source.QuietLane), passed over
+    # the same segments without a batch: nothing for it in them, so they are not its lag.
+    _commit(native, 4, {"udp-0": 7})
+    (sketches / PASSED_OVER_FILE).write_text(json.dumps({"receivers": {"udp-0": {"seq": 7}}}))
+    clock.set(T0 + 45_000)
+    receiver.roll(clock.now_ms())  # writes segment 9 (T0 + 45 s): segment 8 is the oldest
+    assert receiver.stats.segment_lag_ms == 5_000
+    assert safe_sequences([native, sketches]) == {"udp-0": 4}  # what retention may delete
     sock.close()
 
 

@@ -8,13 +8,23 @@ Heartbeats in seconds; ``|`` marks a stream's newest segment, ``c`` a closed one
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from streamgauge.ingest.log import SEGMENT_SCHEMA, Heartbeat, SegmentWriter
+from streamgauge.ingest.log import (
+    SEGMENT_SCHEMA,
+    Heartbeat,
+    SegmentContents,
+    SegmentWriter,
+    read_contents,
+    read_segment,
+)
 from streamgauge.windows.source import (
+    UNKNOWN_ROWS_AHEAD_MS,
+    QuietLane,
     RowFilter,
     SpoolBatchReader,
     SpoolStreamReader,
@@ -149,3 +159,125 @@ def test_each_lane_reads_its_own_types_and_every_row_that_may_be_late(tmp_path: 
     assert RowFilter.from_options(RowFilter("sketch", 3000).options()) == RowFilter("sketch", 3000)
     with pytest.raises(ValueError, match="lane must be one of"):
         RowFilter("timers")
+
+
+def _contents_written_before_footers_said(path: Path) -> None:
+    """Rewrite a segment as receivers wrote it before ``metric_types`` / ``pane_range_ms``."""
+    with pa.OSFile(str(path)) as source:  # copied: the file is overwritten below
+        table = pa.ipc.open_file(source).read_all()
+    old = {k: v for k, v in (table.schema.metadata or {}).items()
+           if k in (b"heartbeat_ms", b"closed")}  # fmt: skip
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(
+        sink, table.schema.with_metadata(old)
+    ) as writer:
+        writer.write_table(table.replace_schema_metadata(old))
+
+
+def test_a_segment_footer_says_which_rows_it_holds_and_wants_agrees_with_apply(
+    tmp_path: Path,
+) -> None:
+    """``RowFilter.wants`` (from the footer) keeps a segment exactly when ``apply`` (on the
+    rows) keeps a row of it, for every lane; a segment from before the footer said so is read."""
+    writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
+    segments = [
+        ([_partial("c", 8), _partial("g", 9)], 10),
+        ([_partial("ms", 19), _partial("c", 12)], 20),
+        ([_partial("c", 29), _partial("s", 14)], 30),  # a set straggler: may be late at 20-3
+        ([], 40),  # heartbeat only
+    ]
+    infos = []
+    for rows, beat in segments:
+        batch = pa.RecordBatch.from_pylist(rows, schema=SEGMENT_SCHEMA)
+        infos.append(writer.append(batch, Heartbeat(beat * 1000, False)))
+    contents = [read_contents(info)[0] for info in infos]
+    assert contents[1] == SegmentContents(frozenset({"ms", "c"}), (12_000, 19_000))
+    assert contents[3] == SegmentContents(frozenset(), None)
+    assert read_contents(infos[0])[1] == Heartbeat(10_000, False)
+    for info, expected in zip(infos, contents, strict=True):
+        _contents_written_before_footers_said(info.path)  # type: ignore[arg-type]
+        assert read_contents(info)[0] == expected
+    filters = [RowFilter(lane) for lane in ("all", "native", "plain", "sketch", "sketch_sets",
+                                            "none")]  # fmt: skip
+    filters += [RowFilter("sketch", 3000), RowFilter("none", 3000), RowFilter("none", 9000)]
+    for rows_filter in filters:
+        prior = 0
+        for info, found in zip(infos, contents, strict=True):
+            heartbeat = read_contents(info)[1].heartbeat_ms
+            kept = sum(rows_filter.apply(b, heartbeat, prior).num_rows for b in read_segment(info))
+            assert rows_filter.wants(found, heartbeat, prior) == (kept > 0), (rows_filter, info)
+            prior = heartbeat
+
+
+class _Spark:
+    """Drives a reader as Spark's micro-batch loop does: a new batch whenever ``latestOffset``
+    returns an offset other than the one the last batch ended at."""
+
+    def __init__(self, spool: Path, rows: RowFilter, quiet: QuietLane) -> None:
+        self.reader = SpoolStreamReader(spool, 64, rows, quiet)
+        self.start: dict[str, object] = self.reader.initialOffset()
+
+    def trigger(self) -> bool:
+        end = self.reader.latestOffset(self.start, None)
+        if end == self.start:
+            return False
+        self.start = json.loads(json.dumps(end))  # as logged in the checkpoint
+        return True
+
+
+def _segment(writer: SegmentWriter, beat_s: float, *panes: tuple[str, float]) -> None:
+    rows = [_partial(t, 0) | {"metric": f"m.{t}", "pane_start_ms": int(p * 1000)}
+            for t, p in panes]  # fmt: skip
+    writer.append(pa.RecordBatch.from_pylist(rows, schema=SEGMENT_SCHEMA),
+                  Heartbeat(int(beat_s * 1000), False))  # fmt: skip
+
+
+def test_a_quiet_lane_runs_a_batch_only_when_it_has_something_to_do(tmp_path: Path) -> None:
+    """A sketch lane (late margin 3 s) of a 10 s window (span: pane 1 + size 10 + delay 1 +
+    lateness 2 = 14 s), idle batches every 30 s of heartbeat, over a log of counters.
+
+    Its windows must close and become final on time, so once it has taken a timer it takes
+    every segment until the heartbeat passes that timer's pane + 14 s; a counter that may
+    be late is for it too."""
+    writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
+    quiet = QuietLane(span_ms=14_000, every_ms=30_000, passed_over=str(tmp_path / "passed_over"))
+    spark = _Spark(tmp_path, RowFilter("sketch", 3000), quiet)
+
+    def step(beat_s: float, *panes: tuple[str, float]) -> bool:
+        _segment(writer, beat_s, *panes)
+        return spark.trigger()
+
+    assert step(1, ("c", 0))  # the first batch: nothing taken yet, nothing known
+    assert [step(s, ("c", s - 1)) for s in range(2, 31)] == [False] * 29  # counters only
+    assert step(31, ("c", 30))  # 30 s of heartbeat since the last batch: the watermark moves
+    assert not step(32, ("c", 31))
+    assert step(33, ("c", 32), ("ms", 32))  # a timer: its window [30, 40) is open
+    # Every heartbeat until 32 + 14 = 46 s, when [30, 40) is final (46 - 1 >= 40 + 2 + 1 pane).
+    assert [step(s, ("c", s - 1)) for s in range(34, 47)] == [True] * 13
+    assert not step(47, ("c", 46))
+    assert step(48, ("c", 47), ("c", 40))  # a counter 40 s < 47 - 3 s: may be late
+    # The footer gives one pane range for the segment, so its latest pane (47 s) counts as
+    # the lane's: busy until 47 + 14 = 61 s (a batch or two too many, never one too few).
+    assert [step(s, ("c", s - 1)) for s in range(49, 62)] == [True] * 13
+    assert [step(s) for s in range(62, 91)] == [False] * 29  # idle input: heartbeats only
+    # What it passed over is noted for segment_lag_ms (retention.PASSED_OVER_FILE).
+    noted = json.loads((tmp_path / "passed_over").read_text())["receivers"]["udp-0"]
+    assert (noted["seq"], noted["heartbeat_ms"]) == (89, 90_000)
+    assert step(91)  # 30 s after the batch at 61 s
+
+
+def test_a_restarted_quiet_lane_without_a_bound_in_its_offset_waits_the_longest_a_row_may(
+    tmp_path: Path,
+) -> None:
+    """An offset from before ``busy_until_ms`` existed: a row taken before it may lie up to the
+    receivers' default skew after its heartbeat, so the lane takes every segment until then."""
+    writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
+    _segment(writer, 100, ("c", 99))
+    spark = _Spark(tmp_path, RowFilter("sketch"), QuietLane(span_ms=14_000, every_ms=30_000))
+    assert spark.trigger()
+    spark.start = {"receivers": spark.start["receivers"]}  # type: ignore[dict-item]
+    _segment(writer, 101, ("c", 100))
+    assert spark.trigger()
+    assert spark.start["busy_until_ms"] == 100_000 + UNKNOWN_ROWS_AHEAD_MS + 14_000
+    for quiet in (QuietLane(14_000, 5_000), QuietLane(0, 9_000, str(tmp_path / "p"))):
+        assert QuietLane.from_options(quiet.options()) == quiet
+    assert QuietLane.from_options(RowFilter("sketch").options()) is None
