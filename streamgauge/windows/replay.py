@@ -59,7 +59,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streamgauge.clock import Clock
@@ -146,9 +146,10 @@ def replay(
                 )
             )
             continue
-        # Every lane's watermark: a window is final for replay only once final in each (a
-        # quantiles: kll window has one query; a sketch lane's state left from before it
-        # became one must not hold it back).
+        # Each lane's watermark: a series' windows are computed by one lane, so they are final
+        # for replay once final in that lane. (A quantiles: kll window has one query; a sketch
+        # lane's state left from before it became one must not count. A sketch lane idle for
+        # a while, windows.source.QuietLane, must not hold the counters back.)
         prefixes = ["watermark_ms"] + ([] if window.uses_kll else ["watermark_ms.sketches"])
         lanes = [store.read_state(config.name, f"{prefix}:{window.name}")
                  for prefix in prefixes]  # fmt: skip
@@ -157,17 +158,18 @@ def replay(
         if watermark_ms is None:
             report.append(ReplayedWindow(window.name, None, 0, 0, 0))
             continue
+
         assigned = assign_windows(log_rows, window).where(
             metric_filter(window.metrics)
             & (F.col("window_start_ms") < F.lit(to_ms))
             & (F.col("window_end_ms") > F.lit(from_ms))
-            & (F.col("window_end_ms") + F.lit(window.allowed_lateness_ms) <= F.lit(watermark_ms))
         )
         params = sketch_params(config)
         if window.uses_kll:  # every type in one aggregation, as the streaming query does
             rows = to_result_rows(
                 aggregate_windows(
-                    assigned.withColumn("window_end_ts", F.timestamp_millis("window_end_ms")),
+                    assigned.where(_final_in(window, watermark_ms))
+                    .withColumn("window_end_ts", F.timestamp_millis("window_end_ms")),
                     params.kll_k,
                 ).toArrow(),
                 config, window, revision=1, watermark_ms=watermark_ms,
@@ -181,12 +183,15 @@ def replay(
                 )
             )  # fmt: skip
             continue
+        native_ms, sketch_ms = lanes
         native = aggregate_windows(
-            assigned.where(F.col("metric_type").isin(list(native_lane_types(window))))
+            assigned.where(F.col("metric_type").isin(list(native_lane_types(window)))
+                           & _final_in(window, native_ms))
             .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
-        ).toArrow()
+        ).toArrow()  # fmt: skip
         sketched = (
-            assigned.where(F.col("metric_type").isin(list(sketch_lane_types(window))))
+            assigned.where(F.col("metric_type").isin(list(sketch_lane_types(window)))
+                           & _final_in(window, sketch_ms))
             .groupBy("window_start_ms", "window_end_ms", "metric", "tags")
             .applyInPandas(merge_windows_batch(params), SKETCH_OUTPUT_DDL)
             .toArrow()
@@ -195,9 +200,10 @@ def replay(
             sketched, config, window, revision=0, layout=HdrLayout.from_params(params)
         )
         rows = pa.concat_tables(
-            [to_result_rows(changed, config, window, revision=1, watermark_ms=watermark_ms,
+            [to_result_rows(changed, config, window, revision=1, watermark_ms=lane_ms,
                             emitted_at_ms=clock.now_ms())
-             for changed in (native, sketched.drop_columns(["hdr_buckets"]))],
+             for changed, lane_ms in ((native, native_ms),
+                                      (sketched.drop_columns(["hdr_buckets"]), sketch_ms))],
             promote_options="permissive",
         )  # fmt: skip
         outcome = store.publish_corrections(
@@ -210,6 +216,14 @@ def replay(
             )
         )  # fmt: skip
     return report
+
+
+def _final_in(window: WindowSpec, lane_watermark_ms: int | None) -> Column:
+    """Windows final by a lane's watermark (None: the lane never committed, none)."""
+    if lane_watermark_ms is None:
+        return F.lit(False)
+    ends = F.col("window_end_ms") + F.lit(window.allowed_lateness_ms)
+    return ends <= F.lit(lane_watermark_ms)
 
 
 _NEVER_LATE_MS = 2**62

@@ -86,8 +86,11 @@ batches took twice as long beside it. Now ``latestOffset`` reads each new segmen
   segment until the heartbeat reaches the latest such row's pane + ``QuietLane.span_ms``
   (pane + size + ``watermark_delay`` + ``allowed_lateness``), ``busy_until_ms`` in the offset;
 - less than ``QuietLane.every_ms`` (30 s) of heartbeat came since its last batch: an idle
-  lane's watermark in ``pipeline_state`` (``replay`` waits for every lane's) trails by at most
-  that.
+  lane's watermark in ``pipeline_state`` trails by at most that (``replay`` takes a window as
+  final by the watermark of the lane that computes it, so counters never wait for it).
+
+It notes what it passed over in its checkpoint (``retention.PASSED_OVER_FILE``): the
+receivers' ``segment_lag_ms`` counts those segments as done, retention still keeps them.
 
 Timeline, a sketch lane over a log of counters, one timer at 32 s (10 s windows, span 14 s)::
 
@@ -253,7 +256,7 @@ class RowFilter:
 @dataclass(frozen=True)
 class QuietLane:
     """A query that runs a micro-batch only when it has something to do (module docstring,
-    "A lane without rows waits").
+    "An idle lane waits").
 
     ``span_ms``: from a row's pane start to the heartbeat at which every window holding it is
     final (pane + size + ``watermark_delay`` + ``allowed_lateness``): until then the query
@@ -364,8 +367,13 @@ class SpoolStreamReader(DataSourceStreamReader):
             del self._needs[key]  # committed: never asked about again
         taken = receivers_heartbeat_ms(begun)
         offered = receivers_heartbeat_ms(end["receivers"])
-        idle = taken is not None and not wanted and taken >= busy_until
-        if idle and taken is not None and offered is not None and offered < taken + quiet.every_ms:
+        if (
+            not wanted
+            and taken is not None  # a first batch always runs
+            and taken >= busy_until  # every window of the rows taken is final
+            and offered is not None
+            and offered < taken + quiet.every_ms
+        ):
             self._note_passed_over(quiet, end)
             return start
         return {**end, "busy_until_ms": busy_until}
