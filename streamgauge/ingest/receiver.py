@@ -38,7 +38,7 @@ for debugging, and every count is fed back into the pipeline as ordinary metrics
 log), ``write_backpressure`` and ``write_blocked_ms``, ``read_ahead_full``, ``read_errors``
 (datagram reads the kernel failed for a moment, paused and retried), and the gauges
 ``series_active{receiver}`` and ``segment_lag_ms{receiver}`` (age of the oldest segment the
-window job has not committed).
+window job has not committed, or passed over with nothing in it for an idle lane).
 
 Event time and heartbeats: a sample's event time is its ``|T`` when within the skew, else the
 receive time. A client timestamp in the past puts the partial in its own, older pane; the
@@ -747,7 +747,8 @@ class Receiver:
         The window job runs several queries over the stream (per window a native lane, a
         sketch lane or a late query, each with its own checkpoint), and a segment is done only
         once *all* of them committed it: the oldest unread segment is the one after the
-        *smallest* committed sequence. Only the running config's checkpoints count
+        *smallest* committed sequence (or passed over: ``retention.done_sequences``, an idle
+        lane's segments with nothing for it). Only the running config's checkpoints count
         (``checkpoints``, from ``all_checkpoints``): one left by an older config stops moving
         and is not lag. A query that has committed nothing of this stream yet (a new
         checkpoint rebuilding from the log) has the stream's first segment as its oldest.

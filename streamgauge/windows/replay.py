@@ -41,9 +41,9 @@ Replaying again recomputes the same bytes, so it changes nothing.
 A ``quantiles: kll`` window is recomputed like its streaming query: one native aggregation of
 every type, p50/p90 from the merged KLL (``aggregate_windows(..., kll_k)``), no histogram rows.
 
-Only final windows are replayed (``window_end + allowed_lateness <= watermark`` of the
-window's query, as stored in ``pipeline_state``): open windows still belong to the streaming
-job, whose revisions must keep increasing.
+Only final windows are replayed (``window_end + allowed_lateness <= watermark`` of the query
+that computes the window, its lane's, as stored in ``pipeline_state``): open windows still
+belong to the streaming job, whose revisions must keep increasing.
 """
 
 from __future__ import annotations
