@@ -203,17 +203,34 @@ def list_receivers(spool: SpoolLike | Spool) -> list[str]:
 def list_segments(
     spool: SpoolLike | Spool, receiver: str, after: int = -1, upto: int | None = None
 ) -> list[SegmentInfo]:
-    """Complete segments of one stream with ``after < sequence <= upto``, in order."""
+    """Complete segments of one stream with ``after < sequence <= upto``, in order.
+
+    Lists the whole stream: a reader that follows it uses ``segments_after``."""
     where = resolve_spool(spool)
     found: list[SegmentInfo] = []
-    for name, path in where.list_files(receiver):
+    for name in where.list_names(receiver):
         match = _SEGMENT_NAME.match(name)
         if match is None:
             continue
         sequence = int(match.group(1))
         if sequence > after and (upto is None or sequence <= upto):
-            found.append(SegmentInfo(receiver, sequence, path, spool=where))
+            found.append(SegmentInfo(receiver, sequence, where.path(receiver, name), spool=where))
     found.sort(key=lambda s: s.sequence)
+    return found
+
+
+def segments_after(spool: SpoolLike | Spool, receiver: str, after: int) -> list[SegmentInfo]:
+    """The complete segments of one stream after sequence ``after``, in order, found by
+    asking for ``after + 1``, ``after + 2``... until one is not there: a stream is gapless
+    (``SegmentWriter``), and retention only removes segments every query has read, so the
+    cost is one lookup per new segment, where ``list_segments`` lists the whole stream
+    (a day of 250 ms segments is 345k files). ``after`` < 0: the stream is listed once."""
+    if after < 0:
+        return list_segments(spool, receiver)
+    where = resolve_spool(spool)
+    found: list[SegmentInfo] = []
+    while (segment := segment_at(where, receiver, after + 1 + len(found))).exists():
+        found.append(segment)
     return found
 
 

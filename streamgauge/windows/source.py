@@ -138,6 +138,7 @@ from streamgauge.ingest.log import (
     read_heartbeat,
     read_segment,
     segment_at,
+    segments_after,
 )
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.ingest.spool_fs import SpoolLike
@@ -355,9 +356,7 @@ class SpoolStreamReader(DataSourceStreamReader):
         for receiver, position in end["receivers"].items():
             before = begun.get(receiver, {"seq": -1, "heartbeat_ms": 0})
             prior = int(before["heartbeat_ms"])
-            for segment in list_segments(
-                self._spool, receiver, after=before["seq"], upto=position["seq"]
-            ):
+            for segment in self._between(receiver, before["seq"], position["seq"]):
                 need = self._need_of(segment, prior)
                 if need.latest_pane_ms is not None:
                     wanted = True
@@ -398,6 +397,13 @@ class SpoolStreamReader(DataSourceStreamReader):
             self._needs[key] = _SegmentNeed(latest, heartbeat.heartbeat_ms)
         return self._needs[key]
 
+    def _between(self, receiver: str, after: int, upto: int) -> list[SegmentInfo]:
+        """Segments ``after < sequence <= upto`` of a stream an offset admitted: every one of
+        them is there (admitted, not yet committed), so no listing unless ``after`` < 0."""
+        if after < 0:
+            return list_segments(self._spool, receiver, after, upto)
+        return [segment_at(self._spool, receiver, seq) for seq in range(after + 1, upto + 1)]
+
     def commit(self, end: dict[str, Any]) -> None:
         """Retention of committed segments is owned by the ingest tier, not by the reader."""
 
@@ -410,7 +416,7 @@ class SpoolStreamReader(DataSourceStreamReader):
         }
         for receiver in list_receivers(self._spool):
             previous = known.get(receiver, {"seq": -1})
-            segments = list_segments(self._spool, receiver, after=previous["seq"])
+            segments = segments_after(self._spool, receiver, previous["seq"])
             if segments:
                 pending[receiver] = segments
                 newest[receiver] = read_heartbeat(segments[-1])
@@ -431,10 +437,10 @@ class SpoolStreamReader(DataSourceStreamReader):
         parts: list[InputPartition] = []
         for receiver, position in sorted(end.get("receivers", {}).items()):
             after = begun.get(receiver, {"seq": -1})["seq"]
-            segments = list_segments(self._spool, receiver, after=after - 1, upto=position["seq"])
+            segments = self._between(receiver, after, position["seq"])
             prior = 0
-            if segments and segments[0].sequence == after:
-                prior = read_heartbeat(segments.pop(0)).heartbeat_ms
+            if after >= 0 and (last_read := segment_at(self._spool, receiver, after)).exists():
+                prior = read_heartbeat(last_read).heartbeat_ms
             step = self._max_segments_per_partition
             for index in range(0, len(segments), step):
                 run = segments[index : index + step]

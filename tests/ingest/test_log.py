@@ -23,9 +23,11 @@ from streamgauge.ingest.log import (
     list_segments,
     read_heartbeat,
     read_segment,
+    segments_after,
     spool_bytes,
 )
 from streamgauge.ingest.protocol import parse_line
+from streamgauge.ingest.spool_fs import LocalSpool
 
 
 def _batch(lines: list[bytes], event_ms: int) -> pa.RecordBatch:
@@ -70,6 +72,31 @@ def test_a_restarted_writer_continues_the_sequence_and_drops_torn_temporaries(
     assert info.sequence == 1
     # readers never list temporaries: only complete, renamed segments
     assert [s.sequence for s in list_segments(tmp_path, "udp-0")] == [0, 1]
+
+
+def test_a_follower_finds_new_segments_one_lookup_each_without_listing_the_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``segments_after`` asks for ``after + 1``, ``after + 2``... (a stream is gapless): a day
+    of 250 ms segments is 345k files, which ``list_segments`` lists whole (2.1 s at 100k)."""
+    writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
+    for beat in range(1, 6):
+        writer.append(_batch([b"a:1|c"], beat * 1000), Heartbeat(beat * 1000, False))
+    listed = [s.sequence for s in list_segments(tmp_path, "udp-0")]
+    assert [s.sequence for s in segments_after(tmp_path, "udp-0", -1)] == listed  # listed once
+    (tmp_path / "udp-0" / "000000000000.arrow").unlink()  # retention took what all have read
+    assert [s.sequence for s in segments_after(tmp_path, "udp-0", -1)] == [1, 2, 3, 4]
+
+    def no_listing(*_: object) -> list[str]:
+        raise AssertionError("a follower must not list the stream")
+
+    monkeypatch.setattr(LocalSpool, "list_names", no_listing)
+    monkeypatch.setattr(LocalSpool, "list_files", no_listing)
+    assert [s.sequence for s in segments_after(tmp_path, "udp-0", 2)] == [3, 4]
+    assert segments_after(tmp_path, "udp-0", 4) == []
+    writer.append(_batch([b"a:1|c"], 6_000), Heartbeat(6_000, False))
+    (found,) = segments_after(tmp_path, "udp-0", 4)
+    assert (found.sequence, read_heartbeat(found)) == (5, Heartbeat(6_000, False))
 
 
 def test_heartbeat_only_segments_have_no_rows(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from streamgauge.ingest.log import (
     read_heartbeat,
     read_segment,
     segment_at,
+    segments_after,
     spool_bytes,
 )
 from streamgauge.ingest.spool_fs import LocalSpool, ObjectSpool, resolve_spool
@@ -64,6 +65,7 @@ def test_the_log_round_trips_on_s3_one_put_per_segment(s3_server: S3Server) -> N
     assert [s.sequence for s in segments] == [0, 1, 2]
     assert segments[0].path == f"{BUCKET}/roundtrip/host-a.udp-0/000000000000.arrow"
     assert [s.sequence for s in list_segments(uri, "host-a.udp-0", after=0, upto=1)] == [1]
+    assert [s.sequence for s in segments_after(uri, "host-a.udp-0", 0)] == [1, 2]
     assert _sums(segments) == [1.0, 2.0, 3.0]
     beats = [read_heartbeat(s) for s in segments]
     assert beats == [Heartbeat(t, False) for t in (1000, 2000, 3000)]

@@ -22,6 +22,7 @@ from streamgauge.ingest.log import (
     read_contents,
     read_segment,
 )
+from streamgauge.ingest.spool_fs import LocalSpool
 from streamgauge.windows.source import (
     UNKNOWN_ROWS_AHEAD_MS,
     QuietLane,
@@ -281,3 +282,28 @@ def test_a_restarted_quiet_lane_without_a_bound_in_its_offset_waits_the_longest_
     for quiet in (QuietLane(14_000, 5_000), QuietLane(0, 9_000, str(tmp_path / "p"))):
         assert QuietLane.from_options(quiet.options()) == quiet
     assert QuietLane.from_options(RowFilter("sketch").options()) is None
+
+
+def test_a_reader_following_the_log_never_lists_a_stream_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing a stream is O(its segments): 2.1 s per trigger and query at 100k segments (a
+    receiver's ~7 hours). After the first offset the reader asks for each next sequence."""
+    writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
+    empty = pa.RecordBatch.from_pylist([], schema=SEGMENT_SCHEMA)
+    for beat in (1, 2, 3):
+        writer.append(empty, Heartbeat(beat * 1000, False))
+    reader = SpoolStreamReader(tmp_path, 2, RowFilter("native"), QuietLane(0, every_ms=1000))
+    first = reader.latestOffset(reader.initialOffset(), None)
+
+    def no_listing(*_: object) -> list[str]:
+        raise AssertionError("a follower must not list the stream")
+
+    monkeypatch.setattr(LocalSpool, "list_names", no_listing)
+    monkeypatch.setattr(LocalSpool, "list_files", no_listing)
+    for beat in (4, 5, 6):
+        writer.append(empty, Heartbeat(beat * 1000, False))
+    second = reader.latestOffset(first, None)
+    assert _positions(second) == {"udp-0": (5, 6000, False)}
+    parts = reader.partitions(first, second)
+    assert [(p.sequences, p.prior_heartbeat_ms) for p in parts] == [([3, 4], 3000), ([5], 5000)]  # type: ignore[attr-defined]
