@@ -151,9 +151,13 @@ class LocalSpool(Spool):
 
     def directory_bytes(self, directory: str) -> int:
         total = 0
-        for _, path in self.list_files(directory):
+        try:
+            entries = list(os.scandir(self.root / directory))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:  # no Path per entry (see list_names)
             try:
-                total += self.size(path)
+                total += entry.stat(follow_symlinks=False).st_size
             except FileNotFoundError:  # deleted by the janitor meanwhile
                 continue
         return total
