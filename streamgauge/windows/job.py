@@ -1297,8 +1297,9 @@ def _read_spool(
 
 def quiet_lane(config: PipelineConfig, window: WindowSpec, checkpoint: Path) -> QuietLane:
     """A tumbling or hopping window's sketch lane (checkpoint ``checkpoint``) waits while no
-    segment has rows for it: at 100k counter series its idle batches, one a second, doubled
-    the counters' (README, "What p50 ≤ 1 s at 100k series would take here")."""
+    segment has rows for it: at 100k counter series its idle batches, one a second, made the
+    counters' batches up to twice as long (README, "What p50 ≤ 1 s at 100k series would take
+    here")."""
     assert window.size_ms is not None
     span_ms = (config.pane_ms + window.size_ms + window.watermark_delay_ms
                + window.allowed_lateness_ms)  # fmt: skip
