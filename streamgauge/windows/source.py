@@ -331,8 +331,10 @@ class SpoolStreamReader(DataSourceStreamReader):
         """Admit new segments, holding back those ahead of the slowest open receiver; a
         ``QuietLane`` with nothing to do admits none (``_quiet_offset``)."""
         end = self._offset(start, hold_back=True)
-        if self._quiet is None or end["receivers"] == start.get("receivers", {}):
+        if self._quiet is None:
             return end
+        if end["receivers"] == start.get("receivers", {}):
+            return start  # nothing new: the very offset, ``busy_until_ms`` and all (no batch)
         return self._quiet_offset(self._quiet, start, end)
 
     def _quiet_offset(

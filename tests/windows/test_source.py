@@ -248,10 +248,12 @@ def test_a_quiet_lane_runs_a_batch_only_when_it_has_something_to_do(tmp_path: Pa
         return spark.trigger()
 
     assert step(1, ("c", 0))  # the first batch: nothing taken yet, nothing known
+    assert not spark.trigger()  # a trigger with no new segment: the same offset, bound kept
     assert [step(s, ("c", s - 1)) for s in range(2, 31)] == [False] * 29  # counters only
     assert step(31, ("c", 30))  # 30 s of heartbeat since the last batch: the watermark moves
     assert not step(32, ("c", 31))
     assert step(33, ("c", 32), ("ms", 32))  # a timer: its window [30, 40) is open
+    assert not spark.trigger() and spark.start["busy_until_ms"] == 46_000
     # Every heartbeat until 32 + 14 = 46 s, when [30, 40) is final (46 - 1 >= 40 + 2 + 1 pane).
     assert [step(s, ("c", s - 1)) for s in range(34, 47)] == [True] * 13
     assert not step(47, ("c", 46))
