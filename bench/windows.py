@@ -396,6 +396,9 @@ def main() -> None:
                         help="each series sends in ACTIVE of every PERIOD seconds (staggered "
                         "by series), e.g. 5/10 with --kind session (gap 3s), so that sessions "
                         "close; default: every series every second")
+    parser.add_argument("--trigger", default="0.5 seconds",
+                        help="the queries' micro-batch interval, as `streamgauge run --trigger` "
+                        "(default %(default)s, the daemon's)")
     parser.add_argument("--warmup", type=int, default=0,
                         help="seconds at the start left out of every figure: the JVM is still "
                         "compiling Spark's code for minutes (see README)")
@@ -462,7 +465,7 @@ def main() -> None:
             return
         queries = start_window_queries(
             spark, config, paths, lambda: TimedStore(url), SystemClock(),
-            trigger_interval="0.5 seconds",
+            trigger_interval=args.trigger,
         )  # fmt: skip
         writer = Writer(paths.spool, args.series, args.seconds, args.type, config.kll_k, duty)
         writer.measured_from_ms = time.time_ns() // 1_000_000 + args.warmup * 1000
@@ -507,7 +510,7 @@ def main() -> None:
               f"{args.type!r} "
               f"(query {lane}) at 1 s panes "
               f"({rows_per_s} partial rows/s offered), {args.seconds} s (first {args.warmup} s "
-              "left out), local[2], "
+              f"left out), local[2], trigger {args.trigger}, "
               f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
               f"{'RocksDB' if args.rocksdb else 'HDFS'} state store")  # fmt: skip
         print(f"{'measure':<44}{'median':>10}{'p99':>10}")
