@@ -47,6 +47,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.sinks import schema
+from streamgauge.sinks.pg_arrays import PgArray, register_array_dumpers
 from streamgauge.sketches.hll_registers import hll_registers
 
 _logger = logging.getLogger(__name__)
@@ -894,8 +895,9 @@ class HeldSnapshot:
     windows: int
     samples: int
     snapshot: bytes
-    arrays: Mapping[str, str]
-    """``window_held``'s value arrays by column, as PostgreSQL array literals."""
+    arrays: Mapping[str, PgArray]
+    """``window_held``'s value arrays by column, in PostgreSQL's binary format
+    (``pg_arrays``)."""
 
 
 HELD_ARRAYS = {
@@ -912,7 +914,7 @@ _HELD_COLUMNS = ("config_name", "window_name", "batch_id", "revision", "windows"
 _WRITE_HELD = f"""
 INSERT INTO window_held (query_name, {", ".join((*_HELD_COLUMNS, *HELD_ARRAYS))}, written_at)
 VALUES (%(query_name)s, {", ".join(f"%({c})s" for c in _HELD_COLUMNS)},
-    {", ".join(f"%({a})s::{pg_type}" for a, (_, pg_type) in HELD_ARRAYS.items())},
+    {", ".join(f"%({a})b" for a in HELD_ARRAYS)},
     {_ms_to_ts("%(now_ms)s")})
 ON CONFLICT (query_name) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, *HELD_ARRAYS, "written_at"))}
@@ -1458,6 +1460,7 @@ class ResultStore:
             self._conn = psycopg.connect(
                 self._url, autocommit=True, connect_timeout=10, application_name="streamgauge"
             )
+            register_array_dumpers(self._conn.adapters)
         return self._conn
 
     def _with_retry(self, what: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:

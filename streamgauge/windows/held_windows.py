@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from streamgauge.sinks.pg_arrays import PgArray, pg_array
 from streamgauge.sinks.store import HELD_ARRAYS
 
 _KEY_COLUMNS = ("metric", "tags", "window_start_ms", "window_end_ms")
@@ -41,21 +42,6 @@ def _window_keys(table: pa.Table) -> pa.Array | pa.ChunkedArray:
         for name in _KEY_COLUMNS
     ]  # fmt: skip
     return pc.binary_join_element_wise(*parts, _SEPARATOR)
-
-
-def _array_literal(column: pa.Array | pa.ChunkedArray) -> str:
-    """``column`` as a PostgreSQL array literal (``{a,"b c",NULL}``), built by Arrow's
-    compute kernels: one string per column instead of a Python object per value."""
-    text = pc.cast(column, pa.string())
-    if column.type == pa.string():  # quoted, with the two characters that need it escaped
-        text = pc.replace_substring(text, "\\", "\\\\")
-        text = pc.replace_substring(text, '"', '\\"')
-        text = pc.binary_join_element_wise('"', text, '"', "")
-    text = pc.fill_null(text, "NULL")
-    if isinstance(text, pa.ChunkedArray):
-        text = text.combine_chunks()
-    one_list = pa.ListArray.from_arrays(pa.array([0, len(text)], pa.int32()), text)
-    return "{" + str(pc.binary_join(one_list, ",")[0].as_py()) + "}"
 
 
 @dataclass(frozen=True)
@@ -111,17 +97,17 @@ class HeldWindows:
         keep = pc.is_in(self.table.column("metric_type"), pa.array(metric_types, pa.string()))
         return HeldWindows(self.table.filter(keep))
 
-    def sql_arrays(self) -> dict[str, str]:
+    def sql_arrays(self) -> dict[str, PgArray]:
         """The held windows' values as ``window_held``'s arrays (``HELD_ARRAYS``)."""
-        if self.table is None:
-            return {array: "{}" for array in HELD_ARRAYS}
-        names = set(self.table.column_names)
-        n = self.table.num_rows
+        table = self.table
+        n = 0 if table is None else table.num_rows
         return {
-            array: _array_literal(
-                self.table.column(column) if column in names else pa.nulls(n, pa.float64())
+            array: pg_array(
+                table.column(column) if table is not None and column in table.column_names
+                else pa.nulls(n, pa.float64()),
+                sql_type,
             )
-            for array, (column, _) in HELD_ARRAYS.items()
+            for array, (column, sql_type) in HELD_ARRAYS.items()
         }
 
     def to_snapshot(self) -> bytes:
