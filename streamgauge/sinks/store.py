@@ -144,6 +144,8 @@ _PRUNE = {
         # no data arrives): a holding not written since is of a window no longer running
         # (renamed, removed) or of windows that ended before then.
         ("window_held", "written_at"),
+        # Ends listed for rows since deleted (a retracted session, a pruned window).
+        ("window_open_ends", "window_end"),
     )
 }
 # Panes of a window no longer running (renamed, removed) are never evicted by a batch.
@@ -626,22 +628,39 @@ VALUES (%(c)s, 'late_rows_generation:' || %(w)s || ':' || %(generation)s, 0,
 ON CONFLICT DO NOTHING
 """
 
-# "window_end + lateness <= watermark", written as "window_end <= watermark - lateness" so the
-# partial index on (config_name, window_name, window_end) WHERE NOT is_final can serve it.
+# "window_end + lateness <= watermark", written as "window_end <= watermark - lateness": the
+# ends still open up to there are listed in window_open_ends (kept by triggers, schema
+# migration 10), and their rows are found by window_end. Updating is_final, revision,
+# emitted_at and early_as_of touches no indexed column, so the row's new version stays on
+# its page (HOT).
 # "revision <= batch revision", not "<": rows upserted by this same batch carry the batch's
 # revision, and a window emitted provisionally in the batch whose watermark passes it must be
 # final when the batch commits, not one batch later. A row of a newer revision is still never
-# touched, and a replayed batch never gets this far (sink_batches).
+# touched (its end stays listed: _FORGET_FINAL_ENDS), and a replayed batch never gets this
+# far (sink_batches).
+_ENDS_TO_FINALIZE = f"""
+e.config_name = %(config_name)s AND e.window_name = %(window_name)s
+  AND (%(metric_types)s::text[] IS NULL OR e.metric_type = ANY(%(metric_types)s::text[]))
+  AND e.window_end <= {_ms_to_ts("%(final_before_ms)s")}"""
 _FINALIZE = f"""
-UPDATE window_results
+UPDATE window_results w
 SET is_final = true, revision = %(revision)s, emitted_at = {_ms_to_ts("%(now_ms)s")},
     early_as_of = NULL
-WHERE config_name = %(config_name)s
-  AND window_name = %(window_name)s
-  AND (%(metric_types)s::text[] IS NULL OR metric_type = ANY(%(metric_types)s::text[]))
-  AND NOT is_final
-  AND window_end <= {_ms_to_ts("%(final_before_ms)s")}
-  AND revision <= %(revision)s
+FROM window_open_ends e
+WHERE {_ENDS_TO_FINALIZE}
+  AND w.config_name = e.config_name AND w.window_name = e.window_name
+  AND w.metric_type = e.metric_type AND w.window_end = e.window_end
+  AND NOT w.is_final
+  AND w.revision <= %(revision)s
+"""
+# Then the ends with no provisional row left leave the list.
+_FORGET_FINAL_ENDS = f"""
+DELETE FROM window_open_ends e
+WHERE {_ENDS_TO_FINALIZE}
+  AND NOT EXISTS (
+    SELECT 1 FROM window_results w
+    WHERE w.config_name = e.config_name AND w.window_name = e.window_name
+      AND w.metric_type = e.metric_type AND w.window_end = e.window_end AND NOT w.is_final)
 """
 
 _CLAIM_BATCH = f"""
@@ -1110,20 +1129,19 @@ class ResultStore:
                         upserted += early
                 finalized = 0
                 for fin in finalizations:
-                    cur.execute(
-                        _FINALIZE,
-                        {
-                            "revision": revision,
-                            "now_ms": now_ms,
-                            "config_name": fin.config_name,
-                            "window_name": fin.window_name,
-                            "final_before_ms": fin.final_before_ms,
-                            "metric_types": (
-                                None if fin.metric_types is None else list(fin.metric_types)
-                            ),
-                        },
-                    )
+                    params = {
+                        "revision": revision,
+                        "now_ms": now_ms,
+                        "config_name": fin.config_name,
+                        "window_name": fin.window_name,
+                        "final_before_ms": fin.final_before_ms,
+                        "metric_types": (
+                            None if fin.metric_types is None else list(fin.metric_types)
+                        ),
+                    }
+                    cur.execute(_FINALIZE, params)
                     finalized += max(cur.rowcount, 0)
+                    cur.execute(_FORGET_FINAL_ENDS, params)
                 if held is not None:
                     cur.execute(
                         _WRITE_HELD,

@@ -186,7 +186,7 @@ def test_pipeline_metrics_one_row_per_name_labels_and_time(database: str) -> Non
 
 def test_version_seven_leaves_room_on_window_pending_pages(database: str) -> None:
     """Migration 7 over version-6 rows: window_pending (rewritten every batch) keeps half of
-    each page free for HOT updates; the rows stay."""
+    each page free for HOT updates; the rows stay. (window_results too, from migration 10.)"""
     _apply(database, 6)
     run_sql(
         database,
@@ -201,6 +201,35 @@ def test_version_seven_leaves_room_on_window_pending_pages(database: str) -> Non
         "SELECT relname, reloptions FROM pg_class"
         " WHERE relname IN ('window_pending', 'window_results') ORDER BY relname",
     )
-    assert options == [("window_pending", ["fillfactor=50"]), ("window_results", None)]
+    assert options == [("window_pending", ["fillfactor=50"]), ("window_results", ["fillfactor=50"])]
     _, rows = run_sql(database, "SELECT count FROM window_pending")
     assert rows == [(3,)]
+
+
+def test_version_ten_lists_the_open_ends_of_version_nine_rows(database: str) -> None:
+    """Migration 10 over version-9 rows: the ends of the rows not final yet are listed in
+    window_open_ends (the finalization reads them instead of the partial index it drops), and
+    from then on its triggers list the ends of every provisional row written."""
+    _apply(database, 9)
+    insert = (
+        "INSERT INTO window_results (config_name, window_name, metric, window_start, window_end,"
+        " metric_type, count, revision, is_final, emitted_at) VALUES ('c', 'w', %s,"
+        " '2024-01-01', %s, %s, 1, 1, %s, now())"
+    )
+    with psycopg.connect(database, autocommit=True) as conn:
+        for metric, end, mtype, final in (("a", "2024-01-01 00:00:10", "c", False),
+                                          ("b", "2024-01-01 00:00:10", "c", False),
+                                          ("t", "2024-01-01 00:00:10", "ms", True),
+                                          ("a", "2024-01-01 00:00:20", "c", True)):  # fmt: skip
+            conn.execute(insert, (metric, end, mtype, final))
+        ensure_schema(conn)
+        listed = "SELECT metric_type, window_end::text FROM window_open_ends ORDER BY 1, 2"
+        assert conn.execute(listed).fetchall() == [("c", "2024-01-01 00:00:10+00")]
+        assert conn.execute(
+            "SELECT to_regclass('window_results_open_idx') IS NULL").fetchone() == (True,)
+        conn.execute(insert, ("t", "2024-01-01 00:00:30", "ms", False))
+        conn.execute("UPDATE window_results SET is_final = false WHERE metric = 'a'"
+                     " AND window_end = '2024-01-01 00:00:20'")  # fmt: skip
+        assert conn.execute(listed).fetchall() == [
+            ("c", "2024-01-01 00:00:10+00"), ("c", "2024-01-01 00:00:20+00"),
+            ("ms", "2024-01-01 00:00:30+00")]  # fmt: skip

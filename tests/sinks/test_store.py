@@ -283,6 +283,56 @@ def test_finalization_never_touches_a_newer_revision(store: ResultStore, clean_s
     assert store.commit_batch("q", 1, table(), [fin], revision=5).rows_finalized == 0
     [r] = stored(clean_store)
     assert (r["is_final"], r["revision"]) == (False, 10)
+    # Its end stays listed as open, so a finalization at its revision or above still finds it.
+    assert store.commit_batch("q", 2, table(), [fin], revision=11).rows_finalized == 1
+    [r] = stored(clean_store)
+    assert (r["is_final"], r["revision"]) == (True, 11)
+    assert open_ends(clean_store) == []
+
+
+def open_ends(url: str) -> list[tuple[Any, ...]]:
+    """``window_open_ends`` (schema migration 10): (config, window, type, end ms)."""
+    return run_sql(
+        url,
+        "SELECT config_name, window_name, metric_type,"
+        " (extract(epoch FROM window_end) * 1000)::bigint FROM window_open_ends ORDER BY 1, 2, 3, 4",
+    )[1]
+
+
+def test_every_provisional_rows_end_is_listed_until_its_finalization(
+    store: ResultStore, clean_store: str
+) -> None:
+    """The finalization finds its rows through ``window_open_ends``, which triggers keep for
+    every statement writing ``window_results``: a row inserted provisional (the upsert, a
+    promotion from ``window_pending``) lists its (config, window, type, end); a row inserted
+    final lists nothing; a lane's finalization clears only its own types' ends, and only once
+    no provisional row is left at them. Retention forgets ends whose rows it deleted."""
+    counter = window(0, metric="hits", metric_type="c")
+    timer = window(0, metric="api.latency", metric_type="ms")
+    final_already = window(1, metric="hits", metric_type="c", is_final=True)
+    store.commit_batch("q", 0, table(counter, timer, final_already), [], revision=1)
+    end0 = T0 + MINUTE
+    assert open_ends(clean_store) == [("web", "1m", "c", end0), ("web", "1m", "ms", end0)]
+    # Promoted from window_pending (window 2 held, then passed): listed too.
+    hold = {("web", "1m"): T0}
+    lane = ("c", "g", "s")
+    store.commit_batch("q", 1, table(window(2, metric="hits", metric_type="c", revision=2)), [],
+                       revision=2, hold_after=hold, lane_types=lane)  # fmt: skip
+    passed = T0 + 3 * MINUTE
+    store.commit_batch("q", 2, table(), [], revision=3, hold_after={("web", "1m"): passed},
+                       lane_types=lane)  # fmt: skip
+    end2 = T0 + 3 * MINUTE
+    assert ("web", "1m", "c", end2) in open_ends(clean_store)
+    # The native lane's finalization up to window 0: its counter, not the sketch lane's timer.
+    fin = Finalization("web", "1m", end0, 0, metric_types=lane)
+    assert store.commit_batch("q", 3, table(), [fin], revision=4).rows_finalized == 1
+    assert open_ends(clean_store) == [("web", "1m", "c", end2), ("web", "1m", "ms", end0)]
+    assert [(r["metric"], r["is_final"]) for r in stored(clean_store, f"window_end <= "
+            f"timestamptz 'epoch' + {end0} * interval '1 millisecond'")] == [
+        ("api.latency", False), ("hits", True)]  # fmt: skip
+    # Retention: the timer's row goes, and its listed end with it.
+    assert store.prune(end0 + 1)["window_open_ends"] == 1
+    assert open_ends(clean_store) == [("web", "1m", "c", end2)]
 
 
 def test_a_window_the_watermark_passes_by_its_lateness_is_promoted_final_not_rewritten(
