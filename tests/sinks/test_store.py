@@ -294,8 +294,8 @@ def open_ends(url: str) -> list[tuple[Any, ...]]:
     """``window_open_ends`` (schema migration 10): (config, window, type, end ms)."""
     return run_sql(
         url,
-        "SELECT config_name, window_name, metric_type,"
-        " (extract(epoch FROM window_end) * 1000)::bigint FROM window_open_ends ORDER BY 1, 2, 3, 4",
+        "SELECT config_name, window_name, metric_type, (extract(epoch FROM window_end)"
+        " * 1000)::bigint FROM window_open_ends ORDER BY 1, 2, 3, 4",
     )[1]
 
 
