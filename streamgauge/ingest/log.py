@@ -279,7 +279,9 @@ def read_contents(segment: SegmentInfo | Path) -> tuple[SegmentContents, Heartbe
                 frozenset(types.split(",")) if types else frozenset(),
                 (int(low), int(high)) if panes else None,
             ), heartbeat
-        rows = reader.read_all()  # memory-mapped on a local spool: only these columns are read
+        # Every column is mapped; locally only the pages contents_of touches are read, but
+        # from an object store the whole segment is fetched (once: the source keeps the answer).
+        rows = reader.read_all()
     return contents_of(rows), heartbeat
 
 
