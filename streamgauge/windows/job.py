@@ -92,6 +92,7 @@ from streamgauge.ingest.spool_fs import SpoolLike
 from streamgauge.retention import PASSED_OVER_FILE
 from streamgauge.sinks.store import (
     RESULT_SCHEMA,
+    BatchOutcome,
     Finalization,
     HeldSnapshot,
     LateRowsReread,
@@ -881,6 +882,7 @@ class WindowBatchWriter:
             changed, NO_WATERMARK_MS if watermark_ms is None else watermark_ms
         )
         rows = result_rows(publish) if pane_batch is None else RESULT_SCHEMA.empty_table()
+        rows, fresh = self._split_fresh(rows)
         finalizations = []
         state: dict[tuple[str, str], int] = {}
         if watermark_ms is not None:
@@ -910,10 +912,20 @@ class WindowBatchWriter:
             panes=pane_batch, held=None if holding is None else HeldSnapshot(
                 self._config.name, self._window.name, holding.num_windows, holding.samples,
                 holding.to_snapshot(), holding.sql_arrays()),
+            fresh=fresh,
         )  # fmt: skip
         if holding is not None:
             self._held = holding  # only now: a batch the store refused is run again
+        self._committed(outcome, watermark_ms)
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
+
+    def _split_fresh(self, rows: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+        """``rows`` for the store's general upsert, and the windows it may insert as
+        published for the first time (``commit_batch(fresh=...)``; None: none)."""
+        return rows, None
+
+    def _committed(self, outcome: BatchOutcome, watermark_ms: int | None) -> None:
+        """After the store took a batch committed under ``watermark_ms``."""
 
     def _held_after(
         self, changed: pa.Table, watermark_ms: int
@@ -933,7 +945,32 @@ class WindowBatchWriter:
 class HoldingBatchWriter(WindowBatchWriter):
     """``foreachBatch`` of a native lane with no ``early_every``: open windows are held here,
     not in ``window_pending`` (``held_windows``), and the store gets each window once the
-    watermark passes its end (then every straggler's change, as before)."""
+    watermark passes its end (then every straggler's change, as before).
+
+    A window released with its end past the watermark of the last batch the store took
+    (``_published_through_ms``) was held until now, so it is in no stored row: the store
+    inserts it without the upsert's conflict arbitration (``commit_batch(fresh=...)``). The
+    rest, a straggler's change to a window published before, takes the upsert. Until a batch
+    is committed in this process (a start, a restart) every window takes the upsert.
+    """
+
+    _published_through_ms: int | None = None
+    """Every window ending at or before this was published (None: not known yet)."""
+
+    def _split_fresh(self, rows: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+        through = self._published_through_ms
+        if through is None or rows.num_rows == 0:
+            return rows, None
+        is_fresh = pc.greater(rows.column("window_end_ms"), through)
+        return rows.filter(pc.invert(is_fresh)), rows.filter(is_fresh)
+
+    def _committed(self, outcome: BatchOutcome, watermark_ms: int | None) -> None:
+        if watermark_ms is None:
+            return
+        # Rows stored beyond the watermark (a replay, an older checkpoint's) are not offered
+        # as fresh again: the insert would only fail over to the upsert once more.
+        through = max(watermark_ms, outcome.fresh_stored_until_ms or watermark_ms)
+        self._published_through_ms = max(through, self._published_through_ms or through)
 
     def _held_after(
         self, changed: pa.Table, watermark_ms: int

@@ -939,3 +939,52 @@ def test_a_final_row_cannot_be_early(store: ResultStore, clean_store: str) -> No
     store.commit_batch("q", 0, table(window(0)), [], revision=1)
     with pytest.raises(psycopg.errors.CheckViolation, match="window_results_early_check"):
         run_sql(clean_store, "UPDATE window_results SET is_final = true, early_as_of = now()")
+
+
+# -- fresh windows (a held window published for the first time) --------------------------------
+
+
+def test_fresh_windows_are_inserted_with_the_late_samples_recorded_before_them(
+    store: ResultStore, clean_store: str
+) -> None:
+    """``commit_batch(fresh=...)`` inserts windows no row holds yet, beside the batch's
+    ordinary upserts. A late partial the other lane recorded before the window's first row
+    (its query ran ahead) still counts on it: ``late_events`` is derived from the table."""
+    from streamgauge.sinks.store import LATE_SCHEMA
+
+    store.commit_late_batch(
+        "web.1m.late", 0, pa.Table.from_pylist([_late(T0 + 2 * MINUTE, count=5)],
+                                               schema=LATE_SCHEMA), "web.1m",
+    )  # fmt: skip
+    store.commit_batch("q", 0, table(window(1, metric="old")), [], revision=1)
+    fresh = table(window(0, metric="api.latency", revision=2), window(1, revision=2))
+    correction = table(window(1, metric="old", count=9, revision=2))
+    out = store.commit_batch("q", 1, correction, [], revision=2, fresh=fresh)
+    assert out.rows_upserted == 3 and out.fresh_stored_until_ms is None
+    _, rows = run_sql(
+        clean_store, "SELECT metric, (extract(epoch FROM window_start) * 1000)::bigint - %s,"
+        " count, revision, late_events, corrections FROM window_results ORDER BY 1, 2", [T0],
+    )  # fmt: skip
+    assert rows == [("api.latency", 0, 3, 2, 5, 0), ("api.latency", MINUTE, 3, 2, 0, 0),
+                    ("old", MINUTE, 9, 2, 0, 1)]  # fmt: skip
+    assert store.commit_batch("q", 1, table(), [], revision=2, fresh=fresh).already_committed
+
+
+def test_a_fresh_window_stored_already_takes_the_upsert_and_says_how_far_rows_are_stored(
+    store: ResultStore, clean_store: str
+) -> None:
+    """A window offered as fresh that a row holds after all (a replay published it, or an
+    older checkpoint did) fails the plain insert; the batch's fresh rows then take the upsert
+    (keep the highest revision), and the outcome gives the latest stored window end so the
+    caller stops offering windows up to it as fresh."""
+    store.commit_batch("replay", 0, table(window(0, count=7, revision=5), window(3, revision=5)),
+                       [], revision=5)  # fmt: skip
+    fresh = table(window(0, count=1, revision=2), window(1, count=2, revision=2))
+    out = store.commit_batch("q", 0, table(), [], revision=2, fresh=fresh)
+    assert out.fresh_stored_until_ms == T0 + 4 * MINUTE
+    counts = {(r["start_ms"] - T0) // MINUTE: (r["count"], r["revision"])
+              for r in stored(clean_store)}  # fmt: skip
+    assert counts == {0: (7, 5), 1: (2, 2), 3: (3, 5)}  # the newer revision kept
+    with pytest.raises(ValueError, match="twice"):
+        store.commit_batch("q", 1, table(), [], revision=3,
+                           fresh=table(window(5, revision=3), window(5, revision=3)))  # fmt: skip

@@ -10,7 +10,13 @@ import pyarrow as pa
 
 from streamgauge.clock import ManualClock
 from streamgauge.configs import parse_config
-from streamgauge.sinks.store import RESULT_SCHEMA, HeldSnapshot, ResultStore, run_sql
+from streamgauge.sinks.store import (
+    RESULT_SCHEMA,
+    BatchOutcome,
+    HeldSnapshot,
+    ResultStore,
+    run_sql,
+)
 from streamgauge.windows.held_windows import HeldWindows
 from streamgauge.windows.job import HoldingBatchWriter
 
@@ -191,5 +197,41 @@ def test_a_lane_narrowed_to_counters_drops_the_sets_of_a_holding_stored_before(
         publish, holding = writer._held_after(_windows(), T0 + 10_000)
         assert _by_window(publish) == {("a", "{}", 0): (2, 2.0)}
         assert holding is not None and holding.num_windows == 0
+    finally:
+        store.close()
+
+
+def test_a_released_window_past_the_last_committed_watermark_is_offered_as_fresh(
+    clean_store: str, tmp_path: Path
+) -> None:
+    """A window the holding releases with its end past the watermark of the last batch the
+    store took was held until now: the store may insert it without conflict arbitration
+    (``commit_batch(fresh=...)``). Before this process committed a batch (start, restart)
+    nothing is offered as fresh; rows stored beyond the watermark push the bound on."""
+    config = parse_config(CONFIG, "test")
+    store = ResultStore(clean_store)
+    try:
+        writer = HoldingBatchWriter(config, config.windows[0], store, tmp_path / "cp",
+                                    ManualClock(T0))  # fmt: skip
+        rows = pa.table({"metric": ["a", "b", "c"],
+                         "window_end_ms": [T0 + 10_000, T0 + 20_000, T0 + 30_000]})  # fmt: skip
+        upsert, fresh = writer._split_fresh(rows)
+        assert upsert.equals(rows) and fresh is None  # nothing committed here yet
+
+        def committed(watermark_ms: int | None, stored_until_ms: int | None = None) -> None:
+            writer._committed(BatchOutcome(False, 0, 0, fresh_stored_until_ms=stored_until_ms),
+                              watermark_ms)  # fmt: skip
+
+        committed(None)  # no heartbeat yet: nothing known
+        assert writer._split_fresh(rows)[1] is None
+        committed(T0 + 10_000)
+        upsert, fresh = writer._split_fresh(rows)
+        assert upsert.column("metric").to_pylist() == ["a"]  # a correction of a published one
+        assert fresh is not None and fresh.column("metric").to_pylist() == ["b", "c"]
+        committed(T0 + 20_000, stored_until_ms=T0 + 30_000)  # a replay stored up to 30 s
+        upsert, fresh = writer._split_fresh(rows)
+        assert upsert.num_rows == 3 and fresh is not None and fresh.num_rows == 0
+        committed(T0 + 15_000)  # never back
+        assert writer._split_fresh(rows)[1].num_rows == 0  # type: ignore[union-attr]
     finally:
         store.close()
