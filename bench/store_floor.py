@@ -7,8 +7,8 @@ passes a window's end has N rows to make visible. Against the embedded PostgreSQ
 store's own schema, each round times (median over the rounds after the first two):
 
 - **floor, schema as is**: one ``COPY`` of N window rows straight into a table made ``LIKE
-  window_results INCLUDING ALL`` (its primary key on the window's identity, the
-  ``window_end`` and open-window indexes), committed. The payload is built before the clock
+  window_results INCLUDING ALL`` (its primary key on the window's identity and the
+  ``window_end`` index), committed. The payload is built before the clock
   starts: no Python per row, only PostgreSQL's insert, index and WAL work;
 - **floor, no primary key**: the same without the key the keep-the-highest-revision upsert
   needs; **floor, no index**: heap and WAL alone;
@@ -19,8 +19,11 @@ store's own schema, each round times (median over the rounds after the first two
 - **store: open-window batch**: a batch that only updates the N open windows' rows in
   ``window_pending``, which every live batch before the end pays;
 - **store: closed rows direct**: ``commit_batch`` of N rows whose end the watermark has
-  already passed, with no pending rows (what a job that held open windows elsewhere would
-  write at the end).
+  already passed, with no pending rows, through the general upsert;
+- **store: closing, held windows (fresh)**: what the window job's held lane writes when the
+  watermark passes the end of N windows it held (``commit_batch(fresh=...)``: a plain
+  insert, the rows provisional); **store: finalizing them, next batch**: the batch after,
+  whose watermark passes their end + allowed lateness (it only marks them final).
 
 Compare with ``bench/spark_floor.py`` (Spark's own floor for N series): the two floors
 together bound the freshness any window job writing through Spark into this store can reach
@@ -106,7 +109,9 @@ class StorePaths:
         self.store, self.series = store, series
         self.batch = 0
 
-    def _commit(self, window: str, rows: pa.Table, watermark_ms: int) -> float:
+    def _commit(
+        self, window: str, rows: pa.Table, watermark_ms: int, *, fresh: bool = False
+    ) -> float:
         self.batch += 1
         rows = rows.set_column(
             rows.schema.get_field_index("window_name"), "window_name",
@@ -115,8 +120,9 @@ class StorePaths:
         fin = Finalization("bench", window, watermark_ms, LATENESS_MS, LANE)
         began = time.perf_counter()
         self.store.commit_batch(
-            f"bench.{window}", self.batch, rows, [fin], revision=self.batch,
-            hold_after={("bench", window): watermark_ms}, lane_types=LANE,
+            f"bench.{window}", self.batch, rows.slice(0, 0) if fresh else rows, [fin],
+            revision=self.batch, hold_after={("bench", window): watermark_ms}, lane_types=LANE,
+            fresh=rows if fresh else None,
         )  # fmt: skip
         return time.perf_counter() - began
 
@@ -138,6 +144,21 @@ class StorePaths:
         return self._commit(
             "direct", result_rows(self.series, start_ms, 2, self.batch + 1, final=True),
             start_ms + SIZE_MS + LATENESS_MS,
+        )
+
+    def closed_fresh(self, start_ms: int) -> float:
+        """What a held lane's closing batch writes: windows no row holds yet, provisional."""
+        return self._commit(
+            "fresh", result_rows(self.series, start_ms, 2, self.batch + 1),
+            start_ms + SIZE_MS, fresh=True,
+        )
+
+    def finalizing(self, start_ms: int) -> float:
+        """The batch after it: no rows, the watermark passes the windows' end + lateness."""
+        self._commit("final", result_rows(self.series, start_ms, 2, self.batch + 1),
+                     start_ms + SIZE_MS, fresh=True)  # fmt: skip
+        return self._commit(
+            "final", result_rows(0, start_ms, 2, self.batch + 1), start_ms + SIZE_MS + LATENESS_MS
         )
 
 
@@ -162,6 +183,8 @@ def main() -> None:
                 "store: promoting batch": paths.promoting,
                 "store: open-window batch": paths.open_windows,
                 "store: closed rows direct": paths.closed_direct,
+                "store: closing, held windows (fresh)": paths.closed_fresh,
+                "store: finalizing them, next batch": paths.finalizing,
             }
             timings.update({name: [] for name in store_paths})
             for round_ in range(args.rounds):
