@@ -88,8 +88,7 @@ def _fixed_width_elements(column: pa.Array, valid: np.ndarray, numpy_type: str) 
 def _text_elements(column: pa.Array, valid: np.ndarray) -> bytes:
     """Per element: its UTF-8 length and bytes, or length -1 alone for a NULL."""
     text = pc.fill_null(pc.cast(column, pa.large_string()), "")
-    if isinstance(text, pa.ChunkedArray):
-        text = text.combine_chunks()
+    assert isinstance(text, pa.Array), "pg_array combines chunks before this"
     offsets = np.frombuffer(text.buffers()[1], np.int64)[text.offset : text.offset + len(text) + 1]
     data = np.frombuffer(text.buffers()[2] or b"", np.uint8)[offsets[0] : offsets[-1]]
     relative = offsets - offsets[0]

@@ -183,7 +183,9 @@ _VALUES_CHANGED = (
 _STAGED_VALUES = ", ".join(f"s.{c}" for c in (*_VALUES, *_ENCODINGS))
 
 
-def _upsert_sql(table: str, where: str, staging: str = _STAGING) -> str:
+def _upsert_sql(table: str, where: str | None, staging: str = _STAGING) -> str:
+    """The upsert from ``staging`` into ``table`` keeping the highest revision, of the staged
+    rows ``where`` says (it may test the batch's hold, ``h``); ``None``: every staged row."""
     # A window emitted early (early_as_of set) and changed by the time the watermark passes
     # its end is not corrected: its on-time row is the first complete one.
     corrections = (
@@ -193,14 +195,18 @@ def _upsert_sql(table: str, where: str, staging: str = _STAGING) -> str:
         if table == "window_results"
         else ""
     )
+    selected = (
+        ""
+        if where is None
+        else f"\nLEFT JOIN {_HOLD} h USING (config_name, window_name)\nWHERE {where}"
+    )
     return f"""
 INSERT INTO {table} ({_KEY}, {", ".join(_VALUE_COLUMNS)})
 SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
        {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
        {_STAGED_VALUES}, s.revision, s.is_final, {_LATE_SAMPLES_OF_STAGED},
        {_ms_to_ts("s.emitted_at_ms")}
-FROM {staging} s LEFT JOIN {_HOLD} h USING (config_name, window_name)
-WHERE {where}
+FROM {staging} s{selected}
 ON CONFLICT ({_KEY}) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}{corrections}
 WHERE {table}.revision < excluded.revision
@@ -239,7 +245,7 @@ SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
        {_STAGED_VALUES}, s.revision, s.is_final, 0, {_ms_to_ts("s.emitted_at_ms")}
 FROM {_FRESH_STAGING} s
 """
-_UPSERT_FRESH = _upsert_sql("window_results", "true", staging=_FRESH_STAGING)
+_UPSERT_FRESH = _upsert_sql("window_results", None, staging=_FRESH_STAGING)
 # A fresh window can still have late samples: the sketch lane's query records late rows, and
 # may be ahead of this lane. late_events is derived from them, so it is set for the windows
 # of the batch's range that have any (one scan of late_events' window index, not one per row).
