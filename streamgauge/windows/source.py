@@ -482,10 +482,10 @@ def _with_stream_columns(
     batch: pa.RecordBatch, receiver: str, heartbeat_ms: int, prior_heartbeat_ms: int
 ) -> pa.RecordBatch:
     n = batch.num_rows
-    added = [
-        pa.array([receiver] * n, pa.string()),
-        pa.array([heartbeat_ms] * n, pa.int64()),
-        pa.array([prior_heartbeat_ms] * n, pa.int64()),
+    added = [  # no Python list per row: 100k rows a segment at 100k series
+        pa.repeat(pa.scalar(receiver, pa.string()), n),
+        pa.repeat(pa.scalar(heartbeat_ms, pa.int64()), n),
+        pa.repeat(pa.scalar(prior_heartbeat_ms, pa.int64()), n),
     ]
     names = [*batch.schema.names, "receiver", "segment_heartbeat_ms", "prior_heartbeat_ms"]
     return pa.RecordBatch.from_arrays([*batch.columns, *added], names=names)
