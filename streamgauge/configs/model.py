@@ -33,7 +33,7 @@ from streamgauge.sketches.accuracy import (
 
 WindowKind = Literal["tumbling", "hopping", "sliding", "session"]
 QuantileSketch = Literal["tdigest", "kll"]
-SetsMerge = Literal["native", "with_timers"]
+SetsMerge = Literal["native", "with_timers", "separate"]
 Aggregate = Literal[
     "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999", "distinct_count", "rate"
 ]  # fmt: skip
@@ -52,8 +52,9 @@ QUANTILE_SKETCHES: tuple[QuantileSketch, ...] = ("tdigest", "kll")
 #: Where a tumbling window merges its sets' HyperLogLogs: ``native`` (default): in Spark's own
 #: aggregation with counters and gauges (``hll_union_agg``); ``with_timers``: in the timers'
 #: Python operator, so counters and gauges aggregate without an HLL buffer each (see
-#: ``checkpoints.splits_sets``: faster counters, ~1 ms per set partial).
-SETS_MERGES: tuple[SetsMerge, ...] = ("native", "with_timers")
+#: ``checkpoints.splits_sets``: faster counters, ~1 ms per set partial); ``separate``: in
+#: Spark's own aggregation, in a query of their own (``checkpoints.sets_query``).
+SETS_MERGES: tuple[SetsMerge, ...] = ("native", "with_timers", "separate")
 #: Window kinds that compute percentiles (sessions and sliding windows store none yet).
 QUANTILE_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping")
 #: What a ``quantiles: kll`` window stores no value for: KLL's rank error is the same at every
@@ -288,7 +289,7 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
             )
         )
 
-    if draft.sets == "with_timers" and kind is not None:
+    if draft.sets in ("with_timers", "separate") and kind is not None:
         whole = kind == "tumbling" or (
             kind == "hopping" and draft.hop_ms is not None and draft.hop_ms == draft.size_ms
         )
@@ -304,8 +305,7 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
             problems.append(
                 (
                     ("sets",),
-                    "a quantiles: kll window has no timers' operator: its one query merges "
-                    "every type",
+                    "a quantiles: kll window runs one query, which merges every type",
                 )
             )
 

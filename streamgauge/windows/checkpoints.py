@@ -51,6 +51,11 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
         elif window.kind == "hopping" and window.hop_ms:
             # Counters, gauges and sets by panes (job.hopping_pane_aggregates): another state.
             shape += ["panes"]
+        elif sets_query(window):
+            # Counters and gauges without an HLL per group, sets in a query of their own:
+            # another state here; the sketch lane's and the sets' checkpoints are named
+            # after this one.
+            shape += ["sets query"]
         elif splits_sets(window):
             # Counters and gauges without an HLL per group, sets in the sketch lane: other
             # states in both lanes (the sketch lane's checkpoint is named after this one).
@@ -72,6 +77,8 @@ def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
             continue
         else:  # late rows ride in the sketch lane (sketch_lane_with_late_rows)
             found.append(sketch_checkpoint(checkpoint, sketch_params(config), window))
+            if sets_query(window):
+                found.append(sets_checkpoint(checkpoint))
     return found
 
 
@@ -96,6 +103,30 @@ def splits_sets(window: WindowSpec) -> bool:
         and window.kind == "tumbling"
         and not window.uses_kll
     )
+
+
+def sets_query(window: WindowSpec) -> bool:
+    """Whether ``window``'s sets merge in a native query of their own (``sets: separate``;
+    ``job.set_lane_partials``), beside its native lane of counters and gauges and its
+    sketch lane.
+
+    The native lane then aggregates counters and gauges as with ``sets: with_timers``
+    (no HLL buffer per group, a hash aggregate instead of a sort), while sets keep Spark's
+    own ``hll_union_agg``. Session 17 measured a third query slower than the HLLs: every
+    idle query ran a batch per segment. Since session 18 a lane with no rows for it waits
+    (``source.QuietLane``), so with no set in the log the third query costs ~0.6 s of task
+    time in 82 s; at 100k counters batches were 1.37 s against 1.72 s, and with 10k sets
+    beside them the counters still gained, while at 10k counters + 1k sets the two were
+    level: a choice per window (README "What p50 ≤ 1 s at 100k series would take here",
+    item 8).
+    """
+    return window.sets == "separate" and window.kind == "tumbling" and not window.uses_kll
+
+
+def sets_checkpoint(checkpoint: Path) -> Path:
+    """Checkpoint of a window's sets query (``sets_query``), beside the window's own, whose
+    name fingerprints the definition."""
+    return checkpoint.with_name(f"{checkpoint.name}.sets")
 
 
 def sketch_checkpoint(checkpoint: Path, params: SketchParams, window: WindowSpec) -> Path:

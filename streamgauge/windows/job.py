@@ -55,7 +55,11 @@ window; its native lane aggregates panes only (``hopping_pane_aggregates``) and 
 makes each window of its panes when it publishes it (``PaneBatchWriter``). A tumbling window
 with ``sets: with_timers`` (``splits_sets``) aggregates only counters and gauges natively, with
 plain sums and extremes (``plain_lane_partials``), and its sketch lane merges the sets' HLLs
-beside the digests: no HLL buffer in a counter's state, and still two queries. Session and sliding
+beside the digests: no HLL buffer in a counter's state, and still two queries. With
+``sets: separate`` (``sets_query``) its sets run Spark's own aggregation in a third query
+(``set_lane_partials``, query ``<window>.sets``), which waits while the log has no set for
+it (``QuietLane``): counters as fast as with ``with_timers``, sets as fast as natively, for
+the price of a third query when both arrive. Session and sliding
 windows run one query of their own operator for every type, which merges the sketches too
 (``window_sketches``: percentiles, histograms and distinct counts as in the two lanes).
 
@@ -107,6 +111,8 @@ from streamgauge.windows import hopping_windows, sketch_windows
 from streamgauge.windows.checkpoints import JobPaths as JobPaths
 from streamgauge.windows.checkpoints import all_checkpoints as all_checkpoints
 from streamgauge.windows.checkpoints import checkpoint_dir as checkpoint_dir
+from streamgauge.windows.checkpoints import sets_checkpoint as sets_checkpoint
+from streamgauge.windows.checkpoints import sets_query as sets_query
 from streamgauge.windows.checkpoints import sketch_checkpoint as sketch_checkpoint
 from streamgauge.windows.checkpoints import sketch_params as sketch_params
 from streamgauge.windows.checkpoints import splits_sets as splits_sets
@@ -198,10 +204,16 @@ def sketch_query_name(config: PipelineConfig, window: WindowSpec) -> str:
     return f"{query_name(config, window)}.sketches"
 
 
+def sets_query_name(config: PipelineConfig, window: WindowSpec) -> str:
+    """The query of a window's sets with ``sets: separate`` (``sets_query``)."""
+    return f"{query_name(config, window)}.sets"
+
+
 def native_lane_rows(window: WindowSpec) -> str:
     """The ``RowFilter`` lane of a tumbling/hopping window's native lane query: with
-    ``sets: with_timers`` a tumbling window's sets merge in its sketch lane (``splits_sets``)."""
-    return "plain" if splits_sets(window) else "native"
+    ``sets: with_timers`` a tumbling window's sets merge in its sketch lane (``splits_sets``),
+    with ``sets: separate`` in a query of their own (``sets_query``)."""
+    return "plain" if splits_sets(window) or sets_query(window) else "native"
 
 
 def sketch_lane_rows(window: WindowSpec) -> str:
@@ -335,8 +347,8 @@ def windowed_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
 
 
 def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
-    """``windowed_partials`` of counters and gauges alone (``sets: with_timers``,
-    ``splits_sets``): Spark's own sums and extremes and nothing else in the state."""
+    """``windowed_partials`` of counters and gauges alone (``sets: with_timers`` or
+    ``separate``): Spark's own sums and extremes and nothing else in the state."""
     on_time = _on_time(source, window).where(F.col("metric_type").isin(list(LANE_TYPES["plain"])))
     grouped = on_time.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
         *_merged_scalars()
@@ -347,6 +359,12 @@ def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
         F.lit(None).cast("double").alias("distinct_count"),
         F.lit(None).cast("binary").alias("sketch"),
     )
+
+
+def set_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """``windowed_partials`` of sets alone (``sets: separate``, ``sets_query``): the native
+    aggregation, HLL union included, in a query of their own."""
+    return aggregate_windows(_on_time(source, window).where(_is_set()))
 
 
 def _on_time(source: DataFrame, window: WindowSpec) -> DataFrame:
@@ -776,6 +794,10 @@ _KLL_RESULT_COLUMNS = (
 )  # fmt: skip
 
 
+SETS_WATERMARK_PREFIX = "watermark_ms.sets"
+"""Of a sets query's watermark key in ``pipeline_state`` (``<prefix>:<window>``)."""
+
+
 class WindowBatchWriter:
     """The ``foreachBatch`` function of one window query: runs on the driver.
 
@@ -798,8 +820,11 @@ class WindowBatchWriter:
         clock: Clock,
         *,
         late_rows: LateRowsOrigin | None = None,
+        sets: bool = False,
     ) -> None:
-        """``late_rows``: given if the query records the window's late rows."""
+        """``late_rows``: given if the query records the window's late rows. ``sets``: the
+        query is the window's sets query (``sets_query``), with its own name, watermark and
+        metric type."""
         self._config = config
         self._window = window
         self._store = store
@@ -809,6 +834,10 @@ class WindowBatchWriter:
         self._name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
         self.lane_types = self.lane_types_of(window)
+        if sets:
+            self._name = sets_query_name(config, window)
+            self._state_key = f"{SETS_WATERMARK_PREFIX}:{window.name}"
+            self.lane_types = LANE_TYPES["sets"]
         self._watermark_floor: int | None = None
         self._revision_base: int | None = None
         #: The open windows held after the last committed batch (``HoldingBatchWriter``;
@@ -1246,14 +1275,24 @@ def start_window_queries(
                 writer = PaneBatchWriter(config, window, store_factory(), checkpoint, clock)
                 changes = hopping_pane_aggregates(log, window)
             else:
-                writer = (
+                native_writer = (
                     WindowBatchWriter if window.early_every_ms is not None
                     else HoldingBatchWriter  # _EARLY publishes from window_pending
-                )(config, window, store_factory(), checkpoint, clock)  # fmt: skip
+                )  # fmt: skip
+                writer = native_writer(config, window, store_factory(), checkpoint, clock)
                 changes = (
-                    plain_lane_partials(log, window) if splits_sets(window)
+                    plain_lane_partials(log, window) if native_lane_rows(window) == "plain"
                     else windowed_partials(log, window)
                 )  # fmt: skip
+                if sets_query(window):
+                    sets_writer = native_writer(
+                        config, window, store_factory(), sets_checkpoint(checkpoint), clock,
+                        sets=True,
+                    )  # fmt: skip
+                    queries.append(
+                        _start_sets_query(spark, config, window, paths, sets_writer,
+                                          trigger_interval)
+                    )  # fmt: skip
             params = sketch_params(config)
             lane_checkpoint = sketch_checkpoint(checkpoint, params, window)
             queries.append(
@@ -1316,6 +1355,28 @@ def start_window_queries(
     return queries
 
 
+def _start_sets_query(
+    spark: SparkSession,
+    config: PipelineConfig,
+    window: WindowSpec,
+    paths: JobPaths,
+    writer: WindowBatchWriter,
+    trigger_interval: str | None,
+) -> StreamingQuery:
+    """A ``sets: separate`` window's sets query: the native aggregation of its sets alone,
+    waiting (``QuietLane``) while the log has no set for it."""
+    checkpoint = sets_checkpoint(checkpoint_dir(paths, config, window))
+    name = sets_query_name(config, window)
+    log = _read_spool(
+        spark, paths, name, RowFilter("sets"),
+        None if trigger_interval is None else quiet_lane(config, window, checkpoint),
+    )  # fmt: skip
+    return _start(
+        set_lane_partials(log, window), name, checkpoint, writer, trigger_interval,
+        output_mode="update",
+    )  # fmt: skip
+
+
 def _read_spool(
     spark: SparkSession,
     paths: JobPaths,
@@ -1333,10 +1394,10 @@ def _read_spool(
 
 
 def quiet_lane(config: PipelineConfig, window: WindowSpec, checkpoint: Path) -> QuietLane:
-    """A tumbling or hopping window's sketch lane (checkpoint ``checkpoint``) waits while no
-    segment has rows for it: at 100k counter series its idle batches, one a second, made the
-    counters' batches up to twice as long (README, "What p50 ≤ 1 s at 100k series would take
-    here")."""
+    """A tumbling or hopping window's sketch lane, or its sets query (checkpoint
+    ``checkpoint``), waits while no segment has rows for it: at 100k counter series the
+    sketch lane's idle batches, one a second, made the counters' batches up to twice as long
+    (README, "What p50 ≤ 1 s at 100k series would take here")."""
     assert window.size_ms is not None
     span_ms = (config.pane_ms + window.size_ms + window.watermark_delay_ms
                + window.allowed_lateness_ms)  # fmt: skip

@@ -67,6 +67,7 @@ from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sinks.store import LateRecord, ResultStore, canonical_tags_text
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.job import (
+    SETS_WATERMARK_PREFIX,
     aggregate_windows,
     assign_windows,
     metric_filter,
@@ -74,6 +75,7 @@ from streamgauge.windows.job import (
     query_name,
     series_keys,
     series_tags,
+    sets_query,
     sketch_lane_types,
     sketch_params,
     to_histogram_rows,
@@ -85,7 +87,7 @@ from streamgauge.windows.session_windows import OUTPUT_DDL as SERIES_OUTPUT_DDL
 from streamgauge.windows.sketch_windows import OUTPUT_DDL as SKETCH_OUTPUT_DDL
 from streamgauge.windows.sketch_windows import merge_windows_batch
 from streamgauge.windows.sliding_windows import sliding_state_function
-from streamgauge.windows.source import SOURCE_NAME
+from streamgauge.windows.source import LANE_TYPES, SOURCE_NAME
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,8 @@ def replay(
         # lane's state left from before it became one must not count. A sketch lane idle for
         # a while, windows.source.QuietLane, must not hold the counters back.)
         prefixes = ["watermark_ms"] + ([] if window.uses_kll else ["watermark_ms.sketches"])
+        if sets_query(window):
+            prefixes.append(SETS_WATERMARK_PREFIX)
         lanes = [store.read_state(config.name, f"{prefix}:{window.name}")
                  for prefix in prefixes]  # fmt: skip
         known = [w for w in lanes if w is not None]
@@ -183,12 +187,16 @@ def replay(
                 )
             )  # fmt: skip
             continue
-        native_ms, sketch_ms = lanes
-        native = aggregate_windows(
-            assigned.where(F.col("metric_type").isin(list(native_lane_types(window)))
-                           & _final_in(window, native_ms))
-            .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
-        ).toArrow()  # fmt: skip
+        native_ms, sketch_ms = lanes[:2]
+        natives = [(native_lane_types(window), native_ms)]
+        if sets_query(window):  # the sets' own query, its own watermark
+            natives.append((LANE_TYPES["sets"], lanes[2]))
+        merged = [
+            (aggregate_windows(
+                assigned.where(F.col("metric_type").isin(list(types)) & _final_in(window, ms))
+                .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
+            ).toArrow(), ms) for types, ms in natives
+        ]  # fmt: skip
         sketched = (
             assigned.where(F.col("metric_type").isin(list(sketch_lane_types(window)))
                            & _final_in(window, sketch_ms))
@@ -202,8 +210,8 @@ def replay(
         rows = pa.concat_tables(
             [to_result_rows(changed, config, window, revision=1, watermark_ms=lane_ms,
                             emitted_at_ms=clock.now_ms())
-             for changed, lane_ms in ((native, native_ms),
-                                      (sketched.drop_columns(["hdr_buckets"]), sketch_ms))],
+             for changed, lane_ms in [*merged,
+                                      (sketched.drop_columns(["hdr_buckets"]), sketch_ms)]],
             promote_options="permissive",
         )  # fmt: skip
         outcome = store.publish_corrections(

@@ -147,10 +147,12 @@ SOURCE_NAME = "streamgauge_spool"
 
 #: The metric types of each ``lane`` option value besides ``all`` and ``none``: which a query
 #: reads whole (``native`` and ``sketch``; ``plain`` and ``sketch_sets``: the lanes of a
-#: tumbling window with ``sets: with_timers``, ``job.sketch_lane_types``).
+#: tumbling window with ``sets: with_timers``, ``job.sketch_lane_types``; ``plain`` and
+#: ``sets``: with ``sets: separate``).
 LANE_TYPES: dict[str, tuple[str, ...]] = {
     "native": ("c", "g", "s"),
     "plain": ("c", "g"),
+    "sets": ("s",),
     "sketch": SKETCHED_TYPES,
     "sketch_sets": (*SKETCHED_TYPES, "s"),
 }

@@ -173,14 +173,52 @@ def test_sets_with_timers_is_per_tumbling_window_and_moves_its_sets_to_the_sketc
     assert parse_config(yaml.safe_dump(config.to_canonical_dict()), "again") == config
 
 
+def test_sets_separate_runs_sets_in_a_query_of_their_own(tmp_path: Path) -> None:
+    """``sets: separate``: the native lane takes counters and gauges only, the sketch lane
+    its usual types, and the sets a third query with a checkpoint of its own, which
+    retention counts (``all_checkpoints``); the window's checkpoint differs from the other
+    two choices' (other states)."""
+    from streamgauge.windows.checkpoints import (
+        JobPaths,
+        all_checkpoints,
+        checkpoint_dir,
+        sets_checkpoint,
+        sets_query,
+        splits_sets,
+    )
+    from streamgauge.windows.job import native_lane_types, sketch_lane_types
+
+    def window_of(sets: str) -> str:
+        return f"  - {{name: w, kind: tumbling, size: 10s, sets: {sets}}}\n"
+
+    configs = {sets: parse_config("windows:\n" + window_of(sets), "t")
+               for sets in ("separate", "with_timers", "native")}  # fmt: skip
+    separate = configs["separate"].windows[0]
+    assert (sets_query(separate), splits_sets(separate)) == (True, False)
+    assert (native_lane_types(separate), sketch_lane_types(separate)) == (
+        ("c", "g"), ("d", "h", "ms"))  # fmt: skip
+    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
+    own = checkpoint_dir(paths, configs["separate"], separate)
+    assert sets_checkpoint(own) in all_checkpoints(paths, configs["separate"])
+    assert len({checkpoint_dir(paths, c, c.windows[0]) for c in configs.values()}) == 3
+    for other in ("with_timers", "native"):
+        assert not sets_query(configs[other].windows[0])
+        assert len(all_checkpoints(paths, configs[other])) == 2
+    canonical = configs["separate"].to_canonical_dict()
+    assert canonical["windows"][0]["sets"] == "separate"
+    assert parse_config(yaml.safe_dump(canonical), "again") == configs["separate"]
+
+
 @pytest.mark.parametrize(
     ("window", "path", "message"),
     [
-        ("{name: w, kind: tumbling, size: 10s, sets: timers}", "windows[0].sets", "unknown value 'timers'; one of native, with_timers; did you mean with_timers?"),
-        ("{name: w, kind: tumbling, size: 10s, sets: 1}", "windows[0].sets", "must be one of native, with_timers, not a number (1)"),
+        ("{name: w, kind: tumbling, size: 10s, sets: timers}", "windows[0].sets", "unknown value 'timers'; one of native, with_timers, separate; did you mean with_timers?"),
+        ("{name: w, kind: tumbling, size: 10s, sets: 1}", "windows[0].sets", "must be one of native, with_timers, separate, not a number (1)"),
         ("{name: w, kind: hopping, size: 10s, hop: 5s, sets: with_timers}", "windows[0].sets", "tumbling windows only: a hopping window merges its sets by panes"),
         ("{name: w, kind: sliding, size: 5s, sets: with_timers}", "windows[0].sets", "tumbling windows only: a sliding window merges its sets in its own operator already"),
-        ("{name: w, kind: tumbling, size: 10s, quantiles: kll, sets: with_timers}", "windows[0].sets", "a quantiles: kll window has no timers' operator: its one query merges every type"),
+        ("{name: w, kind: tumbling, size: 10s, quantiles: kll, sets: with_timers}", "windows[0].sets", "a quantiles: kll window runs one query, which merges every type"),
+        ("{name: w, kind: tumbling, size: 10s, quantiles: kll, sets: separate}", "windows[0].sets", "a quantiles: kll window runs one query, which merges every type"),
+        ("{name: w, kind: session, gap: 5s, key: user, sets: separate}", "windows[0].sets", "tumbling windows only: a session window merges its sets in its own operator already"),
     ],
 )  # fmt: skip
 def test_bad_sets_are_reported_at_their_path(window: str, path: str, message: str) -> None:

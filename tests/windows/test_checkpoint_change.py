@@ -191,3 +191,72 @@ def test_a_new_session_checkpoint_records_each_late_partial_once(
     _, counted = run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
                          " - %s, late_events from window_results order by 1", [T0])  # fmt: skip
     assert counted == [(0, 1), (7_000, 0)]
+
+
+SETS = """
+name: upgrade
+pane: 1s
+windows:
+  - {{name: per_4s, kind: tumbling, size: 4s, watermark_delay: 0s, allowed_lateness: 0s,
+      sets: {sets}}}
+"""
+
+
+def _mixed_segment(spool: Path, at_ms: int, members: tuple[str, ...], beat_ms: int) -> None:
+    """A counter sample and one set sample per member at ``at_ms``."""
+    combiner = PaneCombiner(1000)
+    combiner.add(Sample("c.requests", "c", 1.0, 1.0, ()), T0 + at_ms, T0 + at_ms)
+    for member in members:
+        combiner.add(Sample("users", "s", 1.0, 1.0, (), member=member), T0 + at_ms, T0 + at_ms)
+    SegmentWriter(spool, "udp-0").append(combiner.drain(), Heartbeat(T0 + beat_ms, True))
+
+
+def _values(url: str) -> dict[tuple[str, int], tuple[str, int, float | None, bool, int]]:
+    _, rows = run_sql(
+        url,
+        "select metric, (extract(epoch from window_start) * 1000)::bigint - %s, metric_type,"
+        " count, distinct_count, is_final, revision from window_results"
+        " where config_name = 'upgrade'",
+        [T0],
+    )
+    return {(m, start): (kind, count, distinct, final, revision)
+            for m, start, kind, count, distinct, final, revision in rows}  # fmt: skip
+
+
+def test_switching_sets_to_separate_rebuilds_them_in_their_own_query(
+    spark: SparkSession, tmp_path: Path, clean_store: str
+) -> None:
+    """``sets: native`` → ``separate``: new checkpoints. The counters' lane drops the set it
+    held (``HeldWindows.of_types``), the sets' query rebuilds it from the log under its own
+    name, watermark and checkpoint, and every window ends with the values one run of either
+    choice gives, above the revisions stored before: no set counted twice or lost."""
+    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
+    native = parse_config(SETS.format(sets="native"), "upgrade")
+    _mixed_segment(paths.spool, 1_000, ("u1", "u2"), 5_000)  # [0, 4s) closes
+    _mixed_segment(paths.spool, 5_000, ("u1", "u3"), 6_000)  # [4s, 8s) held open
+    run_job_once(spark, native, paths, clean_store, ManualClock(T0))
+    first = _values(clean_store)
+    assert {k: v[:4] for k, v in first.items()} == {
+        ("c.requests", 0): ("c", 1, None, True), ("users", 0): ("s", 2, 2.0, True),
+    }  # fmt: skip
+
+    separate = parse_config(SETS.format(sets="separate"), "upgrade")
+    assert checkpoint_dir(paths, separate, separate.windows[0]) != checkpoint_dir(
+        paths, native, native.windows[0]
+    )
+    _mixed_segment(paths.spool, 6_500, ("u4",), 9_000)  # [4s, 8s) closes
+    queries = run_job_once(spark, separate, paths, clean_store, ManualClock(T0))
+    assert sorted(q.name for q in queries) == [
+        "upgrade.per_4s", "upgrade.per_4s.sets", "upgrade.per_4s.sketches"
+    ]  # fmt: skip
+    second = _values(clean_store)
+    assert {k: v[:4] for k, v in second.items()} == {
+        ("c.requests", 0): ("c", 1, None, True), ("users", 0): ("s", 2, 2.0, True),
+        ("c.requests", 4_000): ("c", 2, None, True), ("users", 4_000): ("s", 3, 3.0, True),
+    }  # fmt: skip
+    highest_before = max(v[4] for v in first.values())
+    assert all(second[key][4] > highest_before for key in second if key[1] == 4_000)
+    _, watermarks = run_sql(
+        clean_store, "select key from pipeline_state where config_name = 'upgrade'", []
+    )
+    assert "watermark_ms.sets:per_4s" in {key for (key,) in watermarks}
