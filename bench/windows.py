@@ -34,6 +34,16 @@ lane (``--type s`` is then measured there). The lane's store commits and the ``t
 each batch with rows are timed apart, so a batch's driver time splits into Spark (``toArrow``),
 the store, and the code between them.
 
+``--sets separate`` (tumbling): the window's ``sets: separate``, so its native lane aggregates
+counters and gauges without an HLL per group and its sets merge natively in a third query
+(``bench.w.sets``), which waits while the log has no set. ``--also-sets N`` adds N set series
+(an HLL_8 of 20 members per partial) to every segment beside the ``--series`` of ``--type``:
+the price of a third query when sets do arrive. Freshness is then that of the ``--type``
+windows (a set row of the same end does not count)::
+
+    .venv/bin/python bench/windows.py --series 100000 --also-sets 10000 --sets separate \
+        --seconds 150 --warmup 75
+
 ``--compare-kll`` (with ``--type ms``, tumbling or hopping): the config gets a second window,
 ``wk``, identical but for ``quantiles: kll``, and the partials also carry pane KLLs (as
 receivers write them when a window uses kll). Both windows run in the same job on the same
@@ -75,6 +85,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.streaming.query import StreamingQuery
 from spark_stages import (
     KEEP_ALL_JOBS,
@@ -208,9 +219,15 @@ class Writer(threading.Thread):
 
     def __init__(
         self, spool: Path, series: int, seconds: int, metric_type: str, kll_k: int | None = None,
-        duty: tuple[int, int] | None = None,
+        duty: tuple[int, int] | None = None, also_sets: int = 0,
     ) -> None:
         super().__init__(daemon=True)
+        # --also-sets: built once (20 HLL members per series is ~0.2 s of Python a second,
+        # in the driver's process) and moved to each second's pane.
+        self.sets = None if also_sets == 0 else pane_batch(
+            pa.array([f"bench.s{i}" for i in range(also_sets)], pa.string()), 0,
+            np.random.default_rng(11), "s", kll_k,
+        )  # fmt: skip
         self.metric_type = metric_type
         self.kll_k = kll_k
         self.names = pa.array([f"bench.m{i}" for i in range(series)], pa.string())
@@ -227,9 +244,21 @@ class Writer(threading.Thread):
             pane = now - now % 1000
             names = active_names(self.names, pane, self.duty)
             batch = pane_batch(names, pane, rng, self.metric_type, self.kll_k)
+            if self.sets is not None:
+                batch = pa.Table.from_batches([batch, moved_to_pane(self.sets, pane)])
+                batch = batch.combine_chunks().to_batches()[0]
             self.writer.append(batch, Heartbeat(now, False))
             self.heartbeats.append((now, time.time_ns() // 1_000_000))
             time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
+
+
+def moved_to_pane(batch: pa.RecordBatch, pane_ms: int) -> pa.RecordBatch:
+    """``batch`` (built for pane 0) with its times in the pane starting at ``pane_ms``."""
+    columns = list(batch.columns)
+    for name in ("pane_start_ms", "last_event_ms", "first_recv_ms", "last_recv_ms"):
+        index = batch.schema.get_field_index(name)
+        columns[index] = pc.add(columns[index], pane_ms)
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
 
 def active_names(names: pa.Array, pane_ms: int, duty: tuple[int, int] | None) -> pa.Array:
@@ -245,9 +274,10 @@ def active_names(names: pa.Array, pane_ms: int, duty: tuple[int, int] | None) ->
 
 
 def freshness(
-    url: str, writer: Writer, delay_ms: int, seconds: int
+    url: str, writer: Writer, delay_ms: int, seconds: int, metric_type: str
 ) -> tuple[list[float], dict[int, int]]:
-    """Poll for newly visible windows; seconds from watermark passing end to visibility."""
+    """Poll for newly visible windows of ``metric_type``; seconds from watermark passing
+    end to visibility."""
     first_seen: dict[int, int] = {}
     deadline = time.monotonic() + seconds + 30
     newest = 0
@@ -260,7 +290,9 @@ def freshness(
         # the store the job writes to.
         rows = poll.execute(
             "select distinct (extract(epoch from window_end) * 1000)::bigint "
-            f"from window_results where window_end > to_timestamp({newest} / 1000.0)",
+            f"from window_results where window_end > to_timestamp({newest} / 1000.0) "
+            "and metric_type = %s",
+            [metric_type],
         ).fetchall()  # fmt: skip
         now = time.time_ns() // 1_000_000
         for (end,) in rows:
@@ -344,6 +376,8 @@ def measured_query(args: argparse.Namespace) -> str:
         return "bench.w.sketches"
     if args.sets == "with_timers" and args.type == "s":
         return "bench.w.sketches"  # the window's sets merge in its sketch lane
+    if args.sets == "separate" and args.type == "s":
+        return "bench.w.sets"
     return "bench.w"
 
 
@@ -408,8 +442,11 @@ def main() -> None:
                         help="write --seconds segments first, then drain them (availableNow)")
     parser.add_argument("--shuffle-partitions", type=int, default=None,
                         help="state partitions (default: 2 per core)")
-    parser.add_argument("--sets", choices=("native", "with_timers"), default="native",
+    parser.add_argument("--sets", choices=("native", "with_timers", "separate"),
+                        default="native",
                         help="the tumbling window's sets: key (where its sets merge)")
+    parser.add_argument("--also-sets", type=int, default=0, metavar="N",
+                        help="N set series in every segment too (freshness: --type's windows)")
     parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Spark setting for the job (repeatable)")
@@ -424,7 +461,7 @@ def main() -> None:
         if not 0 < duty[0] <= duty[1]:
             parser.error("--duty ACTIVE/PERIOD needs 0 < ACTIVE <= PERIOD")
     if args.sets != "native" and args.kind != "tumbling":
-        parser.error("--sets with_timers needs --kind tumbling")
+        parser.error(f"--sets {args.sets} needs --kind tumbling")
     if args.compare_kll and (args.type != "ms" or args.kind not in ("tumbling", "hopping")):
         parser.error("--compare-kll needs --type ms and --kind tumbling or hopping")
 
@@ -467,10 +504,13 @@ def main() -> None:
             spark, config, paths, lambda: TimedStore(url), SystemClock(),
             trigger_interval=args.trigger,
         )  # fmt: skip
-        writer = Writer(paths.spool, args.series, args.seconds, args.type, config.kll_k, duty)
+        writer = Writer(paths.spool, args.series, args.seconds, args.type, config.kll_k, duty,
+                        args.also_sets)  # fmt: skip
         writer.measured_from_ms = time.time_ns() // 1_000_000 + args.warmup * 1000
         writer.start()
-        lags, _ = freshness(url, writer, config.windows[0].watermark_delay_ms, args.seconds)
+        lags, _ = freshness(
+            url, writer, config.windows[0].watermark_delay_ms, args.seconds, args.type
+        )
         writer.join()
         lane = measured_query(args)
         [measured] = [q for q in queries if q.name == lane]
@@ -508,7 +548,8 @@ def main() -> None:
         duty_note = "" if duty is None else f", each sending {duty[0]} s of every {duty[1]} s"
         print(f"window job, {args.kind} {described}, {args.series} series{duty_note} of type "
               f"{args.type!r} "
-              f"(query {lane}) at 1 s panes "
+              f"{f'and {args.also_sets} set series ' if args.also_sets else ''}"
+              f"(query {lane}, sets: {args.sets}) at 1 s panes "
               f"({rows_per_s} partial rows/s offered), {args.seconds} s (first {args.warmup} s "
               f"left out), local[2], trigger {args.trigger}, "
               f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
