@@ -983,6 +983,13 @@ VALUES (%(query_name)s, {", ".join(f"%({c})s" for c in _HELD_COLUMNS)},
 ON CONFLICT (query_name) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, *HELD_ARRAYS, "written_at"))}
 """
+# Windows released ahead of their batch (``publish_released``): the holding shrinks, the rest
+# of the row (batch, revision, written_at: what the remaining windows' values are as of) stays.
+_RELEASE_HELD = f"""
+UPDATE window_held SET windows = %(windows)s, samples = %(samples)s, snapshot = %(snapshot)s,
+    {", ".join(f"{a} = %({a})b" for a in HELD_ARRAYS)}
+WHERE query_name = %(query_name)s
+"""
 
 
 @dataclass(frozen=True)
@@ -1230,6 +1237,45 @@ class ResultStore:
         self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
         self._recorded = collections.Counter()
         return outcome
+
+    def publish_released(
+        self,
+        query_name: str,
+        results: pa.Table,
+        fresh: pa.Table | None,
+        held: HeldSnapshot,
+        lock_name: str | None = None,
+    ) -> int:
+        """Publish held windows ahead of their batch's ``commit_batch``; the rows upserted.
+
+        ``results`` and ``fresh`` as in ``commit_batch``: the windows the coming batch's
+        watermark passes, which none of its rows can change. ``held`` is the holding without
+        them; it replaces the query's ``window_held`` values in the same transaction, under
+        the batch and revision it was stored with (its windows are still as that batch left
+        them). So the rows are never both held and published, and a restart before the batch
+        commits loads a holding that no longer has them. The batch claims nothing here: Spark
+        runs it again after a crash, and its ``commit_batch`` is what makes it count.
+        """
+        table = _with_hll_registers(_conform(results))
+        fresh_rows = None if fresh is None else _with_hll_registers(_conform(fresh))
+
+        def work(conn: psycopg.Connection[Any]) -> int:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
+                cur.execute(_HOLD_DDL)  # empty: every staged row goes to window_results
+                upserted = self._upsert(cur, table) if table.num_rows else 0
+                if fresh_rows is not None and fresh_rows.num_rows:
+                    upserted += self._insert_fresh(conn, cur, fresh_rows)[0]
+                cur.execute(
+                    _RELEASE_HELD,
+                    {"query_name": query_name, "windows": held.windows,
+                     "samples": held.samples, "snapshot": held.snapshot, **held.arrays},
+                )  # fmt: skip
+                if cur.rowcount != 1:
+                    raise RuntimeError(f"{query_name!r} releases windows it never stored")
+            return upserted
+
+        return self._with_retry(f"publish the windows {query_name!r} released", work)
 
     def commit_late_batch(
         self, query_name: str, batch_id: int, late: pa.Table, lock_name: str | None = None

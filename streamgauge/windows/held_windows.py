@@ -62,6 +62,13 @@ class HeldWindows:
             return 0
         return int(pc.sum(self.table.column("count")).as_py() or 0)
 
+    @property
+    def earliest_end_ms(self) -> int | None:
+        """The earliest end of a held window (None: nothing held)."""
+        if self.table is None or self.table.num_rows == 0:
+            return None
+        return int(pc.min(self.table.column("window_end_ms")).as_py())
+
     def merged(self, changed: pa.Table) -> HeldWindows:
         """The holding after a batch that changed ``changed`` (one row per window)."""
         if changed.num_rows == 0:

@@ -360,7 +360,8 @@ class SpoolStreamReader(DataSourceStreamReader):
         for receiver, position in end["receivers"].items():
             before = begun.get(receiver, {"seq": -1, "heartbeat_ms": 0})
             prior = int(before["heartbeat_ms"])
-            for segment in self._between(receiver, before["seq"], position["seq"]):
+            between = segments_between(self._spool, receiver, before["seq"], position["seq"])
+            for segment in between:
                 need = self._need_of(segment, prior)
                 if need.latest_pane_ms is not None:
                     wanted = True
@@ -401,13 +402,6 @@ class SpoolStreamReader(DataSourceStreamReader):
             self._needs[key] = _SegmentNeed(latest, heartbeat.heartbeat_ms)
         return self._needs[key]
 
-    def _between(self, receiver: str, after: int, upto: int) -> list[SegmentInfo]:
-        """Segments ``after < sequence <= upto`` of a stream an offset admitted: every one of
-        them is there (admitted, not yet committed), so no listing unless ``after`` < 0."""
-        if after < 0:
-            return list_segments(self._spool, receiver, after, upto)
-        return [segment_at(self._spool, receiver, seq) for seq in range(after + 1, upto + 1)]
-
     def commit(self, end: dict[str, Any]) -> None:
         """Retention of committed segments is owned by the ingest tier, not by the reader."""
 
@@ -441,7 +435,7 @@ class SpoolStreamReader(DataSourceStreamReader):
         parts: list[InputPartition] = []
         for receiver, position in sorted(end.get("receivers", {}).items()):
             after = begun.get(receiver, {"seq": -1})["seq"]
-            segments = self._between(receiver, after, position["seq"])
+            segments = segments_between(self._spool, receiver, after, position["seq"])
             prior = 0
             if after >= 0 and (last_read := segment_at(self._spool, receiver, after)).exists():
                 prior = read_heartbeat(last_read).heartbeat_ms
@@ -565,6 +559,39 @@ def batch_heartbeats(checkpoint: Path, batch_id: int) -> dict[str, dict[str, Any
     offset = json.loads(lines[-1])
     receivers: dict[str, dict[str, Any]] = offset.get("receivers", {})
     return receivers
+
+
+def segments_between(spool: SpoolLike, receiver: str, after: int, upto: int) -> list[SegmentInfo]:
+    """Segments ``after < sequence <= upto`` of a stream an offset admitted: every one of
+    them is there (admitted, not yet committed), so no listing unless ``after`` < 0."""
+    if after < 0:
+        return list_segments(spool, receiver, after, upto)
+    return [segment_at(spool, receiver, seq) for seq in range(after + 1, upto + 1)]
+
+
+def batch_event_floor_ms(spool: SpoolLike, checkpoint: Path, batch_id: int) -> int | None:
+    """No row batch ``batch_id`` reads has an event time below this (None: not known).
+
+    From the footers of the segments the batch admitted (between the offsets Spark logged for
+    the batch before and for this one), without reading their rows: per segment the earlier of
+    its first pane and its heartbeat (the job caps an event time at the heartbeat). A segment
+    without rows bounds nothing below its heartbeat. Unknown for a checkpoint's first batch
+    (no earlier offset). What it is for: ``HoldingBatchWriter`` publishes the windows a
+    batch's watermark passes before Spark runs the batch if none of its rows can change them.
+    """
+    if batch_id == 0 or not (checkpoint / "offsets" / str(batch_id - 1)).exists():
+        return None
+    before = batch_heartbeats(checkpoint, batch_id - 1)
+    floors: list[int] = []
+    for receiver, position in batch_heartbeats(checkpoint, batch_id).items():
+        after = int(before.get(receiver, {"seq": -1})["seq"])
+        for segment in segments_between(spool, receiver, after, int(position["seq"])):
+            contents, heartbeat = read_contents(segment)
+            panes = contents.pane_range_ms
+            floors.append(
+                heartbeat.heartbeat_ms if panes is None else min(panes[0], heartbeat.heartbeat_ms)
+            )
+    return min(floors, default=None)
 
 
 def receivers_heartbeat_ms(receivers: dict[str, dict[str, Any]]) -> int | None:

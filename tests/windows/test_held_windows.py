@@ -4,6 +4,7 @@ by SQL readers (``window_held_rows``, ``window_latest``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +20,8 @@ from streamgauge.sinks.store import (
 )
 from streamgauge.windows.held_windows import HeldWindows
 from streamgauge.windows.job import HoldingBatchWriter
+from streamgauge.windows.source import batch_event_floor_ms
+from tests.reliability.segments import Spool
 
 T0 = 1_700_000_000_000
 CONFIG = """
@@ -233,5 +236,114 @@ def test_a_released_window_past_the_last_committed_watermark_is_offered_as_fresh
         assert upsert.num_rows == 3 and fresh is not None and fresh.num_rows == 0
         committed(T0 + 15_000)  # never back
         assert writer._split_fresh(rows)[1].num_rows == 0  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
+def _log_offsets(checkpoint: Path, positions: dict[int, dict[str, tuple[int, int]]]) -> None:
+    """Spark's offset log for the spool source: per batch id, receiver → (last sequence
+    admitted, its heartbeat in ms after T0)."""
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    for batch_id, receivers in positions.items():
+        offset = {"receivers": {name: {"seq": seq, "heartbeat_ms": T0 + beat_ms, "closed": False}
+                                for name, (seq, beat_ms) in receivers.items()}}  # fmt: skip
+        (checkpoint / "offsets" / str(batch_id)).write_text(
+            'v1\n{"batchWatermarkMs":0}\n' + json.dumps(offset)
+        )
+
+
+def test_the_event_floor_of_a_batch_comes_from_its_segments_footers(tmp_path: Path) -> None:
+    """The earliest event time a batch can read: the first pane of each segment it admitted
+    (from the footer), a segment without rows counting its heartbeat; a receiver new in the
+    batch brings all its segments; a checkpoint's first batch has no floor."""
+    spool = Spool(tmp_path / "spool")
+    for beat_s in (1, 2, 3):
+        spool.segment("udp-0", beat_s, {"c1": 1.0})  # seq 0, 1, 2: panes 0 s, 1 s, 2 s
+    spool.segment("udp-0", 5, {})  # seq 3: heartbeat only, at 5 s
+    checkpoint = tmp_path / "cp"
+    _log_offsets(checkpoint, {0: {"udp-0": (1, 2_000)}, 1: {"udp-0": (3, 5_000)}})
+    assert batch_event_floor_ms(spool.path, checkpoint, 0) is None
+    assert batch_event_floor_ms(spool.path, checkpoint, 1) == T0 + 2_000
+    _log_offsets(checkpoint, {2: {"udp-0": (3, 5_000)}})  # nothing new
+    assert batch_event_floor_ms(spool.path, checkpoint, 2) is None
+    spool.segment("udp-0", 6, {})  # seq 4
+    spool.segment("udp-1", 6, {"c1": 1.0})  # udp-1 seq 0: pane 5 s, new in batch 3
+    _log_offsets(checkpoint, {3: {"udp-0": (4, 6_000), "udp-1": (0, 6_000)}})
+    assert batch_event_floor_ms(spool.path, checkpoint, 3) == T0 + 5_000
+
+
+def _release_setup(tmp_path: Path, first_batch_upto_s: int) -> tuple[Spool, Path]:
+    """Counter c1 in every pane 0..10 s of udp-0 (segment n has heartbeat n + 1 s); batch 0
+    admits the segments up to heartbeat ``first_batch_upto_s``, batch 1 the rest (heartbeat
+    11 s: W = 10 s, 10 s windows [0 s, 10 s) close)."""
+    spool = Spool(tmp_path / "spool")
+    for beat_s in range(1, 12):
+        spool.segment("udp-0", beat_s, {"c1": 1.0})
+    checkpoint = tmp_path / "cp"
+    _log_offsets(checkpoint, {0: {"udp-0": (first_batch_upto_s - 1, first_batch_upto_s * 1000)},
+                              1: {"udp-0": (10, 11_000)}})  # fmt: skip
+    return spool, checkpoint
+
+
+_STORED = (
+    "select metric, (extract(epoch from window_start) * 1000)::bigint - %s, count, revision,"
+    " is_final from window_results order by 2"
+)
+
+
+def test_a_batch_with_no_row_in_the_windows_it_closes_publishes_them_before_spark_runs(
+    clean_store: str, tmp_path: Path
+) -> None:
+    """Batch 1 brings only the segment [10 s, 11 s): the held [0 s, 10 s) is published, with
+    the batch's revision, before the batch's own rows exist (``_release_ahead``), and leaves
+    the stored holding in that transaction (never shown held and published at once). A
+    crash before the batch commits: the restarted writer loads the shrunk holding, publishes
+    nothing again, and the replayed batch stores every window once."""
+    config = parse_config(CONFIG, "test")
+    window = config.windows[0]
+    spool, checkpoint = _release_setup(tmp_path, first_batch_upto_s=10)
+    store = ResultStore(clean_store)
+    try:
+        def writer() -> HoldingBatchWriter:
+            return HoldingBatchWriter(config, window, store, checkpoint, ManualClock(T0),
+                                      spool=spool.path)  # fmt: skip
+
+        first = writer()
+        first._commit(_windows(("c1", "{}", 0, 10, 10.0)), 0)  # W = 9 s: held
+        assert run_sql(clean_store, _STORED, [T0])[1] == []
+        first._release_ahead(1)
+        revision = first.revision(1)
+        assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, revision, False)]
+        assert run_sql(clean_store, "select count(*) from window_held_rows")[1] == [(0,)]
+        assert run_sql(clean_store, "select windows, samples from window_held")[1] == [(0, 0)]
+
+        restarted = writer()  # the process died before batch 1 committed; Spark runs it again
+        restarted._release_ahead(1)
+        restarted._commit(_windows(("c1", "{}", 10, 1, 1.0)), 1)
+        assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, revision, False)]
+        _, held = run_sql(clean_store, "select metric, count from window_held_rows")
+        assert held == [("c1", 1)]
+        assert run_sql(clean_store, "select count(*) from sink_batches")[1] == [(2,)]
+    finally:
+        store.close()
+
+
+def test_a_batch_with_a_row_in_a_window_it_closes_publishes_it_after_spark(
+    clean_store: str, tmp_path: Path
+) -> None:
+    """Batch 1 also brings [9 s, 10 s): Spark's row for [0 s, 10 s) is needed, so nothing is
+    published ahead and the batch's commit publishes the window with that row's value."""
+    config = parse_config(CONFIG, "test")
+    spool, checkpoint = _release_setup(tmp_path, first_batch_upto_s=9)
+    store = ResultStore(clean_store)
+    try:
+        writer = HoldingBatchWriter(config, config.windows[0], store, checkpoint,
+                                    ManualClock(T0), spool=spool.path)  # fmt: skip
+        writer._commit(_windows(("c1", "{}", 0, 9, 9.0)), 0)
+        writer._release_ahead(1)
+        assert run_sql(clean_store, _STORED, [T0])[1] == []
+        writer._commit(_windows(("c1", "{}", 0, 10, 10.0), ("c1", "{}", 10, 1, 1.0)), 1)
+        assert run_sql(clean_store, _STORED, [T0])[1] == [
+            ("c1", 0, 10, writer.revision(1), False)]
     finally:
         store.close()
