@@ -119,6 +119,16 @@ class TimedStore(ResultStore):
         finally:
             TimedStore.commits.append((wall, time.perf_counter() - started, args[0]))
 
+    releases: list[tuple[int, float, str]] = []  # publish_released: windows ahead of a batch
+
+    def publish_released(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        wall = time.time_ns() // 1_000_000
+        started = time.perf_counter()
+        try:
+            return super().publish_released(*args, **kwargs)
+        finally:
+            TimedStore.releases.append((wall, time.perf_counter() - started, args[0]))
+
 
 class TimedToArrow:
     """Times ``DataFrame.toArrow`` (a ``foreachBatch`` taking its micro-batch to the driver:
@@ -524,6 +534,8 @@ def main() -> None:
                         for p in measured_batches(q)]  # fmt: skip
         commits = [seconds for wall, seconds, query in TimedStore.commits
                    if wall >= writer.measured_from_ms and query == lane]  # fmt: skip
+        releases = [seconds for wall, seconds, query in TimedStore.releases
+                    if wall >= writer.measured_from_ms and query == lane]  # fmt: skip
         to_arrow = [seconds for wall, seconds in TimedToArrow.calls
                     if wall >= writer.measured_from_ms]  # fmt: skip
         for query in queries:
@@ -560,6 +572,7 @@ def main() -> None:
             ("micro-batch duration (s)", durations),
             ("freshness: watermark passes end -> row (s)", lags),
             ("store commit per batch, lane query (s)", commits),
+            ("windows published ahead of a batch (s)", releases),
             ("toArrow of a batch with rows (s)", to_arrow),
         ):
             if values:
@@ -584,6 +597,7 @@ def main() -> None:
             print(f"tasks of {name}: {run_s:.1f} s run, {cpu_s:.1f} s CPU in {measured_s:.0f} s "
                   f"({cpu_s / max(measured_s, 1e-9):.2f} cores)")
         print_sustained(progress, lags, offered_rows_per_s=rows_per_s)
+        print(f"freshness of each window, in order (s): {' '.join(f'{v:.2f}' for v in lags)}")
         if args.compare_kll:
             compare_kll(progress, kll_progress, config.sketches.kll_k)
     finally:
