@@ -365,7 +365,8 @@ def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
 def set_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     """``windowed_partials`` of sets alone (``sets: separate``, ``sets_query``): the native
     aggregation, HLL union included, in a query of their own."""
-    return aggregate_windows(_on_time(source, window).where(_is_set()))
+    sets = _on_time(source, window).where(F.col("metric_type").isin(list(LANE_TYPES["sets"])))
+    return aggregate_windows(sets)
 
 
 def _on_time(source: DataFrame, window: WindowSpec) -> DataFrame:
@@ -1363,12 +1364,12 @@ def start_window_queries(
                     else windowed_partials(log, window)
                 )  # fmt: skip
                 if sets_query(window):
+                    sets_lane = sets_checkpoint(checkpoint)
                     sets_writer = _native_writer(
-                        config, window, store_factory(), sets_checkpoint(checkpoint), clock,
-                        paths, sets=True,
-                    )  # fmt: skip
+                        config, window, store_factory(), sets_lane, clock, paths, sets=True
+                    )
                     queries.append(
-                        _start_sets_query(spark, config, window, paths, sets_writer,
+                        _start_sets_query(spark, config, window, paths, sets_lane, sets_writer,
                                           trigger_interval)
                     )  # fmt: skip
             params = sketch_params(config)
@@ -1457,12 +1458,13 @@ def _start_sets_query(
     config: PipelineConfig,
     window: WindowSpec,
     paths: JobPaths,
+    checkpoint: Path,
     writer: WindowBatchWriter,
     trigger_interval: str | None,
 ) -> StreamingQuery:
-    """A ``sets: separate`` window's sets query: the native aggregation of its sets alone,
-    waiting (``QuietLane``) while the log has no set for it."""
-    checkpoint = sets_checkpoint(checkpoint_dir(paths, config, window))
+    """A ``sets: separate`` window's sets query (its checkpoint: ``sets_checkpoint``): the
+    native aggregation of its sets alone, waiting (``QuietLane``) while the log has no set
+    for it."""
     name = sets_query_name(config, window)
     log = _read_spool(
         spark, paths, name, RowFilter("sets"),
