@@ -32,7 +32,9 @@ stateful operator). Same series count, same rows: the ratio is the sketch lane's
 aggregates counters and gauges without an HLL per group and its sets go through the sketch
 lane (``--type s`` is then measured there). The lane's store commits and the ``toArrow`` of
 each batch with rows are timed apart, so a batch's driver time splits into Spark (``toArrow``),
-the store, and the code between them.
+the store, and the code between them; so are the closed windows a held lane publishes before
+its batch's Spark jobs (``publish_released``). The last line lists each measured window's
+freshness in order.
 
 ``--sets separate`` (tumbling): the window's ``sets: separate``, so its native lane aggregates
 counters and gauges without an HLL per group and its sets merge natively in a third query
@@ -597,7 +599,8 @@ def main() -> None:
             print(f"tasks of {name}: {run_s:.1f} s run, {cpu_s:.1f} s CPU in {measured_s:.0f} s "
                   f"({cpu_s / max(measured_s, 1e-9):.2f} cores)")
         print_sustained(progress, lags, offered_rows_per_s=rows_per_s)
-        print(f"freshness of each window, in order (s): {' '.join(f'{v:.2f}' for v in lags)}")
+        print(f"freshness of each window, in order (s): {' '.join(f'{v:.2f}' for v in lags)}; "
+              f"{len(releases)} publications ahead of a batch in the same span")
         if args.compare_kll:
             compare_kll(progress, kll_progress, config.sketches.kll_k)
     finally:
