@@ -112,24 +112,22 @@ class TimedStore(ResultStore):
     """The real store, timing its commits: splits a batch's time into Spark vs. PostgreSQL."""
 
     commits: list[tuple[int, float, str]] = []  # (wall ms at the start, seconds, query)
-
-    def commit_batch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        wall = time.time_ns() // 1_000_000
-        started = time.perf_counter()
-        try:
-            return super().commit_batch(*args, **kwargs)
-        finally:
-            TimedStore.commits.append((wall, time.perf_counter() - started, args[0]))
-
     releases: list[tuple[int, float, str]] = []  # publish_released: windows ahead of a batch
 
-    def publish_released(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    @staticmethod
+    def _timed(into: list[tuple[int, float, str]], call, *args, **kwargs):  # type: ignore[no-untyped-def]
         wall = time.time_ns() // 1_000_000
         started = time.perf_counter()
         try:
-            return super().publish_released(*args, **kwargs)
+            return call(*args, **kwargs)
         finally:
-            TimedStore.releases.append((wall, time.perf_counter() - started, args[0]))
+            into.append((wall, time.perf_counter() - started, args[0]))
+
+    def commit_batch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._timed(TimedStore.commits, super().commit_batch, *args, **kwargs)
+
+    def publish_released(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._timed(TimedStore.releases, super().publish_released, *args, **kwargs)
 
 
 class TimedToArrow:

@@ -830,10 +830,14 @@ class WindowBatchWriter:
         *,
         late_rows: LateRowsOrigin | None = None,
         sets: bool = False,
+        spool: SpoolLike | None = None,
     ) -> None:
         """``late_rows``: given if the query records the window's late rows. ``sets``: the
         query is the window's sets query (``sets_query``), with its own name, watermark and
-        metric type."""
+        metric type. ``spool``: the log the query reads, whose segment footers tell a holding
+        writer which windows a batch can change (``HoldingBatchWriter._release_ahead``;
+        None: every window waits for its batch)."""
+        self._spool = spool
         self._config = config
         self._window = window
         self._store = store
@@ -999,22 +1003,6 @@ class HoldingBatchWriter(WindowBatchWriter):
 
     _published_through_ms: int | None = None
     """Every window ending at or before this was published (None: not known yet)."""
-
-    def __init__(
-        self,
-        config: PipelineConfig,
-        window: WindowSpec,
-        store: ResultStore,
-        checkpoint: Path,
-        clock: Clock,
-        *,
-        spool: SpoolLike | None = None,
-        sets: bool = False,
-    ) -> None:
-        """``spool``: the log the query reads, whose segment footers tell which windows a
-        batch can change (``_release_ahead``); None: every window waits for its batch."""
-        super().__init__(config, window, store, checkpoint, clock, sets=sets)
-        self._spool = spool
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self._release_ahead(batch_id)
