@@ -9,7 +9,9 @@ batch at 100k series: 1.31 s of store time per batch, paid again by the next, lo
 A lane whose open windows are only read when they close (no ``early_every``) keeps them here
 instead: the batch merges its changed windows in (a window's row from Spark is its whole value
 as of the batch, so the newer row replaces the older), hands the store only the windows the
-watermark has passed (``release``), and the rest stays held.
+watermark has passed (``release``), and the rest stays held. When none of a batch's rows can
+fall in the windows its watermark passes, the writer releases them before Spark runs the batch
+(``HoldingBatchWriter._release_ahead``), in a transaction that also shrinks the stored holding.
 
 Durability is a snapshot: the held windows as one Arrow IPC stream (``to_snapshot``), written
 by the store in the batch's own transaction (``window_held``, one row per query). A restarted
