@@ -34,8 +34,9 @@ class QueryStores:
         return len(self._open)
 
     def close_all(self) -> None:
-        """Close every store made so far. A stopped query's writer may still be referenced,
-        but never called again; a store closed by mistake would reconnect, not fail."""
+        """Close every store made so far, for good (``ResultStore.retire``): a stopped
+        query's writer may still be referenced, and its ``ReleaseWatcher`` may still be
+        finishing a call, which then fails instead of opening a connection nobody closes."""
         opened, self._open = self._open, []
         for store in opened:
-            store.close()
+            store.retire()

@@ -1067,6 +1067,7 @@ class ResultStore:
         self._sleep = sleep
         self._clock = clock
         self._conn: psycopg.Connection[Any] | None = None
+        self._retired = False
         #: Failed attempts (by reason) not yet written to ``pipeline_metrics``: a store that
         #: is down cannot take them, so the next successful ``commit_batch`` writes them.
         self._unrecorded_errors: collections.Counter[str] = collections.Counter()
@@ -1492,9 +1493,16 @@ class ResultStore:
         return self._with_retry(f"read {key!r} of {config_name!r}", work)
 
     def close(self) -> None:
+        """Close the connection; the next call opens another."""
         if self._conn is not None:
             self._conn.close()
         self._conn = None
+
+    def retire(self) -> None:
+        """Close the connection for good: a later call raises instead of reconnecting (a
+        stopped query's ``ReleaseWatcher`` may still be finishing a call)."""
+        self._retired = True
+        self.close()
 
     def __enter__(self) -> ResultStore:
         return self
@@ -1604,6 +1612,8 @@ class ResultStore:
         return upserted + early, early
 
     def _connection(self) -> psycopg.Connection[Any]:
+        if self._retired:
+            raise RuntimeError(f"the result store of {self._target} was retired")
         if self._conn is None or self._conn.closed or self._conn.broken:
             self.close()
             self._conn = psycopg.connect(

@@ -76,10 +76,12 @@ import fnmatch
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -117,6 +119,7 @@ from streamgauge.windows.checkpoints import sketch_checkpoint as sketch_checkpoi
 from streamgauge.windows.checkpoints import sketch_params as sketch_params
 from streamgauge.windows.checkpoints import splits_sets as splits_sets
 from streamgauge.windows.held_windows import HeldWindows
+from streamgauge.windows.release_watch import ReleaseWatcher
 from streamgauge.windows.session_windows import (
     OUTPUT_DDL,
     STATE_DDL,
@@ -128,8 +131,10 @@ from streamgauge.windows.source import (
     LANE_TYPES,
     QuietLane,
     RowFilter,
+    admitted_offset,
     batch_event_floor_ms,
     batch_heartbeats,
+    event_floor_ms,
     receivers_heartbeat_ms,
     register_source_for_query,
 )
@@ -1003,10 +1008,26 @@ class HoldingBatchWriter(WindowBatchWriter):
 
     _published_through_ms: int | None = None
     """Every window ending at or before this was published (None: not known yet)."""
+    _applied_batch_id: int | None = None
+    """The last batch committed in this process (None: none yet): the holding is as it left
+    it."""
+    _applied_receivers: dict[str, dict[str, Any]] | None = None
+    """That batch's offsets (``batch_heartbeats``; None: not read yet)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Held by a batch's release and commit, and by ``release_before_next_batch``
+        #: (another thread): each sees the holding the other left, never half of it.
+        self._lock = threading.Lock()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self._release_ahead(batch_id)
         self._commit(batch.toArrow(), batch_id)
+
+    def _commit(self, changed: pa.Table, batch_id: int, **lanes: Any) -> None:
+        with self._lock:
+            super()._commit(changed, batch_id, **lanes)
+            self._applied_batch_id, self._applied_receivers = batch_id, None
 
     def _release_ahead(self, batch_id: int) -> None:
         """Publish the held windows the batch's watermark passes before Spark runs the batch,
@@ -1025,20 +1046,105 @@ class HoldingBatchWriter(WindowBatchWriter):
                                                         before Spark runs batch k
 
         A batch that also brings ``[9 s, 10 s)`` publishes them after its jobs, as before.
+        Usually the windows are gone by then: ``release_before_next_batch`` published them
+        as soon as the segment was in the log.
         """
         if self._spool is None:
             return
-        watermark_ms = self.watermark_ms(self.progress_ms(batch_id))
-        if watermark_ms is None:
-            return
-        held = self._holding()
+        with self._lock:
+            watermark_ms = self.watermark_ms(self.progress_ms(batch_id))
+            if watermark_ms is None or not self._due(self._holding(), watermark_ms):
+                return
+            floor_ms = batch_event_floor_ms(self._spool, self._checkpoint, batch_id)
+            published = self._publish_ahead(watermark_ms, floor_ms, batch_id)
+        if published:
+            log.debug("%s batch %d: %d windows published ahead", self._name, batch_id, published)
+
+    def release_before_next_batch(self) -> int:
+        """Publish the held windows the next batch's watermark will pass as soon as the
+        segment that moves it is in the log, if no row of that batch or of the one running
+        can change them; the windows published (0: none). ``ReleaseWatcher`` calls it a few
+        times a second, between batches and while one runs.
+
+        Why: ``_release_ahead`` runs when the batch starts, and a closing segment written
+        while a batch runs waited for it to end: up to a whole batch (~1.3 s at 100k series),
+        ~0.7 s on average. Timeline, 10 s windows, delay 1 s::
+
+            segments   [8 s, 9 s)  [9 s, 10 s)  [10 s, 11 s)  [11 s, 12 s) hb 12 s: W' = 11 s
+            batches    ... k-1 ...|........ k (running) .......|   k+1 (not planned yet)
+                                                         ^ [0 s, 10 s) published here, at
+                                                           batch k+1's revision, if batch k
+                                                           has no row in it
+
+        The revision is that of the batch that will take the segment, the first not planned
+        yet, which Spark plans with every segment listed here: the revision its own
+        ``_release_ahead`` would have used, so a replay after a crash publishes the same.
+        ``W'`` is that batch's watermark as the listed segments make it (the source's
+        ``admitted_offset``); a later one is only higher, unless a receiver appears in
+        between with an older heartbeat. Then the windows came out early, and a row of the
+        new receiver in one of them is published as a correction.
+        """
+        if self._spool is None or self._watermark_floor is None:
+            return 0
+        with self._lock:
+            applied_id = self._applied_batch_id
+            if applied_id is None:
+                return 0  # the holding's batch is not known until this process commits one
+            earliest_end_ms = self._holding().earliest_end_ms
+            if earliest_end_ms is None:
+                return 0
+            if self._applied_receivers is None:
+                self._applied_receivers = batch_heartbeats(self._checkpoint, applied_id)
+            applied = self._applied_receivers
+            # The log is listed before the running batch's offsets are looked for: a batch
+            # planned after the listing takes every segment in it.
+            offered = admitted_offset(self._spool, {"receivers": applied})["receivers"]
+            next_id, taken = applied_id + 1, applied
+            if (self._checkpoint / "offsets" / str(next_id)).exists():
+                taken = batch_heartbeats(self._checkpoint, next_id)
+                if not self._before_watermark(earliest_end_ms, taken):
+                    return 0  # the running batch closes them (``_release_ahead``, ``_commit``)
+                next_id += 1
+            if any(int(p["seq"]) > int(offered.get(r, {"seq": -1})["seq"])
+                   for r, p in taken.items()):  # fmt: skip
+                return 0  # planned while the log was listed: the next call sees it all
+            if offered == taken or self._before_watermark(earliest_end_ms, offered):
+                return 0
+            watermark_ms = self._peek_watermark_ms(offered)
+            assert watermark_ms is not None
+            floor_ms = event_floor_ms(self._spool, applied, offered)
+            published = self._publish_ahead(watermark_ms, floor_ms, next_id)
+        if published:
+            log.debug("%s: %d windows published before batch %d", self._name, published, next_id)
+        return published
+
+    def _peek_watermark_ms(self, receivers: dict[str, dict[str, Any]]) -> int | None:
+        """The watermark of a batch ending at ``receivers`` (``watermark_ms``, without
+        raising the committed one)."""
+        heartbeat_ms = receivers_heartbeat_ms(receivers)
+        if heartbeat_ms is None:
+            return self._watermark_floor
+        progress_ms = heartbeat_ms - self._window.watermark_delay_ms
+        return max(progress_ms, self._watermark_floor or progress_ms)
+
+    def _before_watermark(self, end_ms: int, receivers: dict[str, dict[str, Any]]) -> bool:
+        """Whether a window ending at ``end_ms`` is still open in a batch ending at
+        ``receivers``."""
+        watermark_ms = self._peek_watermark_ms(receivers)
+        return watermark_ms is None or end_ms > watermark_ms
+
+    @staticmethod
+    def _due(held: HeldWindows, watermark_ms: int) -> bool:
         earliest_end_ms = held.earliest_end_ms
-        if earliest_end_ms is None or earliest_end_ms > watermark_ms:
-            return  # nothing to release
-        floor_ms = batch_event_floor_ms(self._spool, self._checkpoint, batch_id)
+        return earliest_end_ms is not None and earliest_end_ms <= watermark_ms
+
+    def _publish_ahead(self, watermark_ms: int, floor_ms: int | None, batch_id: int) -> int:
+        """Publish the held windows ``watermark_ms`` passes at batch ``batch_id``'s revision,
+        if no event at or after ``floor_ms`` (None: unknown) can fall in one of them; the
+        windows published."""
         if floor_ms is None or tumbling_end_ms(self._window, floor_ms) <= watermark_ms:
-            return  # the batch may change a window it releases: Spark first
-        released, holding = held.release(watermark_ms)
+            return 0  # a row to come may change a window it releases: Spark first
+        released, holding = self._holding().release(watermark_ms)
         assert released is not None
         rows, fresh = self._split_fresh(
             to_result_rows(
@@ -1051,7 +1157,7 @@ class HoldingBatchWriter(WindowBatchWriter):
             lock_name=query_name(self._config, self._window),
         )  # fmt: skip
         self._held = holding
-        log.debug("%s batch %d: %d windows published ahead", self._name, batch_id, published)
+        return published
 
     def _holding(self) -> HeldWindows:
         """The open windows held after the last committed batch (read once from the store)."""
@@ -1356,10 +1462,10 @@ def start_window_queries(
                     sets_writer = _native_writer(
                         config, window, store_factory(), sets_lane, clock, paths, sets=True
                     )
-                    queries.append(
-                        _start_sets_query(spark, config, window, paths, sets_lane, sets_writer,
-                                          trigger_interval)
-                    )  # fmt: skip
+                    sets_lane_query = _start_sets_query(
+                        spark, config, window, paths, sets_lane, sets_writer, trigger_interval
+                    )
+                    queries.append(_watched(sets_lane_query, sets_writer, trigger_interval))
             params = sketch_params(config)
             lane_checkpoint = sketch_checkpoint(checkpoint, params, window)
             queries.append(
@@ -1387,16 +1493,11 @@ def start_window_queries(
                     output_mode="update",
                 )
             )
-        queries.append(
-            _start(
-                changes,
-                query_name(config, window),
-                checkpoint,
-                writer,
-                trigger_interval,
-                output_mode="update",
-            )
-        )
+        query = _start(
+            changes, query_name(config, window), checkpoint, writer, trigger_interval,
+            output_mode="update",
+        )  # fmt: skip
+        queries.append(_watched(query, writer, trigger_interval))
         if window.kind not in ("session", "sliding"):
             continue  # late rows ride in the sketch lane's query (sketch_lane_with_late_rows)
         late_checkpoint = checkpoint.with_name(checkpoint.name + ".late")  # see all_checkpoints
@@ -1439,6 +1540,18 @@ def _native_writer(
     return HoldingBatchWriter(
         config, window, store, checkpoint, clock, spool=paths.spool, sets=sets
     )
+
+
+def _watched(
+    query: StreamingQuery, writer: WindowBatchWriter, trigger_interval: str | None
+) -> StreamingQuery:
+    """``query``; a live holding writer's gets a ``ReleaseWatcher``, which publishes the
+    windows the log closes between its batches (``release_before_next_batch``)."""
+    if trigger_interval is not None and isinstance(writer, HoldingBatchWriter):
+        ReleaseWatcher(
+            query.name, writer.release_before_next_batch, lambda: bool(query.isActive)
+        ).start()
+    return query
 
 
 def _start_sets_query(

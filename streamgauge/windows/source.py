@@ -332,7 +332,7 @@ class SpoolStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:  # noqa: N802
         """Admit new segments, holding back those ahead of the slowest open receiver; a
         ``QuietLane`` with nothing to do admits none (``_quiet_offset``)."""
-        end = self._offset(start, hold_back=True)
+        end = admitted_offset(self._spool, start)
         if self._quiet is None:
             return end
         if end["receivers"] == start.get("receivers", {}):
@@ -405,31 +405,6 @@ class SpoolStreamReader(DataSourceStreamReader):
     def commit(self, end: dict[str, Any]) -> None:
         """Retention of committed segments is owned by the ingest tier, not by the reader."""
 
-    def _offset(self, start: dict[str, Any], *, hold_back: bool) -> dict[str, Any]:
-        known: dict[str, Any] = dict(start.get("receivers", {}))
-        pending: dict[str, list[SegmentInfo]] = {}
-        newest: dict[str, Heartbeat] = {
-            name: Heartbeat(int(p["heartbeat_ms"]), bool(p.get("closed")))
-            for name, p in known.items()
-        }
-        for receiver in list_receivers(self._spool):
-            previous = known.get(receiver, {"seq": -1})
-            segments = segments_after(self._spool, receiver, previous["seq"])
-            if segments:
-                pending[receiver] = segments
-                newest[receiver] = read_heartbeat(segments[-1])
-        bounds = admission_bounds(newest) if hold_back else {}
-        for receiver, segments in pending.items():
-            admitted = _admitted(segments, newest[receiver], bounds.get(receiver))
-            if admitted is not None:
-                segment, heartbeat = admitted
-                known[receiver] = {
-                    "seq": segment.sequence,
-                    "heartbeat_ms": heartbeat.heartbeat_ms,
-                    "closed": heartbeat.closed,
-                }
-        return {"receivers": known}
-
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begun = start.get("receivers", {})
         parts: list[InputPartition] = []
@@ -464,11 +439,13 @@ class SpoolBatchReader(DataSourceReader):
     """Every complete segment of every stream, with the same columns as the stream reader."""
 
     def __init__(self, spool: SpoolLike) -> None:
+        self._spool = spool
         self._stream = SpoolStreamReader(spool, max_segments_per_partition=64)
 
     def partitions(self) -> Sequence[InputPartition]:
         stream = self._stream
-        return stream.partitions(stream.initialOffset(), stream._offset({}, hold_back=False))
+        everything = admitted_offset(self._spool, {}, hold_back=False)
+        return stream.partitions(stream.initialOffset(), everything)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self._stream.read(partition)
@@ -550,6 +527,38 @@ class SpoolDataSource(DataSource):
         )  # fmt: skip
 
 
+def admitted_offset(
+    spool: SpoolLike, start: dict[str, Any], *, hold_back: bool = True
+) -> dict[str, Any]:
+    """The offset after ``start`` that admits every new segment (``hold_back``: except those
+    ahead of the slowest open receiver, ``admission_bounds``): what the source's
+    ``latestOffset`` offers, and what ``HoldingBatchWriter`` expects the next batch to take.
+    """
+    known: dict[str, Any] = dict(start.get("receivers", {}))
+    pending: dict[str, list[SegmentInfo]] = {}
+    newest: dict[str, Heartbeat] = {
+        name: Heartbeat(int(p["heartbeat_ms"]), bool(p.get("closed")))
+        for name, p in known.items()
+    }
+    for receiver in list_receivers(spool):
+        previous = known.get(receiver, {"seq": -1})
+        segments = segments_after(spool, receiver, previous["seq"])
+        if segments:
+            pending[receiver] = segments
+            newest[receiver] = read_heartbeat(segments[-1])
+    bounds = admission_bounds(newest) if hold_back else {}
+    for receiver, segments in pending.items():
+        admitted = _admitted(segments, newest[receiver], bounds.get(receiver))
+        if admitted is not None:
+            segment, heartbeat = admitted
+            known[receiver] = {
+                "seq": segment.sequence,
+                "heartbeat_ms": heartbeat.heartbeat_ms,
+                "closed": heartbeat.closed,
+            }
+    return {"receivers": known}
+
+
 def batch_heartbeats(checkpoint: Path, batch_id: int) -> dict[str, dict[str, Any]]:
     """The per-receiver offsets Spark logged for ``batch_id`` (written before the batch ran).
 
@@ -573,19 +582,31 @@ def batch_event_floor_ms(spool: SpoolLike, checkpoint: Path, batch_id: int) -> i
     """No row batch ``batch_id`` reads has an event time below this (None: not known).
 
     From the footers of the segments the batch admitted (between the offsets Spark logged for
-    the batch before and for this one), without reading their rows: per segment the earlier of
-    its first pane and its heartbeat (the job caps an event time at the heartbeat). A segment
-    without rows bounds nothing below its heartbeat. Unknown for a checkpoint's first batch
-    (no earlier offset). What it is for: ``HoldingBatchWriter`` publishes the windows a
+    the batch before and for this one; ``event_floor_ms``). Unknown for a checkpoint's first
+    batch (no earlier offset). What it is for: ``HoldingBatchWriter`` publishes the windows a
     batch's watermark passes before Spark runs the batch if none of its rows can change them.
     """
     if batch_id == 0 or not (checkpoint / "offsets" / str(batch_id - 1)).exists():
         return None
-    before = batch_heartbeats(checkpoint, batch_id - 1)
+    return event_floor_ms(
+        spool, batch_heartbeats(checkpoint, batch_id - 1), batch_heartbeats(checkpoint, batch_id)
+    )
+
+
+def event_floor_ms(
+    spool: SpoolLike, after: dict[str, dict[str, Any]], upto: dict[str, dict[str, Any]]
+) -> int | None:
+    """No row of the segments between two offsets' receivers (``after`` exclusive, ``upto``
+    inclusive) has an event time below this (None: no segment between them).
+
+    Read from their footers, not their rows: per segment the earlier of its first pane and
+    its heartbeat (the job caps an event time at the heartbeat). A segment without rows
+    bounds nothing below its heartbeat.
+    """
     floors: list[int] = []
-    for receiver, position in batch_heartbeats(checkpoint, batch_id).items():
-        after = int(before.get(receiver, {"seq": -1})["seq"])
-        for segment in segments_between(spool, receiver, after, int(position["seq"])):
+    for receiver, position in upto.items():
+        before = int(after.get(receiver, {"seq": -1})["seq"])
+        for segment in segments_between(spool, receiver, before, int(position["seq"])):
             contents, heartbeat = read_contents(segment)
             panes = contents.pane_range_ms
             floors.append(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from streamgauge.sinks.query_stores import QueryStores
 from streamgauge.sinks.store import run_sql
 
@@ -28,6 +30,10 @@ def test_close_all_closes_every_store_it_made_and_the_next_start_gets_new_ones(
     stores.close_all()  # the queries stopped (a restart, or the daemon's stop)
     assert not _store_backends(clean_store) & opened
     assert len(stores) == 0
+    # A stopped query's release watcher finishing a call opens no connection left behind.
+    with pytest.raises(RuntimeError, match="retired"):
+        first[0].read_state("any", "watermark")
+    assert not _store_backends(clean_store) - before
 
     again = stores()  # the restarted queries' writers
     assert again.read_state("any", "watermark") is None
