@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import threading
 import time
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -1067,6 +1068,9 @@ class ResultStore:
         self._sleep = sleep
         self._clock = clock
         self._conn: psycopg.Connection[Any] | None = None
+        #: Held through each attempt of a call: ``retire`` (another thread) waits for it
+        #: rather than closing the connection under it.
+        self._in_use = threading.RLock()
         self._retired = False
         #: Failed attempts (by reason) not yet written to ``pipeline_metrics``: a store that
         #: is down cannot take them, so the next successful ``commit_batch`` writes them.
@@ -1499,10 +1503,12 @@ class ResultStore:
         self._conn = None
 
     def retire(self) -> None:
-        """Close the connection for good: a later call raises instead of reconnecting (a
-        stopped query's ``ReleaseWatcher`` may still be finishing a call)."""
+        """Close the connection for good, once a call under way in another thread (a stopped
+        query's ``ReleaseWatcher``) has ended its attempt; a later call raises instead of
+        reconnecting, and a call retrying gives up."""
         self._retired = True
-        self.close()
+        with self._in_use:
+            self.close()
 
     def __enter__(self) -> ResultStore:
         return self
@@ -1627,11 +1633,13 @@ class ResultStore:
         while True:
             attempt += 1
             try:
-                return fn(self._connection())
+                with self._in_use:
+                    return fn(self._connection())
             except psycopg.Error as exc:
                 if not _is_transient(exc):
                     raise
-                self.close()  # reconnect next time; a broken connection is not reusable
+                with self._in_use:
+                    self.close()  # reconnect next time; a broken connection is not reusable
                 self._unrecorded_errors[_error_reason(exc)] += 1
                 if self._retry.max_attempts is not None and attempt >= self._retry.max_attempts:
                     raise ResultStoreUnavailable(

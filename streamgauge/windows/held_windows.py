@@ -11,7 +11,8 @@ instead: the batch merges its changed windows in (a window's row from Spark is i
 as of the batch, so the newer row replaces the older), hands the store only the windows the
 watermark has passed (``release``), and the rest stays held. When none of a batch's rows can
 fall in the windows its watermark passes, the writer releases them before Spark runs the batch
-(``HoldingBatchWriter._release_ahead``), in a transaction that also shrinks the stored holding.
+(``HoldingBatchWriter._release_ahead``), in a transaction that also shrinks the stored holding;
+mostly sooner, as soon as the log shows it (``release_before_next_batch``, ``ReleaseWatcher``).
 
 Durability is a snapshot: the held windows as one Arrow IPC stream (``to_snapshot``), written
 by the store in the batch's own transaction (``window_held``, one row per query). A restarted
