@@ -33,8 +33,8 @@ aggregates counters and gauges without an HLL per group and its sets go through 
 lane (``--type s`` is then measured there). The lane's store commits and the ``toArrow`` of
 each batch with rows are timed apart, so a batch's driver time splits into Spark (``toArrow``),
 the store, and the code between them; so are the closed windows a held lane publishes before
-its batch's Spark jobs (``publish_released``). The last line lists each measured window's
-freshness in order.
+its batch's Spark jobs or between batches (``publish_released``). The last line lists each
+measured window's freshness in order.
 
 ``--sets separate`` (tumbling): the window's ``sets: separate``, so its native lane aggregates
 counters and gauges without an HLL per group and its sets merge natively in a third query

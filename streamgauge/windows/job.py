@@ -858,6 +858,7 @@ class WindowBatchWriter:
             self.lane_types = LANE_TYPES["sets"]
         self._watermark_floor: int | None = None
         self._revision_base: int | None = None
+        self._offsets: dict[int, dict[str, dict[str, Any]]] = {}  # ``_offsets_of``
         #: The open windows held after the last committed batch (``HoldingBatchWriter``;
         #: None until loaded, and always for the writers that hold none).
         self._held: HeldWindows | None = None
@@ -880,8 +881,27 @@ class WindowBatchWriter:
     def progress_ms(self, batch_id: int) -> int | None:
         """The batch's own watermark: its receivers' heartbeats less the delay (None before
         any heartbeat), not yet raised to one already committed."""
-        heartbeat_ms = receivers_heartbeat_ms(batch_heartbeats(self._checkpoint, batch_id))
+        heartbeat_ms = receivers_heartbeat_ms(self._offsets_of(batch_id))
         return None if heartbeat_ms is None else heartbeat_ms - self._window.watermark_delay_ms
+
+    def _offsets_of(self, batch_id: int) -> dict[str, dict[str, Any]]:
+        """The receivers' offsets Spark logged for ``batch_id`` (``batch_heartbeats``), read
+        once: a batch's offsets never change, and a batch asks for its own and its
+        predecessor's several times (watermark, release, commit)."""
+        if batch_id not in self._offsets:
+            if len(self._offsets) >= 4:
+                del self._offsets[min(self._offsets)]
+            self._offsets[batch_id] = batch_heartbeats(self._checkpoint, batch_id)
+        return self._offsets[batch_id]
+
+    def _result_rows(
+        self, windows: pa.Table, batch_id: int, watermark_ms: int | None, emitted_at_ms: int
+    ) -> pa.Table:
+        """``to_result_rows`` of this query's windows at batch ``batch_id``'s revision."""
+        return to_result_rows(
+            windows, self._config, self._window, revision=self.revision(batch_id),
+            watermark_ms=watermark_ms, emitted_at_ms=emitted_at_ms,
+        )  # fmt: skip
 
     def watermark_ms(self, progress_ms: int | None) -> int | None:
         """The watermark of a batch whose own is ``progress_ms``, never below one already
@@ -919,10 +939,7 @@ class WindowBatchWriter:
         emitted_at_ms = self._clock.now_ms()
 
         def result_rows(windows: pa.Table) -> pa.Table:
-            return to_result_rows(
-                windows, self._config, self._window, revision=revision,
-                watermark_ms=watermark_ms, emitted_at_ms=emitted_at_ms,
-            )  # fmt: skip
+            return self._result_rows(windows, batch_id, watermark_ms, emitted_at_ms)
 
         pane_batch = None if panes is None else self._pane_batch(panes, progress_ms, result_rows)
         publish, holding = self._held_after(
@@ -1011,8 +1028,6 @@ class HoldingBatchWriter(WindowBatchWriter):
     _applied_batch_id: int | None = None
     """The last batch committed in this process (None: none yet): the holding is as it left
     it."""
-    _applied_receivers: dict[str, dict[str, Any]] | None = None
-    """That batch's offsets (``batch_heartbeats``; None: not read yet)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -1027,7 +1042,7 @@ class HoldingBatchWriter(WindowBatchWriter):
     def _commit(self, changed: pa.Table, batch_id: int, **lanes: Any) -> None:
         with self._lock:
             super()._commit(changed, batch_id, **lanes)
-            self._applied_batch_id, self._applied_receivers = batch_id, None
+            self._applied_batch_id = batch_id
 
     def _release_ahead(self, batch_id: int) -> None:
         """Publish the held windows the batch's watermark passes before Spark runs the batch,
@@ -1055,7 +1070,9 @@ class HoldingBatchWriter(WindowBatchWriter):
             watermark_ms = self.watermark_ms(self.progress_ms(batch_id))
             if watermark_ms is None or not self._due(self._holding(), watermark_ms):
                 return
-            floor_ms = batch_event_floor_ms(self._spool, self._checkpoint, batch_id)
+            floor_ms = batch_event_floor_ms(
+                self._spool, self._checkpoint, batch_id, offsets_of=self._offsets_of
+            )
             published = self._publish_ahead(watermark_ms, floor_ms, batch_id)
         if published:
             log.debug("%s batch %d: %d windows published ahead", self._name, batch_id, published)
@@ -1093,15 +1110,13 @@ class HoldingBatchWriter(WindowBatchWriter):
             earliest_end_ms = self._holding().earliest_end_ms
             if earliest_end_ms is None:
                 return 0
-            if self._applied_receivers is None:
-                self._applied_receivers = batch_heartbeats(self._checkpoint, applied_id)
-            applied = self._applied_receivers
+            applied = self._offsets_of(applied_id)
             # The log is listed before the running batch's offsets are looked for: a batch
             # planned after the listing takes every segment in it.
             offered = admitted_offset(self._spool, {"receivers": applied})["receivers"]
             next_id, taken = applied_id + 1, applied
             if (self._checkpoint / "offsets" / str(next_id)).exists():
-                taken = batch_heartbeats(self._checkpoint, next_id)
+                taken = self._offsets_of(next_id)
                 if not self._before_watermark(earliest_end_ms, taken):
                     return 0  # the running batch closes them (``_release_ahead``, ``_commit``)
                 next_id += 1
@@ -1147,11 +1162,8 @@ class HoldingBatchWriter(WindowBatchWriter):
         released, holding = self._holding().release(watermark_ms)
         assert released is not None
         rows, fresh = self._split_fresh(
-            to_result_rows(
-                released, self._config, self._window, revision=self.revision(batch_id),
-                watermark_ms=watermark_ms, emitted_at_ms=self._clock.now_ms(),
-            )
-        )  # fmt: skip
+            self._result_rows(released, batch_id, watermark_ms, self._clock.now_ms())
+        )
         published = self._store.publish_released(
             self._name, rows, fresh, self._snapshot(holding),
             lock_name=query_name(self._config, self._window),

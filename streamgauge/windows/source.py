@@ -110,7 +110,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -578,19 +578,24 @@ def segments_between(spool: SpoolLike, receiver: str, after: int, upto: int) -> 
     return [segment_at(spool, receiver, seq) for seq in range(after + 1, upto + 1)]
 
 
-def batch_event_floor_ms(spool: SpoolLike, checkpoint: Path, batch_id: int) -> int | None:
+def batch_event_floor_ms(
+    spool: SpoolLike,
+    checkpoint: Path,
+    batch_id: int,
+    offsets_of: Callable[[int], dict[str, dict[str, Any]]] | None = None,
+) -> int | None:
     """No row batch ``batch_id`` reads has an event time below this (None: not known).
 
     From the footers of the segments the batch admitted (between the offsets Spark logged for
-    the batch before and for this one; ``event_floor_ms``). Unknown for a checkpoint's first
-    batch (no earlier offset). What it is for: ``HoldingBatchWriter`` publishes the windows a
-    batch's watermark passes before Spark runs the batch if none of its rows can change them.
+    the batch before and for this one, read by ``offsets_of``, ``batch_heartbeats`` if not
+    given; ``event_floor_ms``). Unknown for a checkpoint's first batch (no earlier offset).
+    What it is for: ``HoldingBatchWriter`` publishes the windows a batch's watermark passes
+    before Spark runs the batch if none of its rows can change them.
     """
     if batch_id == 0 or not (checkpoint / "offsets" / str(batch_id - 1)).exists():
         return None
-    return event_floor_ms(
-        spool, batch_heartbeats(checkpoint, batch_id - 1), batch_heartbeats(checkpoint, batch_id)
-    )
+    offsets = offsets_of or (lambda k: batch_heartbeats(checkpoint, k))
+    return event_floor_ms(spool, offsets(batch_id - 1), offsets(batch_id))
 
 
 def event_floor_ms(
