@@ -1085,13 +1085,18 @@ class HoldingBatchWriter(WindowBatchWriter):
 
         Why: ``_release_ahead`` runs when the batch starts, and a closing segment written
         while a batch runs waited for it to end: up to a whole batch (~1.3 s at 100k series),
-        ~0.7 s on average. Timeline, 10 s windows, delay 1 s::
+        ~0.7 s on average. Timeline, 10 s windows, delay 2 s, each segment's heartbeat at
+        its pane's end::
 
-            segments   [8 s, 9 s)  [9 s, 10 s)  [10 s, 11 s)  [11 s, 12 s) hb 12 s: W' = 11 s
+            segments   [8 s, 9 s)  [9 s, 10 s)  [10 s, 11 s)  [11 s, 12 s) hb 12 s: W' = 10 s
             batches    ... k-1 ...|........ k (running) .......|   k+1 (not planned yet)
                                                          ^ [0 s, 10 s) published here, at
-                                                           batch k+1's revision, if batch k
+                                                           batch k+1's revision: batch k
                                                            has no row in it
+
+        The same with a shorter delay when segments are written a fraction into their pane
+        with that moment as heartbeat (as ``bench/windows.py`` writes them): one segment
+        lies between a window's last pane and the segment that closes it.
 
         The revision is that of the batch that will take the segment, the first not planned
         yet, which Spark plans with every segment listed here: the revision its own
