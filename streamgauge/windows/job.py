@@ -1145,7 +1145,8 @@ class HoldingBatchWriter(WindowBatchWriter):
         if heartbeat_ms is None:
             return self._watermark_floor
         progress_ms = heartbeat_ms - self._window.watermark_delay_ms
-        return max(progress_ms, self._watermark_floor or progress_ms)
+        floor_ms = self._watermark_floor
+        return progress_ms if floor_ms is None else max(progress_ms, floor_ms)
 
     def _before_watermark(self, end_ms: int, receivers: dict[str, dict[str, Any]]) -> bool:
         """Whether a window ending at ``end_ms`` is still open in a batch ending at
