@@ -1068,8 +1068,9 @@ class HoldingBatchWriter(WindowBatchWriter):
             return
         with self._lock:
             watermark_ms = self.watermark_ms(self.progress_ms(batch_id))
-            if watermark_ms is None or not self._due(self._holding(), watermark_ms):
-                return
+            earliest_end_ms = self._holding().earliest_end_ms
+            if watermark_ms is None or earliest_end_ms is None or earliest_end_ms > watermark_ms:
+                return  # nothing held is due
             floor_ms = batch_event_floor_ms(
                 self._spool, self._checkpoint, batch_id, offsets_of=self._offsets_of
             )
@@ -1106,7 +1107,7 @@ class HoldingBatchWriter(WindowBatchWriter):
         between with an older heartbeat. Then the windows came out early, and a row of the
         new receiver in one of them is published as a correction.
         """
-        if self._spool is None or self._watermark_floor is None:
+        if self._spool is None:
             return 0
         with self._lock:
             applied_id = self._applied_batch_id
@@ -1153,11 +1154,6 @@ class HoldingBatchWriter(WindowBatchWriter):
         ``receivers``."""
         watermark_ms = self._peek_watermark_ms(receivers)
         return watermark_ms is None or end_ms > watermark_ms
-
-    @staticmethod
-    def _due(held: HeldWindows, watermark_ms: int) -> bool:
-        earliest_end_ms = held.earliest_end_ms
-        return earliest_end_ms is not None and earliest_end_ms <= watermark_ms
 
     def _publish_ahead(self, watermark_ms: int, floor_ms: int | None, batch_id: int) -> int:
         """Publish the held windows ``watermark_ms`` passes at batch ``batch_id``'s revision,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,8 @@ stream's next segment, while a batch's planning looks every trigger (0.5 s)."""
 
 
 class ReleaseWatcher:
-    """Calls ``release`` every ``interval_s`` while ``is_active()`` (the query runs)."""
+    """Calls ``release`` every ``interval_s`` while ``is_active()`` (the query runs); a
+    daemon thread that ends with its query."""
 
     def __init__(
         self,
@@ -39,7 +41,6 @@ class ReleaseWatcher:
         self._release = release
         self._is_active = is_active
         self._interval_s = interval_s
-        self._stopped = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"release-watch {name}", daemon=True
         )
@@ -47,13 +48,6 @@ class ReleaseWatcher:
     def start(self) -> ReleaseWatcher:
         self._thread.start()
         return self
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop and wait for a publication under way to end (a daemon thread: the process
-        never waits for it otherwise)."""
-        self._stopped.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
 
     def _still_active(self) -> bool:
         try:
@@ -63,14 +57,15 @@ class ReleaseWatcher:
 
     def _run(self) -> None:
         failed_before = False
-        while not self._stopped.wait(self._interval_s):
+        while True:
+            time.sleep(self._interval_s)
             if not self._still_active():
                 return
             try:
                 self._release()
                 failed_before = False
             except Exception:  # the batch publishes the windows instead: never fatal
-                if self._stopped.is_set() or not self._still_active():
+                if not self._still_active():
                     return  # stopped under it (its store closed): nothing to tell
                 # Once per run of failures: a store that is down fails every poll.
                 if not failed_before:

@@ -351,7 +351,7 @@ def test_a_batch_with_a_row_in_a_window_it_closes_publishes_it_after_spark(
 
 def _watcher_setup(
     clean_store: str, tmp_path: Path, delay_s: int, applied_upto_s: int
-) -> tuple[Spool, Path, HoldingBatchWriter]:
+) -> tuple[Path, HoldingBatchWriter]:
     """Counter c1 in panes 0..11 s of udp-0 (segment n: pane n s, heartbeat n + 1 s) and a
     writer that committed batch 0, the segments up to heartbeat ``applied_upto_s``."""
     config = parse_config(CONFIG.replace("watermark_delay: 1s", f"watermark_delay: {delay_s}s"),
@@ -364,7 +364,7 @@ def _watcher_setup(
     writer = HoldingBatchWriter(config, config.windows[0], ResultStore(clean_store), checkpoint,
                                 ManualClock(T0), spool=spool.path)  # fmt: skip
     writer._commit(_windows(("c1", "{}", 0, min(applied_upto_s, 10), 10.0)), 0)
-    return spool, checkpoint, writer
+    return checkpoint, writer
 
 
 def test_windows_the_log_closes_are_published_before_the_batch_that_takes_it_is_planned(
@@ -375,7 +375,7 @@ def test_windows_the_log_closes_are_published_before_the_batch_that_takes_it_is_
     once (final too: W' = 11 s is its end plus the lateness), at the revision of batch 1,
     the batch Spark plans next with those segments; that batch then publishes nothing
     again."""
-    _, checkpoint, writer = _watcher_setup(clean_store, tmp_path, delay_s=1, applied_upto_s=10)
+    checkpoint, writer = _watcher_setup(clean_store, tmp_path, delay_s=1, applied_upto_s=10)
     try:
         assert writer.release_before_next_batch() == 1
         published = [("c1", 0, 10, writer.revision(1), True)]
@@ -399,7 +399,7 @@ def test_while_a_batch_runs_the_windows_the_next_one_closes_are_published_at_its
     """Delay 2 s. Batch 0 took panes up to 9 s; batch 1 runs with [10 s, 11 s) (W = 9 s:
     it closes nothing). The log holds [11 s, 12 s) too (W' = 10 s): neither batch has a row
     in [0 s, 10 s), so it is published while batch 1 runs, at batch 2's revision."""
-    _, checkpoint, writer = _watcher_setup(clean_store, tmp_path, delay_s=2, applied_upto_s=10)
+    checkpoint, writer = _watcher_setup(clean_store, tmp_path, delay_s=2, applied_upto_s=10)
     try:
         _log_offsets(checkpoint, {1: {"udp-0": (10, 11_000)}})
         assert writer.release_before_next_batch() == 1
@@ -417,7 +417,7 @@ def test_nothing_is_published_early_when_a_batch_to_come_or_the_running_one_clos
     """Batch 0 took panes up to 8 s (W = 8 s). Batch 1, running, brings [9 s, 10 s): a row
     in [0 s, 10 s), so the window waits for its commit, though the log closes it. And once
     batch 1 is planned with the closing segment itself, it is that batch's to publish."""
-    _, checkpoint, writer = _watcher_setup(clean_store, tmp_path, delay_s=1, applied_upto_s=9)
+    checkpoint, writer = _watcher_setup(clean_store, tmp_path, delay_s=1, applied_upto_s=9)
     try:
         _log_offsets(checkpoint, {1: {"udp-0": (9, 10_000)}})  # W = 9 s: closes nothing
         assert writer.release_before_next_batch() == 0

@@ -33,7 +33,7 @@ def test_it_calls_release_while_the_query_runs_and_a_failure_only_logs_once(
     with caplog.at_level(logging.WARNING, logger="streamgauge.windows.release_watch"):
         watcher = ReleaseWatcher("q", release, is_active, interval_s=0.01).start()
         assert done.wait(5)
-        watcher.stop()
+        watcher._thread.join(5)
     assert len(calls) == 6
     failures = [r for r in caplog.records if "between batches failed" in r.getMessage()]
     assert len(failures) == 1 and "the store is down" in (failures[0].exc_text or "")
@@ -60,5 +60,5 @@ def test_a_failure_after_the_query_stopped_ends_it_quietly(
     with caplog.at_level(logging.WARNING, logger="streamgauge.windows.release_watch"):
         watcher = ReleaseWatcher("q", release, is_active, interval_s=0.01).start()
         assert ended.wait(5)
-        watcher.stop()
+        watcher._thread.join(5)
     assert not caplog.records
