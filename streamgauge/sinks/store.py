@@ -36,12 +36,16 @@ import logging
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pgpq
+import pgpq.encoders
+import pgpq.schema
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import errors as pgerrors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -239,13 +243,9 @@ _UPSERT_PENDING = _upsert_sql("window_pending", "s.window_end_ms > h.watermark_m
 # and the same rows then take the general upsert (_UPSERT_FRESH).
 _FRESH_STAGING = "sg_fresh_staging"
 _FRESH_STAGING_DDL = _staging_ddl(_FRESH_STAGING, _STAGED_SCHEMA)
-_INSERT_FRESH = f"""
-INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
-SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
-       {_STAGED_VALUES}, s.revision, s.is_final, 0, {_ms_to_ts("s.emitted_at_ms")}
-FROM {_FRESH_STAGING} s
-"""
+_FRESH_COLUMNS = (*_KEY.split(", "), *_VALUE_COLUMNS)
+"""What a fresh window's ``COPY`` writes: every column of window_results it sets."""
+_TIMESTAMP_COLUMNS = frozenset({"window_start", "window_end", "emitted_at"})
 _UPSERT_FRESH = _upsert_sql("window_results", None, staging=_FRESH_STAGING)
 # A fresh window can still have late samples: the sketch lane's query records late rows, and
 # may be ahead of this lane. late_events is derived from them, so it is set for the windows
@@ -255,10 +255,9 @@ UPDATE window_results w SET late_events = l.samples
 FROM (SELECT l.config_name, l.window_name, l.metric, l.tags, l.window_start, l.window_end,
              sum(l.count) AS samples
       FROM late_events l
-      JOIN (SELECT DISTINCT config_name, window_name FROM {_FRESH_STAGING}) d
+      JOIN unnest(%(configs)s::text[], %(windows)s::text[]) AS d(config_name, window_name)
           USING (config_name, window_name)
-      WHERE l.window_end BETWEEN (SELECT {_ms_to_ts("min(window_end_ms)")} FROM {_FRESH_STAGING})
-                             AND (SELECT {_ms_to_ts("max(window_end_ms)")} FROM {_FRESH_STAGING})
+      WHERE l.window_end BETWEEN {_ms_to_ts("%(first_end_ms)s")} AND {_ms_to_ts("%(last_end_ms)s")}
       GROUP BY 1, 2, 3, 4, 5, 6) l
 WHERE {_window_key("w")} = {_window_key("l")} AND w.late_events IS DISTINCT FROM l.samples
 """
@@ -1132,7 +1131,7 @@ class ResultStore:
         only the windows the watermark passed); replaces the query's ``window_held`` row.
 
         ``fresh`` (``RESULT_SCHEMA``, like ``results``): windows the caller publishes for the
-        first time, each past the batch's watermark, inserted as they are (``_INSERT_FRESH``).
+        first time, each past the batch's watermark, inserted as they are (``_insert_fresh``).
         If one is stored after all they take the general upsert, and the outcome's
         ``fresh_stored_until_ms`` says up to where the window's rows are stored.
         """
@@ -1548,14 +1547,21 @@ class ResultStore:
         self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], table: pa.Table
     ) -> tuple[int, int | None]:
         """``commit_batch(fresh=...)``: rows inserted, and None, or the stored-until bound
-        when a window was stored already and the rows took the upsert instead."""
-        _copy_into(cur, _FRESH_STAGING_DDL, _FRESH_STAGING, table)
+        when a window was stored already and the rows took the upsert instead.
+
+        None of the windows is stored yet, so they are copied straight into window_results:
+        no ON CONFLICT arbitration, no per-row late_events lookup, and no staging table. At
+        100k windows that is 0.77 s against 0.89 s for a staged insert here (issue #4). It runs
+        in a savepoint; a window stored after all (a replay published it, or a new checkpoint
+        catching up re-publishes it) makes it fail, and the same rows then take the general
+        upsert (``_UPSERT_FRESH``) from a staging table.
+        """
         try:
             try:
-                with conn.transaction():  # a savepoint: only the insert is undone
-                    cur.execute(_INSERT_FRESH)
-                    inserted = max(cur.rowcount, 0)
+                with conn.transaction():  # a savepoint: only the copy is undone
+                    _copy_arrow(cur, "window_results", _as_window_results(table), _FRESH_ENCODERS)
             except pgerrors.UniqueViolation:
+                _copy_into(cur, _FRESH_STAGING_DDL, _FRESH_STAGING, table)
                 cur.execute(_UPSERT_FRESH)
                 upserted = max(cur.rowcount, 0)
                 cur.execute(_STORED_UNTIL)
@@ -1566,8 +1572,16 @@ class ResultStore:
                 "the batch holds the same fresh window twice (same config_name, window_name, "
                 "metric, tags, window_start_ms, window_end_ms): emit one row per window"
             ) from exc
-        cur.execute(_LATE_SAMPLES_ON_FRESH)
-        return inserted, None
+        if table.num_rows:
+            windows = table.group_by(["config_name", "window_name"]).aggregate([])
+            ends = pc.min_max(table["window_end_ms"])
+            cur.execute(
+                _LATE_SAMPLES_ON_FRESH,
+                {"configs": windows["config_name"].to_pylist(),
+                 "windows": windows["window_name"].to_pylist(),
+                 "first_end_ms": ends["min"].as_py(), "last_end_ms": ends["max"].as_py()},
+            )  # fmt: skip
+        return table.num_rows, None
 
     def _commit_panes(
         self, cur: psycopg.Cursor[Any], panes: PaneBatch, watermark_ms: int, revision: int,
@@ -1678,13 +1692,60 @@ def _copy_into(cur: psycopg.Cursor[Any], ddl: str, staging: str, table: pa.Table
     # Every time, not once per connection: the CREATE is transactional, so a rolled-back
     # first batch would take the table with it. IF NOT EXISTS makes this one cheap round trip.
     cur.execute(ddl)
+    _copy_arrow(cur, staging, table)
+
+
+def _copy_arrow(
+    cur: psycopg.Cursor[Any],
+    target: str,
+    table: pa.Table,
+    encoders: Mapping[str, Callable[[pa.Field], Any]] | None = None,
+) -> None:
+    """Binary COPY of an Arrow table into ``target``'s columns of the same names.
+
+    pgpq encodes the Arrow columns into COPY's binary format in compiled code: turning 100k
+    rows into Python tuples for psycopg's ``write_row`` took 0.11 s of the 0.21 s a staging
+    COPY took (issue #4), on the driver's Python thread. ``encoders``: a column's encoder
+    builder by name where the inferred one is not the column's type (text as jsonb).
+    """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-        sql.Identifier(staging), sql.SQL(", ").join(map(sql.Identifier, table.schema.names))
+        sql.Identifier(target), sql.SQL(", ").join(map(sql.Identifier, table.schema.names))
+    )
+    encoders = encoders or {}
+    encoder = pgpq.ArrowToPostgresBinaryEncoder.new_with_encoders(
+        table.schema,
+        {field.name: encoders.get(field.name, _infer_encoder)(field) for field in table.schema},
     )
     with cur.copy(statement) as copy:
-        copy.set_types([_PG_TYPES[f.type] for f in table.schema])
-        for row in _rows(table):
-            copy.write_row(row)
+        copy.write(encoder.write_header())
+        for batch in table.to_batches():
+            copy.write(encoder.write_batch(batch))
+        copy.write(encoder.finish())
+
+
+def _infer_encoder(field: pa.Field) -> Any:
+    return pgpq.ArrowToPostgresBinaryEncoder.infer_encoder(field)
+
+
+def _jsonb_encoder(field: pa.Field) -> Any:
+    return pgpq.encoders.StringEncoderBuilder.new_with_output(field, pgpq.schema.Jsonb())
+
+
+_FRESH_ENCODERS: Mapping[str, Callable[[pa.Field], Any]] = {"tags": _jsonb_encoder}
+
+
+def _as_window_results(table: pa.Table) -> pa.Table:
+    """Staged rows (``_STAGED_SCHEMA``) as window_results' own columns, for a COPY into it:
+    epoch milliseconds as UTC timestamps, ``late_events`` 0 (the caller derives it)."""
+    columns = []
+    for name in _FRESH_COLUMNS:
+        if name in _TIMESTAMP_COLUMNS:
+            columns.append(table[f"{name}_ms"].cast(pa.timestamp("ms", tz="UTC")))
+        elif name == "late_events":
+            columns.append(pa.nulls(table.num_rows, pa.int64()).fill_null(0))
+        else:
+            columns.append(table[name])
+    return pa.table(columns, names=list(_FRESH_COLUMNS))
 
 
 def canonical_tags_text(tags: Any) -> str:
@@ -1752,12 +1813,6 @@ def _with_hll_registers(table: pa.Table) -> pa.Table:
             raise ValueError(f"results row {i}: the set's sketch is unreadable: {exc}") from exc
     column = pa.array(registers, pa.binary())
     return table.append_column(_STAGED_SCHEMA.field("hll_registers"), column)
-
-
-def _rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
-    # Column-wise to_pylist is several times faster than Table.to_pylist (no dict per row).
-    columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
-    return zip(*columns, strict=True)
 
 
 def run_sql(

@@ -970,6 +970,37 @@ def test_fresh_windows_are_inserted_with_the_late_samples_recorded_before_them(
     assert store.commit_batch("q", 1, table(), [], revision=2, fresh=fresh).already_committed
 
 
+def test_a_fresh_window_is_stored_as_the_upsert_stores_it(
+    store: ResultStore, clean_store: str
+) -> None:
+    """Fresh windows are copied straight into window_results (Arrow to COPY's binary format),
+    not through the staged upsert: every column must come out the same, tags as jsonb
+    (several keys, non-ASCII), times to the millisecond, the set's sketch and its registers."""
+    from streamgauge.sketches.hll import build_hll, serialize_hll
+
+    sketch = serialize_hll(build_hll(["u1", "u2", "u3"]))
+    rows = [
+        row(tags='{"host":"a","région":"été"}', window_start_ms=T0 + 7,
+            emitted_at_ms=NOW + 3, revision=2),
+        window(1, metric="users", metric_type="s", sum=None, min=None, max=None, last=None,
+               p50=None, p90=None, p99=None, distinct_count=3.0, sketch=sketch, is_final=True,
+               revision=2),
+        window(2, tags="{}", count=1, revision=2),
+    ]  # fmt: skip
+    store.commit_batch("upserted", 0, table(*rows), [], revision=2)
+    store.commit_batch("fresh", 0, table(), [], revision=2,
+                       fresh=table(*[{**r, "config_name": "fresh"} for r in rows]))  # fmt: skip
+    _, by_config = run_sql(
+        clean_store, "SELECT config_name, to_jsonb(r) - 'config_name' FROM window_results r"
+        " ORDER BY metric, window_start",
+    )  # fmt: skip
+    upserted = [r for c, r in by_config if c == "web"]
+    fresh = [r for c, r in by_config if c == "fresh"]
+    assert len(upserted) == 3 and fresh == upserted
+    assert upserted[0]["tags"] == {"host": "a", "région": "été"}
+    assert upserted[2]["hll_registers"] is not None
+
+
 def test_a_fresh_window_stored_already_takes_the_upsert_and_says_how_far_rows_are_stored(
     store: ResultStore, clean_store: str
 ) -> None:
