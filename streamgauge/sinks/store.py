@@ -981,15 +981,28 @@ VALUES (%(query_name)s, {", ".join(f"%({c})s" for c in _HELD_COLUMNS)},
     {", ".join(f"%({a})b" for a in HELD_ARRAYS)},
     {_ms_to_ts("%(now_ms)s")})
 ON CONFLICT (query_name) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, *HELD_ARRAYS, "written_at"))}
+    {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, *HELD_ARRAYS, "written_at"))},
+    released_before_ms = NULL
 """
-# Windows released ahead of their batch (``publish_released``): the holding shrinks, the rest
-# of the row (batch, revision, written_at: what the remaining windows' values are as of) stays.
-_RELEASE_HELD = f"""
-UPDATE window_held SET windows = %(windows)s, samples = %(samples)s, snapshot = %(snapshot)s,
-    {", ".join(f"{a} = %({a})b" for a in HELD_ARRAYS)}
+# Windows released ahead of their batch (``publish_released``): marked, not cut out (schema
+# version 11). The counts shrink; the snapshot, the arrays and the rest of the row (batch,
+# revision, written_at: what the remaining windows' values are as of) stay.
+_RELEASE_HELD = """
+UPDATE window_held SET windows = %(windows)s, samples = %(samples)s,
+    released_before_ms = greatest(released_before_ms, %(released_before_ms)s)
 WHERE query_name = %(query_name)s
 """
+
+
+@dataclass(frozen=True)
+class StoredHolding:
+    """A query's ``window_held`` row, as a restarted job reads it back."""
+
+    snapshot: bytes
+    """The holding its last batch wrote (``HeldSnapshot.snapshot``)."""
+    released_before_ms: int | None
+    """Its windows ending at or before this were published since (``publish_released``):
+    no longer held. None: none."""
 
 
 @dataclass(frozen=True)
@@ -1247,18 +1260,23 @@ class ResultStore:
         query_name: str,
         results: pa.Table,
         fresh: pa.Table | None,
-        held: HeldSnapshot,
+        *,
+        released_before_ms: int,
+        windows: int,
+        samples: int,
         lock_name: str | None = None,
     ) -> int:
         """Publish held windows ahead of their batch's ``commit_batch``; the rows upserted.
 
         ``results`` and ``fresh`` as in ``commit_batch``: the windows the coming batch's
-        watermark passes, which none of its rows can change. ``held`` is the holding without
-        them; it replaces the query's ``window_held`` values in the same transaction, under
-        the batch and revision it was stored with (its windows are still as that batch left
-        them). So the rows are never both held and published, and a restart before the batch
-        commits loads a holding that no longer has them. The batch claims nothing here: Spark
-        runs it again after a crash, and its ``commit_batch`` is what makes it count.
+        watermark passes, which none of its rows can change, every held window ending at or
+        before ``released_before_ms``. The query's ``window_held`` row marks them published
+        in the same transaction (``windows`` and ``samples``: what it holds without them),
+        under the batch and revision it was stored with (the rest are still as that batch
+        left them). So the rows are never both held and published, and a restart before the
+        batch commits loads a holding that no longer has them (``read_held``). The batch
+        claims nothing here: Spark runs it again after a crash, and its ``commit_batch`` is
+        what makes it count.
         """
         table = _with_hll_registers(_conform(results))
         fresh_rows = None if fresh is None else _with_hll_registers(_conform(fresh))
@@ -1272,8 +1290,8 @@ class ResultStore:
                     upserted += self._insert_fresh(conn, cur, fresh_rows)[0]
                 cur.execute(
                     _RELEASE_HELD,
-                    {"query_name": query_name, "windows": held.windows,
-                     "samples": held.samples, "snapshot": held.snapshot, **held.arrays},
+                    {"query_name": query_name, "windows": windows, "samples": samples,
+                     "released_before_ms": released_before_ms},
                 )  # fmt: skip
                 if cur.rowcount != 1:
                     raise RuntimeError(f"{query_name!r} releases windows it never stored")
@@ -1471,15 +1489,16 @@ class ResultStore:
         conn.execute(_RECOUNT_WITHOUT_FORGOTTEN_LATE, params)
         conn.execute(_FORGET_LATE, params)
 
-    def read_held(self, query_name: str) -> bytes | None:
-        """The snapshot of the open windows ``query_name`` held after its last committed batch
+    def read_held(self, query_name: str) -> StoredHolding | None:
+        """The open windows ``query_name`` held after its last committed batch
         (``window_held``), or None if it holds none."""
 
-        def work(conn: psycopg.Connection[Any]) -> bytes | None:
+        def work(conn: psycopg.Connection[Any]) -> StoredHolding | None:
             row = conn.execute(
-                "SELECT snapshot FROM window_held WHERE query_name = %s", (query_name,)
+                "SELECT snapshot, released_before_ms FROM window_held WHERE query_name = %s",
+                (query_name,),
             ).fetchone()
-            return None if row is None else bytes(row[0])
+            return None if row is None else StoredHolding(bytes(row[0]), row[1])
 
         return self._with_retry(f"read the windows {query_name!r} holds", work)
 

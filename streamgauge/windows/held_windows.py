@@ -11,12 +11,13 @@ instead: the batch merges its changed windows in (a window's row from Spark is i
 as of the batch, so the newer row replaces the older), hands the store only the windows the
 watermark has passed (``release``), and the rest stays held. When none of a batch's rows can
 fall in the windows its watermark passes, the writer releases them before Spark runs the batch
-(``HoldingBatchWriter._release_ahead``), in a transaction that also shrinks the stored holding;
+(``HoldingBatchWriter._release_ahead``), in a transaction that also marks them published in
+the stored holding;
 mostly sooner, as soon as the log shows it (``release_before_next_batch``, ``ReleaseWatcher``).
 
 Durability is a snapshot: the held windows as one Arrow IPC stream (``to_snapshot``), written
 by the store in the batch's own transaction (``window_held``, one row per query). A restarted
-job loads it (``from_snapshot``) and Spark resumes after the last batch it committed; a batch
+job loads it (``from_stored``) and Spark resumes after the last batch it committed; a batch
 Spark replays (committed to the store, not to Spark's commit log) merges the same changes into
 the snapshot that already has them, which changes nothing. So a crash neither loses an open
 window's latest value nor counts it twice.
@@ -30,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.sinks.pg_arrays import PgArray, pg_array
-from streamgauge.sinks.store import HELD_ARRAYS
+from streamgauge.sinks.store import HELD_ARRAYS, StoredHolding
 
 _KEY_COLUMNS = ("metric", "tags", "window_start_ms", "window_end_ms")
 """A window's identity within a query: Spark's grouping keys (``job.aggregate_windows``)."""
@@ -129,6 +130,17 @@ class HeldWindows:
         with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
             writer.write_table(table)
         return bytes(sink.getvalue())
+
+    @classmethod
+    def from_stored(cls, stored: StoredHolding | None) -> HeldWindows:
+        """The holding a query's ``window_held`` row keeps (``ResultStore.read_held``): its
+        snapshot without the windows published since it was written."""
+        if stored is None:
+            return cls()
+        holding = cls.from_snapshot(stored.snapshot)
+        if stored.released_before_ms is None:
+            return holding
+        return holding.release(stored.released_before_ms)[1]
 
     @classmethod
     def from_snapshot(cls, snapshot: bytes | None) -> HeldWindows:

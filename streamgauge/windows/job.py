@@ -1167,7 +1167,8 @@ class HoldingBatchWriter(WindowBatchWriter):
             self._result_rows(released, batch_id, watermark_ms, self._clock.now_ms())
         )
         published = self._store.publish_released(
-            self._name, rows, fresh, self._snapshot(holding),
+            self._name, rows, fresh, released_before_ms=watermark_ms,
+            windows=holding.num_windows, samples=holding.samples,
             lock_name=query_name(self._config, self._window),
         )  # fmt: skip
         self._held = holding
@@ -1176,7 +1177,7 @@ class HoldingBatchWriter(WindowBatchWriter):
     def _holding(self) -> HeldWindows:
         """The open windows held after the last committed batch (read once from the store)."""
         if self._held is None:
-            stored = HeldWindows.from_snapshot(self._store.read_held(self._name))
+            stored = HeldWindows.from_stored(self._store.read_held(self._name))
             self._held = stored.of_types(self.lane_types)
         return self._held
 

@@ -105,7 +105,7 @@ def test_the_holding_is_stored_with_its_batch_and_readable_in_sql(clean_store: s
             return not outcome.already_committed
 
         assert commit(0, held)
-        restored = HeldWindows.from_snapshot(store.read_held("cfg.w"))
+        restored = HeldWindows.from_stored(store.read_held("cfg.w"))
         assert restored.table is not None and restored.table.equals(held.table)
         _, rows = run_sql(
             clean_store,
@@ -122,10 +122,20 @@ def test_the_holding_is_stored_with_its_batch_and_readable_in_sql(clean_store: s
         assert latest == [("NULL", "pending", 2), ("a", "pending", 4)]
         assert run_sql(clean_store, "select windows, samples from window_held")[1] == [(2, 6)]
 
+        # Windows published ahead of the next batch are marked in the row, not cut out of
+        # it: left out of window_held_rows and of what a restarted job loads.
         _, rest = held.release(T0 + 10_000)
+        store.publish_released("cfg.w", RESULT_SCHEMA.empty_table(), None,
+                               released_before_ms=T0 + 10_000, windows=1, samples=2)  # fmt: skip
+        restored = HeldWindows.from_stored(store.read_held("cfg.w"))
+        assert restored.table is not None and restored.table.equals(rest.table)
+        assert run_sql(clean_store, "select metric from window_held_rows")[1] == [("NULL",)]
+        assert run_sql(clean_store, "select windows, samples from window_held")[1] == [(1, 2)]
+
         assert not commit(0, rest)  # replayed: the stored holding stays the batch's own
-        assert run_sql(clean_store, "select count(*) from window_held_rows")[1] == [(2,)]
-        assert commit(1, rest)
+        assert run_sql(clean_store, "select count(*) from window_held_rows")[1] == [(1,)]
+        assert commit(1, rest)  # written whole: the mark goes with the windows it marked
+        assert run_sql(clean_store, "select released_before_ms from window_held")[1] == [(None,)]
         _, rows = run_sql(clean_store, "select metric, revision from window_held_rows")
         assert rows == [("NULL", 2)]
         # A new checkpoint's revisions start above the holding's too (window_held_rows).
