@@ -961,6 +961,9 @@ class HeldSnapshot:
     arrays: Mapping[str, PgArray]
     """``window_held``'s value arrays by column, in PostgreSQL's binary format
     (``pg_arrays``)."""
+    released_before_ms: int | None = None
+    """The snapshot's windows ending at or before this are published, kept only to add a
+    straggler to (``held_windows.AddedWindows``); None: every window in it is held."""
 
 
 HELD_ARRAYS = {
@@ -981,7 +984,7 @@ VALUES (%(query_name)s, {", ".join(f"%({c})s" for c in _HELD_COLUMNS)},
     {_ms_to_ts("%(now_ms)s")})
 ON CONFLICT (query_name) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, *HELD_ARRAYS, "written_at"))},
-    released_before_ms = NULL
+    released_before_ms = %(released_before_ms)s
 """
 # Windows released ahead of their batch (``publish_released``): marked, not cut out (schema
 # version 11). The counts shrink; the snapshot, the arrays and the rest of the row (batch,
@@ -1231,6 +1234,7 @@ class ResultStore:
                          "window_name": held.window_name, "batch_id": batch_id,
                          "revision": revision, "windows": held.windows,
                          "samples": held.samples, "snapshot": held.snapshot,
+                         "released_before_ms": held.released_before_ms,
                          "now_ms": now_ms, **held.arrays},
                     )  # fmt: skip
                 if state:
@@ -1432,7 +1436,8 @@ class ResultStore:
 
     def start_checkpoint(
         self, config_name: str, window_name: str, query_names: Sequence[str],
-        *, forget_panes: bool = False, late_reread: LateRowsReread | None = None,
+        *, forget_panes: bool = False, forget_held: bool = False,
+        late_reread: LateRowsReread | None = None,
     ) -> int:
         """A query starts on a fresh checkpoint: forget its old batch ids, return the highest
         revision stored for the window (its new revisions must start above it).
@@ -1442,6 +1447,8 @@ class ResultStore:
         their rows would carry revisions below the stored ones (and lose the upsert).
         ``forget_panes`` (a hopping window's pane lane): its ``window_panes`` rows go too, as
         the new checkpoint rebuilds its panes from the log (perhaps at another size or hop).
+        ``forget_held`` (a holding that adds the batches' sums, ``AddedWindows``): the
+        queries' ``window_held`` rows go, as the new checkpoint adds the log's sums again.
         ``late_reread`` (the query records the window's late rows): the window's late rows
         from the segments the new checkpoint reads again go, and the counts on its windows
         with them (``LateRowsReread``).
@@ -1458,6 +1465,10 @@ class ResultStore:
                     conn.execute(
                         "DELETE FROM window_panes WHERE config_name = %s AND window_name = %s",
                         (config_name, window_name),
+                    )
+                if forget_held:
+                    conn.execute(
+                        "DELETE FROM window_held WHERE query_name = ANY(%s)", (list(query_names),)
                     )
                 row = conn.execute(
                     "SELECT greatest("

@@ -60,6 +60,9 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
             # Counters and gauges without an HLL per group, sets in the sketch lane: other
             # states in both lanes (the sketch lane's checkpoint is named after this one).
             shape += ["sets apart"]
+        if adds_in_driver(window):
+            # No state at all in the native lane: the held windows add the batches' sums.
+            shape += ["sums added on the driver"]
     fingerprint = json.dumps(shape)
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
     return paths.checkpoints / config.name / f"{window.name}-{digest}"
@@ -121,6 +124,23 @@ def sets_query(window: WindowSpec) -> bool:
     item 8).
     """
     return window.sets == "separate" and window.kind == "tumbling" and not window.uses_kll
+
+
+def adds_in_driver(window: WindowSpec) -> bool:
+    """Whether ``window``'s native lane keeps no Spark state: each micro-batch hands over its
+    own rows' sums per window and the job's holding adds them up (``job.plain_batch_windows``,
+    ``held_windows.AddedWindows``).
+
+    A lane of counters and gauges alone (``sets: with_timers`` or ``separate``) whose open
+    windows the job holds (no ``early_every``): its values are plain sums and extremes, which
+    add up outside Spark exactly as inside. Spark's state duplicated the holding and cost
+    ~0.4 s of a 1.3 s batch at 100k series (README "What p50 ≤ 1 s at 100k series would
+    take here", item 12).
+    """
+    return (
+        (sets_query(window) or splits_sets(window))
+        and window.early_every_ms is None
+    )
 
 
 def sets_checkpoint(checkpoint: Path) -> Path:

@@ -59,7 +59,10 @@ beside the digests: no HLL buffer in a counter's state, and still two queries. W
 ``sets: separate`` (``sets_query``) its sets run Spark's own aggregation in a third query
 (``set_lane_partials``, query ``<window>.sets``), which waits while the log has no set for
 it (``QuietLane``): counters as fast as with ``with_timers``, sets as fast as natively, for
-the price of a third query when both arrive. Session and sliding
+the price of a third query when both arrive. With either, and no ``early_every``, the
+counters' lane keeps no Spark state at all (``adds_in_driver``): each micro-batch is merged
+per window in a batch job of its own (``plain_batch_windows``) and the job's holding adds the
+sums (``AddingBatchWriter``, ``held_windows.AddedWindows``). Session and sliding
 windows run one query of their own operator for every type, which merges the sketches too
 (``window_sketches``: percentiles, histograms and distinct counts as in the two lanes).
 
@@ -111,6 +114,7 @@ from streamgauge.windows import hopping_windows, sketch_windows
 
 # The checkpoint paths live in a Spark-free module (the receivers need them); re-exported.
 from streamgauge.windows.checkpoints import JobPaths as JobPaths
+from streamgauge.windows.checkpoints import adds_in_driver as adds_in_driver
 from streamgauge.windows.checkpoints import all_checkpoints as all_checkpoints
 from streamgauge.windows.checkpoints import checkpoint_dir as checkpoint_dir
 from streamgauge.windows.checkpoints import sets_checkpoint as sets_checkpoint
@@ -118,7 +122,7 @@ from streamgauge.windows.checkpoints import sets_query as sets_query
 from streamgauge.windows.checkpoints import sketch_checkpoint as sketch_checkpoint
 from streamgauge.windows.checkpoints import sketch_params as sketch_params
 from streamgauge.windows.checkpoints import splits_sets as splits_sets
-from streamgauge.windows.held_windows import HeldWindows
+from streamgauge.windows.held_windows import AddedWindows, HeldWindows
 from streamgauge.windows.release_watch import ReleaseWatcher
 from streamgauge.windows.session_windows import (
     OUTPUT_DDL,
@@ -166,6 +170,7 @@ def revision_base(
     query_names: Sequence[str],
     *,
     forget_panes: bool = False,
+    forget_held: bool = False,
     late_rows: LateRowsOrigin | None = None,
 ) -> int:
     """What a checkpoint's revisions start from: ``revision = base + batch id + 1``.
@@ -190,8 +195,9 @@ def revision_base(
                 late_rows.generation, first_heartbeats(late_rows.spool), query_name(config, window)
             )
         base = store.start_checkpoint(
-            config.name, window.name, query_names, forget_panes=forget_panes, late_reread=reread
-        )
+            config.name, window.name, query_names, forget_panes=forget_panes,
+            forget_held=forget_held, late_reread=reread,
+        )  # fmt: skip
     checkpoint.mkdir(parents=True, exist_ok=True)
     temporary = marker.with_suffix(".tmp")
     with open(temporary, "w") as handle:
@@ -364,6 +370,34 @@ def plain_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
         grouped,
         F.lit(None).cast("double").alias("distinct_count"),
         F.lit(None).cast("binary").alias("sketch"),
+    )
+
+
+def plain_lane_rows(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """The on-time partials of counters and gauges, each with its window: the stream of a
+    lane that keeps no Spark state (``adds_in_driver``). Each micro-batch is merged per
+    window by ``plain_batch_windows`` and added to the job's holding (``AddingBatchWriter``)."""
+    assert window.size_ms is not None
+    return (
+        assign_windows(source, window)
+        .where(metric_filter(window.metrics) & ~F.col("late"))
+        .where(F.col("metric_type").isin(list(LANE_TYPES["plain"])))
+        .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
+    )
+
+
+def plain_batch_windows(batch: DataFrame) -> DataFrame:
+    """One micro-batch of ``plain_lane_rows`` merged per window, as ``plain_lane_partials``
+    merges the whole stream, plus each window's latest event time (``last_event_ms``), by
+    which the holding picks the ``last`` of two sums."""
+    grouped = batch.groupBy("window_end_ts", "window_start_ms", "metric", "tags").agg(
+        *_merged_scalars(), F.max("last_event_ms").alias("last_event_ms")
+    )
+    return _window_rows(
+        grouped,
+        F.lit(None).cast("double").alias("distinct_count"),
+        F.lit(None).cast("binary").alias("sketch"),
+        "last_event_ms",
     )
 
 
@@ -605,7 +639,7 @@ def _merged_scalars() -> list[Column]:
     ]
 
 
-def _window_rows(grouped: DataFrame, *values: Column) -> DataFrame:
+def _window_rows(grouped: DataFrame, *values: Column | str) -> DataFrame:
     """A window aggregation's output row: key, the plain aggregates, then ``values``."""
     return grouped.select(
         "metric", "tags", "metric_type", "window_start_ms",
@@ -824,6 +858,9 @@ class WindowBatchWriter:
     keeps_panes = False
     """The query's panes live in ``window_panes`` (``PaneBatchWriter``): a fresh checkpoint
     forgets them."""
+    forgets_held = False
+    """The query's holding adds the batches' sums (``AddingBatchWriter``): a fresh
+    checkpoint, which reads the log again, forgets it."""
 
     def __init__(
         self,
@@ -871,12 +908,17 @@ class WindowBatchWriter:
 
     def revision(self, batch_id: int) -> int:
         """The batch's revision: strictly increasing across batches and checkpoints."""
+        return self._base() + batch_id + 1
+
+    def _base(self) -> int:
+        """The checkpoint's ``revision_base`` (on a new checkpoint, set up first)."""
         if self._revision_base is None:
             self._revision_base = revision_base(
                 self._checkpoint, self._store, self._config, self._window, [self._name],
-                forget_panes=self.keeps_panes, late_rows=self._late_rows,
+                forget_panes=self.keeps_panes, forget_held=self.forgets_held,
+                late_rows=self._late_rows,
             )
-        return self._revision_base + batch_id + 1
+        return self._revision_base
 
     def progress_ms(self, batch_id: int) -> int | None:
         """The batch's own watermark: its receivers' heartbeats less the delay (None before
@@ -985,7 +1027,7 @@ class WindowBatchWriter:
         """``holding`` as the store keeps it (``window_held``)."""
         return HeldSnapshot(
             self._config.name, self._window.name, holding.num_windows, holding.samples,
-            holding.to_snapshot(), holding.sql_arrays(),
+            holding.to_snapshot(), holding.sql_arrays(), holding.published_before_ms,
         )  # fmt: skip
 
     def _split_fresh(self, rows: pa.Table) -> tuple[pa.Table, pa.Table | None]:
@@ -1205,6 +1247,61 @@ class HoldingBatchWriter(WindowBatchWriter):
             # (not rewritten every batch while nothing arrives).
             return changed.slice(0, 0), None
         return released, holding
+
+
+class AddingBatchWriter(HoldingBatchWriter):
+    """``foreachBatch`` of a native lane that keeps no Spark state (``adds_in_driver``): the
+    batch's rows are merged per window here (``plain_batch_windows``, a batch job of the
+    micro-batch) and added to the holding (``AddedWindows``).
+
+    Exactly once: a batch Spark replays after a crash was committed with its holding, so
+    its sums are in the holding the restarted writer loads; the store refuses the batch
+    (``already_committed``) and the writer loads that holding again instead of keeping the
+    one it added the sums to twice.
+    """
+
+    forgets_held = True
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self._release_ahead(batch_id)
+        self._commit(plain_batch_windows(batch).toArrow(), batch_id)
+
+    def _holding(self) -> HeldWindows:
+        if self._held is None:
+            self._base()  # a new checkpoint forgets the stored holding before it is read
+            assert self._window.size_ms is not None
+            horizon_ms = (self._window.watermark_delay_ms + self._window.allowed_lateness_ms
+                          + self._window.size_ms)  # fmt: skip
+            stored = AddedWindows.of_stored(self._store.read_held(self._name), horizon_ms)
+            self._held = stored.of_types(self.lane_types)
+        return self._held
+
+    def _held_after(
+        self, changed: pa.Table, watermark_ms: int
+    ) -> tuple[pa.Table, HeldWindows | None]:
+        holding = self._holding()
+        assert isinstance(holding, AddedWindows)
+        dropped = holding.dropped(changed)
+        if dropped.num_rows:
+            log.warning(
+                "%s: %d samples in %d windows arrived after the job dropped their windows"
+                " (%d ms behind the latest window end); not added",
+                self._name, pc.sum(dropped.column("count")).as_py(), dropped.num_rows,
+                holding.horizon_ms,
+            )  # fmt: skip
+        merged = holding.merged(changed)
+        again = merged.published_again(changed)
+        released, after = merged.release(watermark_ms)
+        if released is None or (changed.num_rows == 0 and released.num_rows == 0):
+            return changed.slice(0, 0), None  # idle: the stored holding stands
+        if again is not None and again.num_rows:
+            released = pa.concat_tables([again, released])
+        return released, after
+
+    def _committed(self, outcome: BatchOutcome, watermark_ms: int | None) -> None:
+        if outcome.already_committed:
+            self._held = None  # its sums are in the stored holding already: read it again
+        super()._committed(outcome, watermark_ms)
 
 
 class PaneBatchWriter(WindowBatchWriter):
@@ -1468,10 +1565,12 @@ def start_window_queries(
                 changes = hopping_pane_aggregates(log, window)
             else:
                 writer = _native_writer(config, window, store_factory(), checkpoint, clock, paths)
-                changes = (
-                    plain_lane_partials(log, window) if native_lane_rows(window) == "plain"
-                    else windowed_partials(log, window)
-                )  # fmt: skip
+                if adds_in_driver(window):
+                    changes = plain_lane_rows(log, window)
+                elif native_lane_rows(window) == "plain":
+                    changes = plain_lane_partials(log, window)
+                else:
+                    changes = windowed_partials(log, window)
                 if sets_query(window):
                     sets_lane = sets_checkpoint(checkpoint)
                     sets_writer = _native_writer(
@@ -1510,7 +1609,8 @@ def start_window_queries(
             )
         query = _start(
             changes, query_name(config, window), checkpoint, writer, trigger_interval,
-            output_mode="update",
+            # A stateless lane hands over its rows once (adds_in_driver); the others update.
+            output_mode="append" if isinstance(writer, AddingBatchWriter) else "update",
         )  # fmt: skip
         queries.append(_watched(query, writer, trigger_interval))
         if window.kind not in ("session", "sliding"):
@@ -1552,6 +1652,8 @@ def _native_writer(
     unless ``early_every`` publishes them from ``window_pending`` (``_EARLY``)."""
     if window.early_every_ms is not None:
         return WindowBatchWriter(config, window, store, checkpoint, clock, sets=sets)
+    if adds_in_driver(window) and not sets:
+        return AddingBatchWriter(config, window, store, checkpoint, clock, spool=paths.spool)
     return HoldingBatchWriter(
         config, window, store, checkpoint, clock, spool=paths.spool, sets=sets
     )
