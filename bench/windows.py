@@ -323,6 +323,33 @@ def freshness(
     return lags, first_seen
 
 
+def print_trace(writer: Writer, first_seen: dict[int, int], delay_ms: int, lane: str) -> None:
+    """Per measured window, what happened from 2.5 s before its closing segment was written
+    to its row becoming visible, in ms from that segment: segments written (``seg``), the
+    lane's Spark jobs (``spark``: ``toArrow``), its batch commits (``commit``) and the
+    publications ahead of a batch (``publish``), each as start+duration."""
+    for end, seen in sorted(first_seen.items()):
+        passed = [wall for beat, wall in writer.heartbeats if beat - delay_ms >= end]
+        if not passed or passed[0] < writer.measured_from_ms:
+            continue
+        t0 = passed[0]
+
+        def near(start: int) -> bool:
+            return t0 - 2500 <= start <= seen  # noqa: B023
+
+        events = [(wall, f"seg {wall - t0:+d}") for _, wall in writer.heartbeats if near(wall)]
+        events += [(wall, f"spark {wall - t0:+d}+{dur * 1000:.0f}")
+                   for wall, dur in TimedToArrow.calls if near(wall)]  # fmt: skip
+        events += [(wall, f"commit {wall - t0:+d}+{dur * 1000:.0f}")
+                   for wall, dur, query in TimedStore.commits
+                   if query == lane and near(wall)]  # fmt: skip
+        events += [(wall, f"publish {wall - t0:+d}+{dur * 1000:.0f}")
+                   for wall, dur, query in TimedStore.releases
+                   if query == lane and near(wall)]  # fmt: skip
+        print(f"window ending {end}: visible {seen - t0:+d} ms: "
+              + ", ".join(text for _, text in sorted(events)))
+
+
 def _progress_ms(progress: dict) -> int:  # type: ignore[type-arg]
     """When a micro-batch started (Spark's progress ``timestamp``), as epoch ms."""
     started = datetime.datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
@@ -465,6 +492,9 @@ def main() -> None:
     parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Spark setting for the job (repeatable)")
+    parser.add_argument("--trace", action="store_true",
+                        help="per measured window: the segments, Spark jobs, commits and "
+                             "publications around its closing, in ms from the closing segment")
     parser.add_argument("--compare-kll", action="store_true",
                         help="with --type ms: also run the window with quantiles: kll (window wk) "
                         "on the same load and print both lanes side by side")
@@ -529,7 +559,7 @@ def main() -> None:
                         args.also_sets)  # fmt: skip
         writer.measured_from_ms = time.time_ns() // 1_000_000 + args.warmup * 1000
         writer.start()
-        lags, _ = freshness(
+        lags, first_seen = freshness(
             url, writer, config.windows[0].watermark_delay_ms, args.seconds, args.type
         )
         writer.join()
@@ -610,6 +640,8 @@ def main() -> None:
         print_sustained(progress, lags, offered_rows_per_s=rows_per_s)
         print(f"freshness of each window, in order (s): {' '.join(f'{v:.2f}' for v in lags)}; "
               f"{len(releases)} publications ahead of a batch in the same span")
+        if args.trace:
+            print_trace(writer, first_seen, config.windows[0].watermark_delay_ms, lane)
         if args.compare_kll:
             compare_kll(progress, kll_progress, config.sketches.kll_k)
     finally:
