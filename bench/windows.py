@@ -62,6 +62,14 @@ paths (e.g. hopping by pane merge vs. copied rows, run alternately) far more ste
     .venv/bin/python bench/windows.py --catch-up --series 2000 --seconds 30 --kind hopping \
         --hop 1s --type ms
 
+``--trace``: per measured window, what happened around its closing (segments written,
+the lane's Spark jobs, its commits and the publications ahead of a batch, in ms from the
+closing segment). ``--pg KEY=VALUE`` (repeatable): a server setting for the bench's own
+PostgreSQL cluster, to try one against its default::
+
+    .venv/bin/python bench/windows.py --series 100000 --seconds 150 --warmup 75 \
+        --sets separate --trace --pg wal_buffers=64MB
+
 ``--warmup S``: leave the first ``S`` seconds out of every figure (batches started, windows
 whose watermark passed, commits). A fresh driver JVM spends its first minutes compiling
 Spark's code (40 s in, the JIT compiler threads used more CPU than the tasks), so a short run
@@ -89,6 +97,7 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+from psycopg import sql
 from pyspark.sql.streaming.query import StreamingQuery
 from spark_stages import (
     KEEP_ALL_JOBS,
@@ -492,6 +501,9 @@ def main() -> None:
     parser.add_argument("--rocksdb", action="store_true", help="RocksDB state store")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Spark setting for the job (repeatable)")
+    parser.add_argument("--pg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a PostgreSQL setting for the bench's own cluster (ALTER SYSTEM, "
+                             "applied by its restart), e.g. wal_buffers=64MB")
     parser.add_argument("--trace", action="store_true",
                         help="per measured window: the segments, Spark jobs, commits and "
                              "publications around its closing, in ms from the closing segment")
@@ -517,6 +529,13 @@ def main() -> None:
     # time, which the server records only with this on (a restart applies it).
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute("ALTER SYSTEM SET track_commit_timestamp = on")
+        for setting in args.pg:  # --pg KEY=VALUE: a server setting to try (ALTER SYSTEM)
+            key, value = setting.split("=", 1)
+            admin.execute(
+                sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                    sql.Identifier(key), sql.Literal(value)
+                )
+            )
     server.stop()
     url = server.start()
     try:

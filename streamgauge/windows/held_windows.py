@@ -188,13 +188,13 @@ class AddedWindows(HeldWindows):
 
     released_before_ms: int | None = None
     """The windows ending at or before this were published (None: none yet)."""
+    horizon_ms: int = 0
+    """``watermark_delay + allowed_lateness + size``: how far behind the latest window end
+    a window is dropped (``job._on_time``'s Spark watermark, which no longer runs)."""
 
     @property
     def published_before_ms(self) -> int | None:
         return self.released_before_ms
-    horizon_ms: int = 0
-    """``watermark_delay + allowed_lateness + size``: how far behind the latest window end
-    a window is dropped (``job._on_time``'s Spark watermark, which no longer runs)."""
 
     def _unreleased(self) -> pa.Table | None:
         if self.table is None or self.released_before_ms is None:

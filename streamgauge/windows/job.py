@@ -377,7 +377,6 @@ def plain_lane_rows(source: DataFrame, window: WindowSpec) -> DataFrame:
     """The on-time partials of counters and gauges, each with its window: the stream of a
     lane that keeps no Spark state (``adds_in_driver``). Each micro-batch is merged per
     window by ``plain_batch_windows`` and added to the job's holding (``AddingBatchWriter``)."""
-    assert window.size_ms is not None
     return (
         assign_windows(source, window)
         .where(metric_filter(window.metrics) & ~F.col("late"))

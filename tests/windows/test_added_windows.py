@@ -64,6 +64,13 @@ def _values(table: pa.Table | None) -> dict[tuple[str, int], tuple[int, float | 
     }  # fmt: skip
 
 
+def _writer(store: ResultStore, checkpoint: Path, spool: Path) -> AddingBatchWriter:
+    """The writer of ``CONFIG``'s counters (a new one: a restarted job's)."""
+    config = parse_config(CONFIG, "test")
+    return AddingBatchWriter(config, config.windows[0], store, checkpoint, ManualClock(T0),
+                             spool=spool)  # fmt: skip
+
+
 def test_only_counter_and_gauge_lanes_without_early_rows_add_in_the_driver() -> None:
     for sets, early, adds in (("separate", "", True), ("with_timers", "", True),
                               ("native", "", False), ("separate", ", early_every: 2s", False)):
@@ -130,15 +137,10 @@ def test_the_snapshot_keeps_the_published_mark(clean_store: str, tmp_path: Path)
     """The stored holding keeps its published windows and the mark (``released_before_ms``):
     ``window_held_rows`` shows the held ones only, and a restarted writer adds a straggler
     to the whole published window."""
-    config = parse_config(CONFIG, "test")
     spool, checkpoint = _release_setup(tmp_path, first_batch_upto_s=10)
     store = ResultStore(clean_store)
     try:
-        def writer() -> AddingBatchWriter:
-            return AddingBatchWriter(config, config.windows[0], store, checkpoint,
-                                     ManualClock(T0), spool=spool.path)  # fmt: skip
-
-        first = writer()
+        first = _writer(store, checkpoint, spool.path)
         first._commit(_sums(("c1", "c", 0, 9, 9.0, None, 8_500)), 0)  # W = 9 s: held
         first._commit(_sums(("c1", "c", 0, 1, 1.0, None, 9_500),
                              ("c1", "c", 10, 1, 1.0, None, 10_500)), 1)  # W = 10 s  # fmt: skip
@@ -148,7 +150,7 @@ def test_the_snapshot_keeps_the_published_mark(clean_store: str, tmp_path: Path)
         assert run_sql(clean_store, "select windows, samples, released_before_ms - %s"
                        " from window_held", [T0])[1] == [(1, 1, 10_000)]  # fmt: skip
 
-        restarted = writer()
+        restarted = _writer(store, checkpoint, spool.path)
         holding = restarted._holding()
         assert isinstance(holding, AddedWindows)
         assert _values(holding.table) == {("c1", 0): (10, 10.0, 1.0), ("c1", 10): (1, 1.0, 1.0)}
@@ -162,19 +164,14 @@ def test_a_replayed_batch_adds_nothing_twice(clean_store: str, tmp_path: Path) -
     """Batch 1 committed, then the process died before Spark logged it: Spark runs it again
     in a new process, whose writer loads the holding that has its sums. The store refuses
     the batch, the writer reads the stored holding again, and batch 2 adds to that."""
-    config = parse_config(CONFIG, "test")
     spool, checkpoint = _release_setup(tmp_path, first_batch_upto_s=5)
     store = ResultStore(clean_store)
     try:
-        def writer() -> AddingBatchWriter:
-            return AddingBatchWriter(config, config.windows[0], store, checkpoint,
-                                     ManualClock(T0), spool=spool.path)  # fmt: skip
-
         batch_1 = _sums(("c1", "c", 0, 6, 6.0, None, 9_500), ("c1", "c", 10, 1, 1.0, None, 10_500))
-        first = writer()
+        first = _writer(store, checkpoint, spool.path)
         first._commit(_sums(("c1", "c", 0, 4, 4.0, None, 4_500)), 0)
         first._commit(batch_1, 1)
-        restarted = writer()
+        restarted = _writer(store, checkpoint, spool.path)
         restarted._commit(batch_1, 1)  # replayed
         _log_offsets(checkpoint, {2: {"udp-0": (10, 11_000)}})
         restarted._commit(_sums(("c1", "c", 10, 1, 1.0, None, 10_900)), 2)
@@ -190,18 +187,15 @@ def test_a_new_checkpoint_forgets_the_holding_it_adds_again(
 ) -> None:
     """A new checkpoint reads the log from its start and adds every sum again: the writer
     forgets the stored holding (``start_checkpoint(forget_held=True)``) before reading it."""
-    config = parse_config(CONFIG, "test")
     spool, checkpoint = _release_setup(tmp_path, first_batch_upto_s=5)
     store = ResultStore(clean_store)
     try:
-        first = AddingBatchWriter(config, config.windows[0], store, checkpoint, ManualClock(T0),
-                                  spool=spool.path)  # fmt: skip
+        first = _writer(store, checkpoint, spool.path)
         first._commit(_sums(("c1", "c", 0, 4, 4.0, None, 4_500)), 0)
         assert run_sql(clean_store, "select count(*) from window_held")[1] == [(1,)]
         fresh, _ = _release_setup(tmp_path / "again", first_batch_upto_s=5)
         new_checkpoint = tmp_path / "again" / "cp"
-        rebuilt = AddingBatchWriter(config, config.windows[0], store, new_checkpoint,
-                                    ManualClock(T0), spool=fresh.path)  # fmt: skip
+        rebuilt = _writer(store, new_checkpoint, fresh.path)
         assert rebuilt._holding().num_windows == 0
         assert run_sql(clean_store, "select count(*) from window_held")[1] == [(0,)]
         rebuilt._commit(_sums(("c1", "c", 0, 4, 4.0, None, 4_500)), 0)
