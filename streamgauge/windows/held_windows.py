@@ -205,22 +205,15 @@ class AddedWindows(HeldWindows):
 
     @property
     def num_windows(self) -> int:
-        unreleased = self._unreleased()
-        return 0 if unreleased is None else unreleased.num_rows
+        return HeldWindows(self._unreleased()).num_windows
 
     @property
     def samples(self) -> int:
-        unreleased = self._unreleased()
-        if unreleased is None or unreleased.num_rows == 0:
-            return 0
-        return int(pc.sum(unreleased.column("count")).as_py() or 0)
+        return HeldWindows(self._unreleased()).samples
 
     @property
     def earliest_end_ms(self) -> int | None:
-        unreleased = self._unreleased()
-        if unreleased is None or unreleased.num_rows == 0:
-            return None
-        return int(pc.min(unreleased.column("window_end_ms")).as_py())
+        return HeldWindows(self._unreleased()).earliest_end_ms
 
     def _dropped_through(self) -> int | None:
         """Published windows ending at or before this are dropped (None: none): Spark's
@@ -242,9 +235,9 @@ class AddedWindows(HeldWindows):
         assert self.table is not None
         return older.filter(pc.invert(_is_in(older, self.table)))
 
-    def merged(self, changed: pa.Table) -> AddedWindows:
+    def merged(self, changed: pa.Table, dropped: pa.Table | None = None) -> AddedWindows:
         """The holding with ``changed``'s sums added (one row per window; ``dropped`` left
-        out).
+        out: ``self.dropped(changed)``, computed here unless the caller has it).
 
         Only the held windows of the ends ``changed`` has are merged (a batch brings one or
         two ends; the holding has two or three per series), and rows are sorted by event
@@ -252,7 +245,8 @@ class AddedWindows(HeldWindows):
         """
         if changed.num_rows == 0:
             return self
-        dropped = self.dropped(changed)
+        if dropped is None:
+            dropped = self.dropped(changed)
         kept = changed.filter(pc.invert(_is_in(changed, dropped))) if dropped.num_rows else changed
         if self.table is None or self.table.num_rows == 0:
             return replace(self, table=kept.combine_chunks())

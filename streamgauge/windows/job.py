@@ -377,12 +377,8 @@ def plain_lane_rows(source: DataFrame, window: WindowSpec) -> DataFrame:
     """The on-time partials of counters and gauges, each with its window: the stream of a
     lane that keeps no Spark state (``adds_in_driver``). Each micro-batch is merged per
     window by ``plain_batch_windows`` and added to the job's holding (``AddingBatchWriter``)."""
-    return (
-        assign_windows(source, window)
-        .where(metric_filter(window.metrics) & ~F.col("late"))
-        .where(F.col("metric_type").isin(list(LANE_TYPES["plain"])))
-        .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
-    )
+    on_time = _on_time_rows(source, window)
+    return on_time.where(F.col("metric_type").isin(list(LANE_TYPES["plain"])))
 
 
 def plain_batch_windows(batch: DataFrame) -> DataFrame:
@@ -407,14 +403,21 @@ def set_lane_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
     return aggregate_windows(sets)
 
 
-def _on_time(source: DataFrame, window: WindowSpec) -> DataFrame:
-    assert window.size_ms is not None
-    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + window.size_ms
+def _on_time_rows(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """The window's on-time partials, each with its window and ``window_end_ts``."""
     return (
         assign_windows(source, window)
         .where(metric_filter(window.metrics) & ~F.col("late"))
         .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
-        .withWatermark("window_end_ts", f"{horizon_ms} milliseconds")
+    )
+
+
+def _on_time(source: DataFrame, window: WindowSpec) -> DataFrame:
+    """``_on_time_rows`` under Spark's watermark, for a lane that keeps Spark state."""
+    assert window.size_ms is not None
+    horizon_ms = window.watermark_delay_ms + window.allowed_lateness_ms + window.size_ms
+    return _on_time_rows(source, window).withWatermark(
+        "window_end_ts", f"{horizon_ms} milliseconds"
     )
 
 
@@ -1288,7 +1291,7 @@ class AddingBatchWriter(HoldingBatchWriter):
                 self._name, pc.sum(dropped.column("count")).as_py(), dropped.num_rows,
                 holding.horizon_ms,
             )  # fmt: skip
-        merged = holding.merged(changed)
+        merged = holding.merged(changed, dropped)
         again = merged.published_again(changed)
         released, after = merged.release(watermark_ms)
         if released is None or (changed.num_rows == 0 and released.num_rows == 0):
