@@ -991,6 +991,14 @@ class WindowBatchWriter:
         )
         rows = result_rows(publish) if pane_batch is None else RESULT_SCHEMA.empty_table()
         rows, fresh = self._split_fresh(rows)
+        closed_rows, holding, closed_through_ms = self._closed_by_log(batch_id, holding)
+        if closed_rows is not None:
+            # Past the batch's watermark, so offered as fresh whatever was published before:
+            # the upsert would keep them pending, and a fresh insert a stored window refuses
+            # takes the upsert into window_results (``ResultStore._insert_fresh``).
+            fresh = closed_rows if fresh is None else pa.concat_tables(
+                [fresh, closed_rows.select(fresh.column_names)], promote_options="default"
+            )
         finalizations = []
         state: dict[tuple[str, str], int] = {}
         if watermark_ms is not None:
@@ -1022,6 +1030,8 @@ class WindowBatchWriter:
         )  # fmt: skip
         if holding is not None:
             self._held = holding  # only now: a batch the store refused is run again
+        if closed_through_ms is not None:
+            watermark_ms = max(closed_through_ms, watermark_ms or closed_through_ms)
         self._committed(outcome, watermark_ms)
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
 
@@ -1038,7 +1048,16 @@ class WindowBatchWriter:
         return rows, None
 
     def _committed(self, outcome: BatchOutcome, watermark_ms: int | None) -> None:
-        """After the store took a batch committed under ``watermark_ms``."""
+        """After the store took a batch committed under ``watermark_ms`` (or a later one its
+        commit published windows up to: ``_closed_by_log``)."""
+
+    def _closed_by_log(
+        self, batch_id: int, holding: HeldWindows | None
+    ) -> tuple[pa.Table | None, HeldWindows | None, int | None]:
+        """Held windows the batch's commit publishes too, beyond its own watermark, as result
+        rows; the holding without them; and the watermark they are published under (None,
+        holding, None: none)."""
+        return None, holding, None
 
     def _held_after(
         self, changed: pa.Table, watermark_ms: int
@@ -1087,6 +1106,48 @@ class HoldingBatchWriter(WindowBatchWriter):
         with self._lock:
             super()._commit(changed, batch_id, **lanes)
             self._applied_batch_id = batch_id
+
+    def _closed_by_log(
+        self, batch_id: int, holding: HeldWindows | None
+    ) -> tuple[pa.Table | None, HeldWindows | None, int | None]:
+        """The held windows the log closes already, published by this batch's commit if no
+        row of a batch to come can change them: ``release_before_next_batch``'s rule, in the
+        batch's own transaction.
+
+        Why: the segment that closes a window often lands while the batch bringing the next
+        window's first pane commits. ``release_before_next_batch`` then waits for the lock
+        and for that commit (at 100k series ~0.35 s: its holding has both windows), and only
+        then writes the windows (~0.7 s). Published here, they go out with that commit, and
+        its holding is written without them. Timeline, as in ``release_before_next_batch``::
+
+            segments   [8 s, 9 s)  [9 s, 10 s)  [10 s, 11 s) hb 11 s: W' = 10 s
+            batch k    ... takes [9 s, 10 s) ... | commit: [0 s, 10 s) published in it
+
+        Same revision as the watcher's (the batch that takes the closing segment, the next
+        one), so a replay publishes the same rows. A replay the store refuses
+        (``already_committed``) loads the stored holding again (``_committed``).
+        """
+        if self._spool is None or holding is None:
+            return None, holding, None
+        earliest_end_ms = holding.earliest_end_ms
+        if earliest_end_ms is None:
+            return None, holding, None
+        taken = self._offsets_of(batch_id)
+        offered = admitted_offset(self._spool, {"receivers": taken})["receivers"]
+        if offered == taken or self._before_watermark(earliest_end_ms, offered):
+            return None, holding, None
+        watermark_ms = self._peek_watermark_ms(offered)
+        assert watermark_ms is not None
+        floor_ms = event_floor_ms(self._spool, taken, offered)
+        if floor_ms is None or tumbling_end_ms(self._window, floor_ms) <= watermark_ms:
+            return None, holding, None  # a row to come may change one: its batch publishes it
+        released, after = holding.release(watermark_ms)
+        if released is None or released.num_rows == 0:
+            return None, holding, None
+        rows = self._result_rows(released, batch_id + 1, watermark_ms, self._clock.now_ms())
+        log.debug("%s batch %d: %d windows the log closes published with it", self._name,
+                  batch_id, released.num_rows)  # fmt: skip
+        return rows, after, watermark_ms
 
     def _release_ahead(self, batch_id: int) -> None:
         """Publish the held windows the batch's watermark passes before Spark runs the batch,
@@ -1233,6 +1294,10 @@ class HoldingBatchWriter(WindowBatchWriter):
         return rows.filter(pc.invert(is_fresh)), rows.filter(is_fresh)
 
     def _committed(self, outcome: BatchOutcome, watermark_ms: int | None) -> None:
+        if outcome.already_committed:
+            # The stored holding is the batch's as first committed: sums already added
+            # (``AddingBatchWriter``), windows already published (``_closed_by_log``).
+            self._held = None
         if watermark_ms is None:
             return
         # Rows stored beyond the watermark (a replay, an older checkpoint's) are not offered
@@ -1300,10 +1365,6 @@ class AddingBatchWriter(HoldingBatchWriter):
             released = pa.concat_tables([again, released])
         return released, after
 
-    def _committed(self, outcome: BatchOutcome, watermark_ms: int | None) -> None:
-        if outcome.already_committed:
-            self._held = None  # its sums are in the stored holding already: read it again
-        super()._committed(outcome, watermark_ms)
 
 
 class PaneBatchWriter(WindowBatchWriter):

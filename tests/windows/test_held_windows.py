@@ -282,13 +282,18 @@ def test_the_event_floor_of_a_batch_comes_from_its_segments_footers(tmp_path: Pa
     assert batch_event_floor_ms(spool.path, checkpoint, 3) == T0 + 5_000
 
 
+def _write_segments(spool: Spool, beats_s: range) -> None:
+    for beat_s in beats_s:
+        spool.segment("udp-0", beat_s, {"c1": 1.0})
+
+
 def _release_setup(tmp_path: Path, first_batch_upto_s: int) -> tuple[Spool, Path]:
     """Counter c1 in every pane 0..10 s of udp-0 (segment n has heartbeat n + 1 s); batch 0
     admits the segments up to heartbeat ``first_batch_upto_s``, batch 1 the rest (heartbeat
-    11 s: W = 10 s, 10 s windows [0 s, 10 s) close)."""
+    11 s: W = 10 s, 10 s windows [0 s, 10 s) close). Only batch 0's segments are in the log
+    yet (``_write_segments`` the rest once it committed: see ``_closed_by_log``)."""
     spool = Spool(tmp_path / "spool")
-    for beat_s in range(1, 12):
-        spool.segment("udp-0", beat_s, {"c1": 1.0})
+    _write_segments(spool, range(1, first_batch_upto_s + 1))
     checkpoint = tmp_path / "cp"
     _log_offsets(checkpoint, {0: {"udp-0": (first_batch_upto_s - 1, first_batch_upto_s * 1000)},
                               1: {"udp-0": (10, 11_000)}})  # fmt: skip
@@ -321,6 +326,7 @@ def test_a_batch_with_no_row_in_the_windows_it_closes_publishes_them_before_spar
         first = writer()
         first._commit(_windows(("c1", "{}", 0, 10, 10.0)), 0)  # W = 9 s: held
         assert run_sql(clean_store, _STORED, [T0])[1] == []
+        _write_segments(spool, range(11, 12))
         first._release_ahead(1)
         revision = first.revision(1)
         assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, revision, False)]
@@ -350,6 +356,7 @@ def test_a_batch_with_a_row_in_a_window_it_closes_publishes_it_after_spark(
         writer = HoldingBatchWriter(config, config.windows[0], store, checkpoint,
                                     ManualClock(T0), spool=spool.path)  # fmt: skip
         writer._commit(_windows(("c1", "{}", 0, 9, 9.0)), 0)
+        _write_segments(spool, range(10, 12))
         writer._release_ahead(1)
         assert run_sql(clean_store, _STORED, [T0])[1] == []
         writer._commit(_windows(("c1", "{}", 0, 10, 10.0), ("c1", "{}", 10, 1, 1.0)), 1)
@@ -360,20 +367,25 @@ def test_a_batch_with_a_row_in_a_window_it_closes_publishes_it_after_spark(
 
 
 def _watcher_setup(
-    clean_store: str, tmp_path: Path, delay_s: int, applied_upto_s: int
+    clean_store: str, tmp_path: Path, delay_s: int, applied_upto_s: int,
+    before_commit: bool = False,
 ) -> tuple[Path, HoldingBatchWriter]:
     """Counter c1 in panes 0..11 s of udp-0 (segment n: pane n s, heartbeat n + 1 s) and a
-    writer that committed batch 0, the segments up to heartbeat ``applied_upto_s``."""
+    writer that committed batch 0, the segments up to heartbeat ``applied_upto_s``; the rest
+    reach the log after that commit (``before_commit``: before it, so the commit sees them)."""
     config = parse_config(CONFIG.replace("watermark_delay: 1s", f"watermark_delay: {delay_s}s"),
                           "test")  # fmt: skip
     spool = Spool(tmp_path / "spool")
-    for beat_s in range(1, 13):
-        spool.segment("udp-0", beat_s, {"c1": 1.0})
+    _write_segments(spool, range(1, applied_upto_s + 1))
+    if before_commit:
+        _write_segments(spool, range(applied_upto_s + 1, 13))
     checkpoint = tmp_path / "cp"
     _log_offsets(checkpoint, {0: {"udp-0": (applied_upto_s - 1, applied_upto_s * 1000)}})
     writer = HoldingBatchWriter(config, config.windows[0], ResultStore(clean_store), checkpoint,
                                 ManualClock(T0), spool=spool.path)  # fmt: skip
     writer._commit(_windows(("c1", "{}", 0, min(applied_upto_s, 10), 10.0)), 0)
+    if not before_commit:
+        _write_segments(spool, range(applied_upto_s + 1, 13))
     return checkpoint, writer
 
 
@@ -434,5 +446,52 @@ def test_nothing_is_published_early_when_a_batch_to_come_or_the_running_one_clos
         _log_offsets(checkpoint, {1: {"udp-0": (11, 12_000)}})  # W = 11 s: it closes [0, 10)
         assert writer.release_before_next_batch() == 0
         assert run_sql(clean_store, _STORED, [T0])[1] == []
+    finally:
+        writer._store.close()
+
+
+def test_a_batchs_commit_publishes_the_windows_the_log_already_closes(
+    clean_store: str, tmp_path: Path
+) -> None:
+    """Batch 0 took panes up to 9 s (W = 9 s); by its commit the log holds [10 s, 11 s) and
+    [11 s, 12 s), which close [0 s, 10 s) (W' = 11 s) and have no row in it. The commit
+    publishes the window itself, at batch 1's revision (as the watcher would have: the same
+    on a replay), final (W' is its end plus the lateness), and stores the holding without
+    it. Spark replaying batch 0 after a crash: the store refuses it, and the restarted
+    writer loads that holding, so nothing is published twice or lost."""
+    checkpoint, writer = _watcher_setup(clean_store, tmp_path, delay_s=1, applied_upto_s=10,
+                                        before_commit=True)  # fmt: skip
+    try:
+        published = [("c1", 0, 10, writer.revision(1), True)]
+        assert run_sql(clean_store, _STORED, [T0])[1] == published
+        assert run_sql(clean_store, "select windows from window_held")[1] == [(0,)]
+        assert writer.release_before_next_batch() == 0
+
+        replayed = HoldingBatchWriter(writer._config, writer._window, writer._store, checkpoint,
+                                      ManualClock(T0), spool=tmp_path / "spool")  # fmt: skip
+        replayed._commit(_windows(("c1", "{}", 0, 10, 10.0)), 0)  # refused: committed
+        assert replayed._holding().num_windows == 0
+        _log_offsets(checkpoint, {1: {"udp-0": (11, 12_000)}})
+        replayed._release_ahead(1)
+        replayed._commit(_windows(("c1", "{}", 10, 2, 2.0)), 1)
+        assert run_sql(clean_store, _STORED, [T0])[1] == published
+        _, held = run_sql(clean_store, "select metric, count from window_held_rows")
+        assert held == [("c1", 2)]
+    finally:
+        writer._store.close()
+
+
+def test_a_batchs_commit_leaves_a_window_the_log_closes_when_a_row_to_come_is_in_it(
+    clean_store: str, tmp_path: Path
+) -> None:
+    """Batch 0 took panes up to 8 s; the log holds [9 s, 10 s), a row in [0 s, 10 s), and
+    the segments closing it. The commit publishes nothing: the batch that takes that row
+    publishes the window with it."""
+    _, writer = _watcher_setup(clean_store, tmp_path, delay_s=1, applied_upto_s=9,
+                               before_commit=True)  # fmt: skip
+    try:
+        assert run_sql(clean_store, _STORED, [T0])[1] == []
+        _, held = run_sql(clean_store, "select metric, count from window_held_rows")
+        assert held == [("c1", 9)]
     finally:
         writer._store.close()
