@@ -112,7 +112,7 @@ from streamgauge.configs import parse_config
 from streamgauge.ingest.log import SEGMENT_SCHEMA, Heartbeat, SegmentWriter
 from streamgauge.ingest.pane_sketches import PaneSketches
 from streamgauge.sinks.embedded import EmbeddedPostgres
-from streamgauge.sinks.store import ResultStore, run_sql
+from streamgauge.sinks.store import PreparedRelease, ResultStore, run_sql
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.windows.job import JobPaths, start_window_queries
 from streamgauge.windows.session import build_spark_session
@@ -138,6 +138,30 @@ class TimedStore(ResultStore):
 
     def publish_released(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         return self._timed(TimedStore.releases, super().publish_released, *args, **kwargs)
+
+    def prepare_release(self, query_name, *, lock_name=None):  # type: ignore[no-untyped-def]
+        return TimedPreparedRelease(self._url, query_name, lock_name or query_name)
+
+
+class TimedPreparedRelease(PreparedRelease):
+    """A prepared release timing its copy and its commit (``--trace``: ``copy`` and
+    ``prepared``)."""
+
+    copies: list[tuple[int, float, str]] = []
+    commits: list[tuple[int, float, str]] = []
+
+    def copy(self, results):  # type: ignore[no-untyped-def]
+        return TimedStore._timed(TimedPreparedRelease.copies, self._named(super().copy),
+                                 self.query_name, results)  # fmt: skip
+
+    def commit(self, **kwargs):  # type: ignore[no-untyped-def]
+        return TimedStore._timed(TimedPreparedRelease.commits, self._named(super().commit),
+                                 self.query_name, **kwargs)  # fmt: skip
+
+    @staticmethod
+    def _named(call):  # type: ignore[no-untyped-def]
+        """``call`` after the query's name, which ``TimedStore._timed`` records."""
+        return lambda _name, *args, **kwargs: call(*args, **kwargs)
 
 
 class TimedToArrow:
@@ -335,8 +359,9 @@ def freshness(
 def print_trace(writer: Writer, first_seen: dict[int, int], delay_ms: int, lane: str) -> None:
     """Per measured window, what happened from 2.5 s before its closing segment was written
     to its row becoming visible, in ms from that segment: segments written (``seg``), the
-    lane's Spark jobs (``spark``: ``toArrow``), its batch commits (``commit``) and the
-    publications ahead of a batch (``publish``), each as start+duration."""
+    lane's Spark jobs (``spark``: ``toArrow``), its batch commits (``commit``), the
+    publications ahead of a batch (``publish``), and the prepared releases' copies
+    (``copy``) and commits (``prepared``), each as start+duration."""
     for end, seen in sorted(first_seen.items()):
         passed = [wall for beat, wall in writer.heartbeats if beat - delay_ms >= end]
         if not passed or passed[0] < writer.measured_from_ms:
@@ -355,6 +380,10 @@ def print_trace(writer: Writer, first_seen: dict[int, int], delay_ms: int, lane:
         events += [(wall, f"publish {wall - t0:+d}+{dur * 1000:.0f}")
                    for wall, dur, query in TimedStore.releases
                    if query == lane and near(wall)]  # fmt: skip
+        events += [(wall, f"{what} {wall - t0:+d}+{dur * 1000:.0f}")
+                   for what, calls in (("copy", TimedPreparedRelease.copies),
+                                       ("prepared", TimedPreparedRelease.commits))
+                   for wall, dur, query in calls if query == lane and near(wall)]  # fmt: skip
         print(f"window ending {end}: visible {seen - t0:+d} ms: "
               + ", ".join(text for _, text in sorted(events)))
 

@@ -82,7 +82,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,7 @@ from streamgauge.sinks.store import (
     HeldSnapshot,
     LateRowsReread,
     PaneBatch,
+    PreparedRelease,
     ResultStore,
 )
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
@@ -995,9 +996,10 @@ class WindowBatchWriter:
         # Looked for last, after the snapshot (~0.1 s at 100k windows): a closing segment
         # often lands while the batch builds it.
         closed_rows, holding, closed_through_ms = self._closed_by_log(batch_id, holding)
-        if closed_rows is not None:
+        if closed_through_ms is not None:
             assert holding is not None
             held = self._snapshot(holding)
+        if closed_rows is not None:
             # Past the batch's watermark, so offered as fresh whatever was published before:
             # the upsert would keep them pending, and a fresh insert a stored window refuses
             # takes the upsert into window_results (``ResultStore._insert_fresh``).
@@ -1059,8 +1061,8 @@ class WindowBatchWriter:
         self, batch_id: int, holding: HeldWindows | None
     ) -> tuple[pa.Table | None, HeldWindows | None, int | None]:
         """Held windows the batch's commit publishes too, beyond its own watermark, as result
-        rows; the holding without them; and the watermark they are published under (None,
-        holding, None: none)."""
+        rows (None: none, or published already); the holding without them; and the watermark
+        they are published under (None, holding, None: none)."""
         return None, holding, None
 
     def _held_after(
@@ -1076,6 +1078,26 @@ class WindowBatchWriter:
         result_rows: Callable[[pa.Table], pa.Table],
     ) -> PaneBatch:
         raise NotImplementedError(f"{type(self).__name__} keeps no panes")
+
+
+@dataclass
+class _Preparing:
+    """Held windows in a ``PreparedRelease`` (``HoldingBatchWriter.prepare_next_release``)."""
+
+    end_ms: int
+    """They end here: the holding's earliest end."""
+    batch_id: int
+    """Their rows carry this batch's revision."""
+    windows: int
+    release: PreparedRelease
+    copied: bool = False
+    """The copy is done (until then, only ``cancel`` may touch its connection)."""
+    dropped: bool = False
+    """To roll back: its windows are published another way, or a batch changed one."""
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    """Guards ``copied`` and ``dropped``, never held while waiting on PostgreSQL: the
+    thread that copies decides under it alone (not the writer's lock, which a batch may
+    hold while its own write waits for this transaction) whether to keep the copy."""
 
 
 class HoldingBatchWriter(WindowBatchWriter):
@@ -1095,6 +1117,8 @@ class HoldingBatchWriter(WindowBatchWriter):
     _applied_batch_id: int | None = None
     """The last batch committed in this process (None: none yet): the holding is as it left
     it."""
+    _preparing: _Preparing | None = None
+    """The held windows being copied, or copied, into a prepared release (None: none)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -1108,6 +1132,12 @@ class HoldingBatchWriter(WindowBatchWriter):
 
     def _commit(self, changed: pa.Table, batch_id: int, **lanes: Any) -> None:
         with self._lock:
+            preparing = self._preparing
+            if preparing is not None and (
+                (changed.num_rows and pc.min(changed["window_end_ms"]).as_py() <= preparing.end_ms)
+                or not self._before_watermark(preparing.end_ms, self._offsets_of(batch_id))
+            ):  # a row of the batch is in one of its windows, or the batch publishes them
+                self._drop_prepared()
             super()._commit(changed, batch_id, **lanes)
             self._applied_batch_id = batch_id
 
@@ -1148,6 +1178,8 @@ class HoldingBatchWriter(WindowBatchWriter):
         released, after = holding.release(watermark_ms)
         if released is None or released.num_rows == 0:
             return None, holding, None
+        if self._commit_prepared(released, after, watermark_ms, batch_id + 1):
+            return None, after, watermark_ms
         rows = self._result_rows(released, batch_id + 1, watermark_ms, self._clock.now_ms())
         log.debug("%s batch %d: %d windows the log closes published with it", self._name,
                   batch_id, released.num_rows)  # fmt: skip
@@ -1272,6 +1304,9 @@ class HoldingBatchWriter(WindowBatchWriter):
             return 0  # a row to come may change a window it releases: Spark first
         released, holding = self._holding().release(watermark_ms)
         assert released is not None
+        if self._commit_prepared(released, holding, watermark_ms, batch_id):
+            self._held = holding
+            return int(released.num_rows)
         rows, fresh = self._split_fresh(
             self._result_rows(released, batch_id, watermark_ms, self._clock.now_ms())
         )
@@ -1282,6 +1317,141 @@ class HoldingBatchWriter(WindowBatchWriter):
         )  # fmt: skip
         self._held = holding
         return published
+
+    def between_batches(self) -> int:
+        """What ``ReleaseWatcher`` calls a few times a second: publish the windows the log
+        closes (``release_before_next_batch``), or else prepare the next ones
+        (``prepare_next_release``). The windows published."""
+        published = self.release_before_next_batch()
+        if published == 0:
+            self.prepare_next_release()
+        return published
+
+    def prepare_next_release(self) -> bool:
+        """Copy the held windows that close next into a ``PreparedRelease`` once the log
+        shows no row to come in them, before the segment that closes them arrives; whether
+        it did.
+
+        Why: that copy (~0.65 s at 100k series) was most of a window's freshness, and the
+        windows' values are known a second or so before the watermark passes their end:
+        their last pane is in, and the log's next segments start after them. Timeline, 10 s
+        windows, delay 1 s, segments written a fraction into their pane (``bench/windows.py``)::
+
+            segments  [9 s, 10 s) hb 9.3 s | [10 s, 11 s) hb 10.3 s | [11 s, 11.3 s) hb 11.3 s
+            batches   ... k-1 takes it ....|... k takes it ...........| k+1
+                                           ^ copied here, uncommitted  ^ W' = 10.3 s:
+                                                                         committed (~1 ms)
+
+        The rows carry the revision of the batch after the running one: the one expected to
+        take the closing segment, whose revision ``release_before_next_batch`` (or
+        ``_release_ahead``) would give them. Whichever path publishes the windows commits the
+        copy if it publishes exactly those windows at that revision, provisional
+        (``_commit_prepared``); otherwise, or if a batch brings a row in one of them
+        (``_commit``), it is rolled back and the windows take the usual path.
+
+        The copy runs without the writer's lock: batches commit meanwhile. None of them
+        writes those windows' rows while it runs (a batch that would is the one that drops
+        it, which cancels the copy first), so none waits for its uncommitted rows.
+        """
+        if self._spool is None:
+            return False
+        with self._lock:
+            if self._preparing is not None or self._applied_batch_id is None:
+                return False
+            applied_id = self._applied_batch_id
+            holding = self._holding()
+            end_ms = holding.earliest_end_ms
+            running_id = applied_id + 1
+            if end_ms is None or not (self._checkpoint / "offsets" / str(running_id)).exists():
+                return False  # nothing held, or the batch to take the closing segment unknown
+            if not self._before_watermark(end_ms, self._offsets_of(running_id)):
+                return False  # the running batch closes them
+            applied = self._offsets_of(applied_id)
+            offered = admitted_offset(self._spool, {"receivers": applied})["receivers"]
+            if not self._before_watermark(end_ms, offered):
+                return False  # closed already: release_before_next_batch's
+            floor_ms = event_floor_ms(self._spool, applied, offered)
+            if floor_ms is None or tumbling_end_ms(self._window, floor_ms) <= end_ms:
+                return False  # a row in one of them may come
+            windows = holding.release(end_ms)[0]
+            if windows is None or windows.num_rows == 0:
+                return False
+            batch_id = running_id + 1
+            rows = self._result_rows(windows, batch_id, None, self._clock.now_ms())
+            preparing = _Preparing(
+                end_ms, batch_id, windows.num_rows,
+                self._store.prepare_release(
+                    self._name, lock_name=query_name(self._config, self._window)),
+            )  # fmt: skip
+            self._preparing = preparing
+        try:
+            preparing.release.copy(rows)  # rolled back if it raises
+        except Exception as exc:  # a window stored already, cancelled, the store down
+            log.debug("%s: no prepared release: %s", self._name, exc)
+            with self._lock:
+                if self._preparing is preparing:
+                    self._preparing = None
+            return False
+        with preparing.guard:
+            dropped = preparing.dropped
+            preparing.copied = not dropped
+        if dropped:
+            preparing.release.abort()  # dropped while it copied
+            return False
+        log.debug("%s: %d windows ending %d prepared at batch %d's revision", self._name,
+                  preparing.windows, end_ms, batch_id)  # fmt: skip
+        return True
+
+    def _commit_prepared(
+        self, released: pa.Table, holding: HeldWindows, watermark_ms: int, batch_id: int
+    ) -> bool:
+        """Publish ``released`` (at ``batch_id``'s revision, under ``watermark_ms``; the
+        holding left is ``holding``) by committing the prepared release, if it has exactly
+        those rows; whether it did. Any other preparation is dropped: its windows are about
+        to be published another way."""
+        preparing = self._preparing
+        if preparing is None:
+            return False
+        with preparing.guard:
+            copied = preparing.copied
+        matches = (
+            copied and preparing.batch_id == batch_id
+            and released.num_rows == preparing.windows
+            and pc.max(released["window_end_ms"]).as_py() == preparing.end_ms
+            and preparing.end_ms + self._window.allowed_lateness_ms > watermark_ms
+        )  # fmt: skip
+        if not matches:
+            self._drop_prepared()
+            return False
+        self._preparing = None
+        try:
+            preparing.release.commit(
+                released_before_ms=watermark_ms, windows=holding.num_windows,
+                samples=holding.samples,
+            )  # fmt: skip
+        except Exception as exc:  # the usual path publishes them (a no-op if this committed)
+            log.warning("%s: the prepared release failed (%s); publishing the windows again",
+                        self._name, exc)  # fmt: skip
+            return False
+        return True
+
+    def _drop_prepared(self) -> None:
+        """Roll the preparation back (cancel its copy if it runs)."""
+        preparing, self._preparing = self._preparing, None
+        if preparing is None:
+            return
+        with preparing.guard:
+            preparing.dropped = True
+            copied = preparing.copied
+        if copied:
+            preparing.release.abort()
+        else:
+            preparing.release.cancel()  # the copying thread rolls back and closes
+
+    def abort_prepared(self) -> None:
+        """Roll back a prepared release (the query stopped)."""
+        with self._lock:
+            self._drop_prepared()
 
     def _holding(self) -> HeldWindows:
         """The open windows held after the last committed batch (read once from the store)."""
@@ -1733,7 +1903,8 @@ def _watched(
     windows the log closes between its batches (``release_before_next_batch``)."""
     if trigger_interval is not None and isinstance(writer, HoldingBatchWriter):
         ReleaseWatcher(
-            query.name, writer.release_before_next_batch, lambda: bool(query.isActive)
+            query.name, writer.between_batches, lambda: bool(query.isActive),
+            on_stop=writer.abort_prepared,
         ).start()
     return query
 

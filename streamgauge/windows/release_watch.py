@@ -36,7 +36,11 @@ class ReleaseWatcher:
         release: Callable[[], int],
         is_active: Callable[[], bool],
         interval_s: float = POLL_INTERVAL_S,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
+        """``on_stop``: called once the query is found stopped (a prepared release rolled
+        back)."""
+        self._on_stop = on_stop
         self._name = name
         self._release = release
         self._is_active = is_active
@@ -56,6 +60,13 @@ class ReleaseWatcher:
             return False
 
     def _run(self) -> None:
+        try:
+            self._poll()
+        finally:
+            if self._on_stop is not None:
+                self._on_stop()
+
+    def _poll(self) -> None:
         failed_before = False
         while True:
             time.sleep(self._interval_s)
