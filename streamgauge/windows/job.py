@@ -1080,6 +1080,11 @@ class WindowBatchWriter:
         raise NotImplementedError(f"{type(self).__name__} keeps no panes")
 
 
+_PREPARED_COPY_WAIT_S = 5.0
+"""The longest a publication waits for its windows' copy still under way (~0.65 s at 100k
+series here); past it, the copy is cancelled and the windows written as usual."""
+
+
 @dataclass
 class _Preparing:
     """Held windows in a ``PreparedRelease`` (``HoldingBatchWriter.prepare_next_release``)."""
@@ -1098,6 +1103,8 @@ class _Preparing:
     """Guards ``copied`` and ``dropped``, never held while waiting on PostgreSQL: the
     thread that copies decides under it alone (not the writer's lock, which a batch may
     hold while its own write waits for this transaction) whether to keep the copy."""
+    done: threading.Event = field(default_factory=threading.Event)
+    """Set once the copy is kept or rolled back."""
 
 
 class HoldingBatchWriter(WindowBatchWriter):
@@ -1387,6 +1394,7 @@ class HoldingBatchWriter(WindowBatchWriter):
         try:
             preparing.release.copy(rows)  # rolled back if it raises
         except Exception as exc:  # a window stored already, cancelled, the store down
+            preparing.done.set()
             log.debug("%s: no prepared release: %s", self._name, exc)
             with self._lock:
                 if self._preparing is preparing:
@@ -1397,6 +1405,8 @@ class HoldingBatchWriter(WindowBatchWriter):
             preparing.copied = not dropped
         if dropped:
             preparing.release.abort()  # dropped while it copied
+        preparing.done.set()
+        if dropped:
             return False
         log.debug("%s: %d windows ending %d prepared at batch %d's revision", self._name,
                   preparing.windows, end_ms, batch_id)  # fmt: skip
@@ -1412,6 +1422,10 @@ class HoldingBatchWriter(WindowBatchWriter):
         preparing = self._preparing
         if preparing is None:
             return False
+        if preparing.batch_id == batch_id:
+            # Still copying (the closing segment came early): the copy ends sooner than a
+            # write of its own would. Its thread needs no lock of ours to finish.
+            preparing.done.wait(_PREPARED_COPY_WAIT_S)
         with preparing.guard:
             copied = preparing.copied
         matches = (
@@ -1421,6 +1435,13 @@ class HoldingBatchWriter(WindowBatchWriter):
             and preparing.end_ms + self._window.allowed_lateness_ms > watermark_ms
         )  # fmt: skip
         if not matches:
+            log.debug(
+                "%s: prepared release of %d windows ending %d at batch %d's revision (copied:"
+                " %s) dropped: %d windows ending up to %d published at batch %d's, watermark"
+                " %d", self._name, preparing.windows, preparing.end_ms, preparing.batch_id,
+                copied, released.num_rows, pc.max(released["window_end_ms"]).as_py(), batch_id,
+                watermark_ms,
+            )  # fmt: skip
             self._drop_prepared()
             return False
         self._preparing = None
