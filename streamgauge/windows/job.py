@@ -1166,7 +1166,9 @@ class HoldingBatchWriter(WindowBatchWriter):
 
         Same revision as the watcher's (the batch that takes the closing segment, the next
         one), so a replay publishes the same rows. A replay the store refuses
-        (``already_committed``) loads the stored holding again (``_committed``).
+        (``already_committed``) loads the stored holding again (``_committed``). Windows
+        copied ahead (``prepare_next_release``) are committed instead, before the batch's
+        own transaction.
         """
         if self._spool is None or holding is None:
             return None, holding, None

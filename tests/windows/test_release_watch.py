@@ -62,3 +62,24 @@ def test_a_failure_after_the_query_stopped_ends_it_quietly(
         assert ended.wait(5)
         watcher._thread.join(5)
     assert not caplog.records
+
+
+def test_once_the_query_stopped_it_calls_on_stop_once() -> None:
+    """``on_stop`` (the writer's ``abort_prepared``) runs once the thread finds the query
+    stopped: a prepared release must not outlive its query."""
+    calls: list[str] = []
+    stopped = threading.Event()
+
+    def release() -> int:
+        calls.append("release")
+        return 0
+
+    def on_stop() -> None:
+        calls.append("stop")
+        stopped.set()
+
+    watcher = ReleaseWatcher("q", release, lambda: len(calls) < 3, interval_s=0.01,
+                             on_stop=on_stop).start()  # fmt: skip
+    assert stopped.wait(5)
+    watcher._thread.join(5)
+    assert calls == ["release", "release", "release", "stop"]
