@@ -1065,6 +1065,18 @@ def _is_transient(exc: BaseException) -> bool:
     return True
 
 
+def _late_samples_params(table: pa.Table) -> dict[str, Any]:
+    """``_LATE_SAMPLES_ON_FRESH``'s parameters for windows first stored from ``table``
+    (with rows): their configs and windows, and the span of their ends."""
+    windows = table.group_by(["config_name", "window_name"]).aggregate([])
+    ends = pc.min_max(table["window_end_ms"])
+    return {
+        "configs": windows["config_name"].to_pylist(),
+        "windows": windows["window_name"].to_pylist(),
+        "first_end_ms": ends["min"].as_py(), "last_end_ms": ends["max"].as_py(),
+    }  # fmt: skip
+
+
 class PreparedRelease:
     """Held windows copied into ``window_results`` by a transaction left open
     (``ResultStore.prepare_release``): no reader sees them until ``commit``, which makes them
@@ -1084,10 +1096,12 @@ class PreparedRelease:
 
     def __init__(self, url: str, query_name: str, lock_name: str) -> None:
         self.query_name = query_name
+        self._url = url
         self._lock_name = lock_name
-        self._conn = psycopg.connect(
-            url, connect_timeout=10, application_name="streamgauge prepared release"
-        )
+        #: Opened by ``copy`` (not here: the writer creates this under its lock, and a
+        #: connection is a TCP connect and an authentication).
+        self._conn: psycopg.Connection[Any] | None = None
+        self._cancelled = False
         self.rows = 0
         self._late_params: dict[str, Any] = {}
 
@@ -1097,18 +1111,17 @@ class PreparedRelease:
         was cancelled or the store is down: the transaction is then rolled back."""
         table = _with_hll_registers(_conform(results))
         try:
+            self._conn = psycopg.connect(
+                self._url, connect_timeout=10, application_name="streamgauge prepared release"
+            )
+            if self._cancelled:  # while it connected: no query to cancel then
+                raise pgerrors.QueryCanceled("the prepared release was cancelled")
             with self._conn.cursor() as cur:
                 _copy_arrow(cur, "window_results", _as_window_results(table), _FRESH_ENCODERS)
         except BaseException:
             self.abort()
             raise
-        windows = table.group_by(["config_name", "window_name"]).aggregate([])
-        ends = pc.min_max(table["window_end_ms"])
-        self._late_params = {
-            "configs": windows["config_name"].to_pylist(),
-            "windows": windows["window_name"].to_pylist(),
-            "first_end_ms": ends["min"].as_py(), "last_end_ms": ends["max"].as_py(),
-        }  # fmt: skip
+        self._late_params = _late_samples_params(table)
         self.rows = table.num_rows
 
     def commit(self, *, released_before_ms: int, windows: int, samples: int) -> int:
@@ -1116,6 +1129,8 @@ class PreparedRelease:
         windows' ``late_events`` (late rows recorded since the copy) in the same transaction.
         The rows committed; raises ``psycopg.Error`` (the transaction rolled back, unless the
         COMMIT itself was cut off: a retry through ``publish_released`` is then a no-op)."""
+        if self._conn is None:
+            raise RuntimeError("commit of a prepared release that copied nothing")
         try:
             with self._conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (self._lock_name,))
@@ -1134,13 +1149,18 @@ class PreparedRelease:
 
     def cancel(self) -> None:
         """Stop a ``copy`` under way (another thread's): it raises and rolls back."""
-        with contextlib.suppress(psycopg.Error):
-            self._conn.cancel_safe()
+        self._cancelled = True
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.cancel_safe()
 
     def abort(self) -> None:
         """Roll back (if not committed) and close; idempotent."""
-        with contextlib.suppress(psycopg.Error):
-            self._conn.close()
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
 
 
 class ResultStore:
@@ -1383,8 +1403,8 @@ class ResultStore:
 
     def prepare_release(self, query_name: str, *, lock_name: str | None = None) -> PreparedRelease:
         """A ``PreparedRelease`` of ``query_name``'s windows, on a connection of its own
-        (nothing copied yet: ``copy`` them, then ``commit`` or ``abort``). Raises
-        ``psycopg.Error`` if the store is down."""
+        that its ``copy`` opens (nothing copied yet: ``copy`` them, then ``commit`` or
+        ``abort``)."""
         return PreparedRelease(self._url, query_name, lock_name or query_name)
 
     def commit_late_batch(
@@ -1687,14 +1707,7 @@ class ResultStore:
                 "the batch holds the same fresh window twice (same config_name, window_name, "
                 "metric, tags, window_start_ms, window_end_ms): emit one row per window"
             ) from exc
-        windows = table.group_by(["config_name", "window_name"]).aggregate([])
-        ends = pc.min_max(table["window_end_ms"])
-        cur.execute(
-            _LATE_SAMPLES_ON_FRESH,
-            {"configs": windows["config_name"].to_pylist(),
-             "windows": windows["window_name"].to_pylist(),
-             "first_end_ms": ends["min"].as_py(), "last_end_ms": ends["max"].as_py()},
-        )  # fmt: skip
+        cur.execute(_LATE_SAMPLES_ON_FRESH, _late_samples_params(table))
         return table.num_rows, None
 
     def _commit_panes(
