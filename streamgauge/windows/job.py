@@ -1107,6 +1107,35 @@ class _Preparing:
     """Set once the copy is kept or rolled back."""
 
 
+@dataclass(frozen=True)
+class _LogAhead:
+    """The segment log beyond the last batch committed in this process, from one listing
+    (``HoldingBatchWriter._look_ahead``): what the watcher's two rules read."""
+
+    end_ms: int
+    """The earliest end of a held window."""
+    applied: dict[str, dict[str, Any]]
+    """The offsets of the last batch committed in this process."""
+    planned: dict[str, dict[str, Any]]
+    """The offsets of the last batch Spark planned: the running one's, else ``applied``."""
+    running: bool
+    """Whether a batch is planned and not committed yet."""
+    next_id: int
+    """The first batch not planned yet."""
+    offered: dict[str, dict[str, Any]]
+    """What batch ``next_id`` would take were it planned now (``admitted_offset``)."""
+
+    def planned_after_listing(self) -> bool:
+        """Whether the running batch took a segment the listing missed."""
+        return any(int(p["seq"]) > int(self.offered.get(r, {"seq": -1})["seq"])
+                   for r, p in self.planned.items())  # fmt: skip
+
+    def unplanned(self) -> bool:
+        """Whether the log holds segments no planned batch took."""
+        return any(int(p["seq"]) > int(self.planned.get(r, {"seq": -1})["seq"])
+                   for r, p in self.offered.items())  # fmt: skip
+
+
 class HoldingBatchWriter(WindowBatchWriter):
     """``foreachBatch`` of a native lane with no ``early_every``: open windows are held here,
     not in ``window_pending`` (``held_windows``), and the store gets each window once the
@@ -1126,6 +1155,9 @@ class HoldingBatchWriter(WindowBatchWriter):
     it."""
     _preparing: _Preparing | None = None
     """The held windows being copied, or copied, into a prepared release (None: none)."""
+    _not_prepared: tuple[int, str] | None = None
+    """The end of the windows the watcher last found it could not copy ahead, and why
+    (logged once per end and reason)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -1143,7 +1175,9 @@ class HoldingBatchWriter(WindowBatchWriter):
             if preparing is not None and (
                 (changed.num_rows and pc.min(changed["window_end_ms"]).as_py() <= preparing.end_ms)
                 or not self._before_watermark(preparing.end_ms, self._offsets_of(batch_id))
-            ):  # a row of the batch is in one of its windows, or the batch publishes them
+                or batch_id >= preparing.batch_id
+            ):  # a row of the batch is in one of its windows, the batch publishes them, or
+                # the batch whose revision it has went by without publishing them
                 self._drop_prepared()
             super()._commit(changed, batch_id, **lanes)
             self._applied_batch_id = batch_id
@@ -1181,8 +1215,7 @@ class HoldingBatchWriter(WindowBatchWriter):
             return None, holding, None
         watermark_ms = self._peek_watermark_ms(offered)
         assert watermark_ms is not None
-        floor_ms = event_floor_ms(self._spool, taken, offered)
-        if floor_ms is None or tumbling_end_ms(self._window, floor_ms) <= watermark_ms:
+        if self._rows_may_come(event_floor_ms(self._spool, taken, offered), watermark_ms):
             return None, holding, None  # a row to come may change one: its batch publishes it
         released, after = holding.release(watermark_ms)
         if released is None or released.num_rows == 0:
@@ -1228,6 +1261,20 @@ class HoldingBatchWriter(WindowBatchWriter):
         if published:
             log.debug("%s batch %d: %d windows published ahead", self._name, batch_id, published)
 
+    def between_batches(self) -> int:
+        """What ``ReleaseWatcher`` calls a few times a second: publish the windows the log
+        closes (``release_before_next_batch``), or else prepare the next ones
+        (``prepare_next_release``), from one listing of the log. The windows published."""
+        if self._spool is None:
+            return 0
+        with self._lock:
+            ahead = self._look_ahead()
+            published = 0 if ahead is None else self._release_closed(ahead)
+            started = None if published or ahead is None else self._start_preparing(ahead)
+        if started is not None:
+            self._copy_prepared(*started)
+        return published
+
     def release_before_next_batch(self) -> int:
         """Publish the held windows the next batch's watermark will pass as soon as the
         segment that moves it is in the log, if no row of that batch or of the one running
@@ -1260,33 +1307,80 @@ class HoldingBatchWriter(WindowBatchWriter):
         if self._spool is None:
             return 0
         with self._lock:
-            applied_id = self._applied_batch_id
-            if applied_id is None:
-                return 0  # the holding's batch is not known until this process commits one
-            earliest_end_ms = self._holding().earliest_end_ms
-            if earliest_end_ms is None:
-                return 0
-            applied = self._offsets_of(applied_id)
-            # The log is listed before the running batch's offsets are looked for: a batch
-            # planned after the listing takes every segment in it.
-            offered = admitted_offset(self._spool, {"receivers": applied})["receivers"]
-            next_id, taken = applied_id + 1, applied
-            if (self._checkpoint / "offsets" / str(next_id)).exists():
-                taken = self._offsets_of(next_id)
-                if not self._before_watermark(earliest_end_ms, taken):
-                    return 0  # the running batch closes them (``_release_ahead``, ``_commit``)
-                next_id += 1
-            if any(int(p["seq"]) > int(offered.get(r, {"seq": -1})["seq"])
-                   for r, p in taken.items()):  # fmt: skip
-                return 0  # planned while the log was listed: the next call sees it all
-            if offered == taken or self._before_watermark(earliest_end_ms, offered):
-                return 0
-            watermark_ms = self._peek_watermark_ms(offered)
-            assert watermark_ms is not None
-            floor_ms = event_floor_ms(self._spool, applied, offered)
-            published = self._publish_ahead(watermark_ms, floor_ms, next_id)
+            ahead = self._look_ahead()
+            return 0 if ahead is None else self._release_closed(ahead)
+
+    def prepare_next_release(self) -> bool:
+        """Copy the held windows that close next into a ``PreparedRelease`` once the log
+        shows no row to come in them, before the segment that closes them arrives; whether
+        it did.
+
+        Why: that copy (~0.65 s at 100k series) was most of a window's freshness, and the
+        windows' values are known a second or so before the watermark passes their end:
+        their last pane is in, and the log's next segments start after them. Timeline, 10 s
+        windows, delay 1 s, segments written a fraction into their pane (``bench/windows.py``)::
+
+            segments  [9 s, 10 s) hb 9.3 s | [10 s, 11 s) hb 10.3 s | [11 s, 11.3 s) hb 11.3 s
+            batches   ... k-1 takes it ....|... k takes it ...........| k+1
+                                           ^ copied here, uncommitted  ^ W' = 10.3 s:
+                                                                         committed (~1 ms)
+
+        The rows carry the revision of the batch expected to take the closing segment,
+        which ``release_before_next_batch`` (or ``_release_ahead``) would give them: the
+        first batch not planned yet, or the one after it if the log holds segments no batch
+        took yet (``_start_preparing``). Whichever path publishes the windows commits the
+        copy if it publishes exactly those windows at that revision, provisional
+        (``_commit_prepared``); otherwise, or if a batch brings a row in one of them
+        (``_commit``), it is rolled back and the windows take the usual path. A guess found
+        too low (that batch is planned without the closing segment: more segments came
+        first, as a receiver rolling every 250 ms writes them) is rolled back then and the
+        windows copied again at a later batch's revision.
+
+        The copy runs without the writer's lock: batches commit meanwhile. None of them
+        writes those windows' rows while it runs (a batch that would is the one that drops
+        it, which cancels the copy first), so none waits for its uncommitted rows.
+        """
+        if self._spool is None:
+            return False
+        with self._lock:
+            ahead = self._look_ahead()
+            started = None if ahead is None else self._start_preparing(ahead)
+        return started is not None and self._copy_prepared(*started)
+
+    def _look_ahead(self) -> _LogAhead | None:
+        """The log beyond the last batch committed in this process, listed once (None: no
+        batch committed yet, so the holding's batch is unknown; or nothing held). Under the
+        writer's lock."""
+        assert self._spool is not None
+        applied_id = self._applied_batch_id
+        if applied_id is None:
+            return None
+        end_ms = self._holding().earliest_end_ms
+        if end_ms is None:
+            return None
+        applied = self._offsets_of(applied_id)
+        # The log is listed before the running batch's offsets are looked for: a batch
+        # planned after the listing takes every segment in it.
+        offered = admitted_offset(self._spool, {"receivers": applied})["receivers"]
+        running = (self._checkpoint / "offsets" / str(applied_id + 1)).exists()
+        planned = self._offsets_of(applied_id + 1) if running else applied
+        return _LogAhead(end_ms, applied, planned, running, applied_id + 1 + running, offered)
+
+    def _release_closed(self, ahead: _LogAhead) -> int:
+        """``release_before_next_batch`` on one listing; the windows published."""
+        if ahead.running and not self._before_watermark(ahead.end_ms, ahead.planned):
+            return 0  # the running batch closes them (``_release_ahead``, ``_commit``)
+        if ahead.planned_after_listing():
+            return 0  # the next call sees it all
+        if ahead.offered == ahead.planned or self._before_watermark(ahead.end_ms, ahead.offered):
+            return 0
+        watermark_ms = self._peek_watermark_ms(ahead.offered)
+        assert watermark_ms is not None and self._spool is not None
+        floor_ms = event_floor_ms(self._spool, ahead.applied, ahead.offered)
+        published = self._publish_ahead(watermark_ms, floor_ms, ahead.next_id)
         if published:
-            log.debug("%s: %d windows published before batch %d", self._name, published, next_id)
+            log.debug("%s: %d windows published before batch %d", self._name, published,
+                      ahead.next_id)  # fmt: skip
         return published
 
     def _peek_watermark_ms(self, receivers: dict[str, dict[str, Any]]) -> int | None:
@@ -1305,11 +1399,17 @@ class HoldingBatchWriter(WindowBatchWriter):
         watermark_ms = self._peek_watermark_ms(receivers)
         return watermark_ms is None or end_ms > watermark_ms
 
+    def _rows_may_come(self, floor_ms: int | None, through_ms: int) -> bool:
+        """Whether an event at or after ``floor_ms`` (None: any event) may fall in a window
+        ending at or before ``through_ms``: the log rule every publication ahead of Spark
+        checks (a batch's or the log's footers give the floor, ``event_floor_ms``)."""
+        return floor_ms is None or tumbling_end_ms(self._window, floor_ms) <= through_ms
+
     def _publish_ahead(self, watermark_ms: int, floor_ms: int | None, batch_id: int) -> int:
         """Publish the held windows ``watermark_ms`` passes at batch ``batch_id``'s revision,
         if no event at or after ``floor_ms`` (None: unknown) can fall in one of them; the
         windows published."""
-        if floor_ms is None or tumbling_end_ms(self._window, floor_ms) <= watermark_ms:
+        if self._rows_may_come(floor_ms, watermark_ms):
             return 0  # a row to come may change a window it releases: Spark first
         released, holding = self._holding().release(watermark_ms)
         assert released is not None
@@ -1327,72 +1427,61 @@ class HoldingBatchWriter(WindowBatchWriter):
         self._held = holding
         return published
 
-    def between_batches(self) -> int:
-        """What ``ReleaseWatcher`` calls a few times a second: publish the windows the log
-        closes (``release_before_next_batch``), or else prepare the next ones
-        (``prepare_next_release``). The windows published."""
-        published = self.release_before_next_batch()
-        if published == 0:
-            self.prepare_next_release()
-        return published
+    def _start_preparing(self, ahead: _LogAhead) -> tuple[_Preparing, pa.Table] | None:
+        """``prepare_next_release``'s decision on one listing, under the writer's lock: the
+        preparation to copy and its rows (None: none now; the reason is logged when it
+        changes)."""
+        preparing = self._preparing
+        if preparing is not None:
+            if preparing.batch_id >= ahead.next_id or not self._before_watermark(
+                preparing.end_ms, self._offsets_of(preparing.batch_id)
+            ):
+                return None  # copying, or copied and waiting for the segment that closes them
+            log.debug("%s: prepared release of %d windows ending %d dropped: batch %d was "
+                      "planned without the segment that closes them", self._name,
+                      preparing.windows, preparing.end_ms, preparing.batch_id)  # fmt: skip
+            self._drop_prepared()  # prepared again below at a later batch's revision
+        reason = self._not_preparable(ahead)
+        windows = None if reason else self._holding().release(ahead.end_ms)[0]
+        if windows is None or windows.num_rows == 0:
+            reason = reason or "no window ends there"
+            if self._not_prepared != (ahead.end_ms, reason):
+                log.debug("%s: windows ending %d not prepared yet: %s", self._name,
+                          ahead.end_ms, reason)  # fmt: skip
+            self._not_prepared = (ahead.end_ms, reason)
+            return None
+        self._not_prepared = None
+        # The batch expected to take the segment that closes them: the first not planned
+        # yet, or the one after it if the log holds segments no batch took (they are planned
+        # before that segment comes, unless it comes first: then the copy is rolled back).
+        batch_id = ahead.next_id + ahead.unplanned()
+        rows = self._result_rows(windows, batch_id, None, self._clock.now_ms())
+        preparing = _Preparing(
+            ahead.end_ms, batch_id, windows.num_rows,
+            self._store.prepare_release(
+                self._name, lock_name=query_name(self._config, self._window)),
+        )  # fmt: skip
+        self._preparing = preparing
+        return preparing, rows
 
-    def prepare_next_release(self) -> bool:
-        """Copy the held windows that close next into a ``PreparedRelease`` once the log
-        shows no row to come in them, before the segment that closes them arrives; whether
-        it did.
+    def _not_preparable(self, ahead: _LogAhead) -> str | None:
+        """Why the windows ending at ``ahead.end_ms`` cannot be copied ahead now (None: they
+        can)."""
+        if ahead.running and not self._before_watermark(ahead.end_ms, ahead.planned):
+            return "the running batch closes them"
+        if ahead.planned_after_listing():
+            return "a batch was planned while the log was listed"
+        if not self._before_watermark(ahead.end_ms, ahead.offered):
+            return "the log closes them already"  # ``_release_closed``'s
+        assert self._spool is not None
+        if self._rows_may_come(event_floor_ms(self._spool, ahead.applied, ahead.offered),
+                               ahead.end_ms):  # fmt: skip
+            return "a row in one of them may come"
+        return None
 
-        Why: that copy (~0.65 s at 100k series) was most of a window's freshness, and the
-        windows' values are known a second or so before the watermark passes their end:
-        their last pane is in, and the log's next segments start after them. Timeline, 10 s
-        windows, delay 1 s, segments written a fraction into their pane (``bench/windows.py``)::
-
-            segments  [9 s, 10 s) hb 9.3 s | [10 s, 11 s) hb 10.3 s | [11 s, 11.3 s) hb 11.3 s
-            batches   ... k-1 takes it ....|... k takes it ...........| k+1
-                                           ^ copied here, uncommitted  ^ W' = 10.3 s:
-                                                                         committed (~1 ms)
-
-        The rows carry the revision of the batch after the running one: the one expected to
-        take the closing segment, whose revision ``release_before_next_batch`` (or
-        ``_release_ahead``) would give them. Whichever path publishes the windows commits the
-        copy if it publishes exactly those windows at that revision, provisional
-        (``_commit_prepared``); otherwise, or if a batch brings a row in one of them
-        (``_commit``), it is rolled back and the windows take the usual path.
-
-        The copy runs without the writer's lock: batches commit meanwhile. None of them
-        writes those windows' rows while it runs (a batch that would is the one that drops
-        it, which cancels the copy first), so none waits for its uncommitted rows.
-        """
-        if self._spool is None:
-            return False
-        with self._lock:
-            if self._preparing is not None or self._applied_batch_id is None:
-                return False
-            applied_id = self._applied_batch_id
-            holding = self._holding()
-            end_ms = holding.earliest_end_ms
-            running_id = applied_id + 1
-            if end_ms is None or not (self._checkpoint / "offsets" / str(running_id)).exists():
-                return False  # nothing held, or the batch to take the closing segment unknown
-            if not self._before_watermark(end_ms, self._offsets_of(running_id)):
-                return False  # the running batch closes them
-            applied = self._offsets_of(applied_id)
-            offered = admitted_offset(self._spool, {"receivers": applied})["receivers"]
-            if not self._before_watermark(end_ms, offered):
-                return False  # closed already: release_before_next_batch's
-            floor_ms = event_floor_ms(self._spool, applied, offered)
-            if floor_ms is None or tumbling_end_ms(self._window, floor_ms) <= end_ms:
-                return False  # a row in one of them may come
-            windows = holding.release(end_ms)[0]
-            if windows is None or windows.num_rows == 0:
-                return False
-            batch_id = running_id + 1
-            rows = self._result_rows(windows, batch_id, None, self._clock.now_ms())
-            preparing = _Preparing(
-                end_ms, batch_id, windows.num_rows,
-                self._store.prepare_release(
-                    self._name, lock_name=query_name(self._config, self._window)),
-            )  # fmt: skip
-            self._preparing = preparing
+    def _copy_prepared(self, preparing: _Preparing, rows: pa.Table) -> bool:
+        """Copy ``rows`` into ``preparing``'s release, outside the writer's lock; whether the
+        copy is kept (dropped meanwhile, or failed: rolled back)."""
         try:
             preparing.release.copy(rows)  # rolled back if it raises
         except Exception as exc:  # a window stored already, cancelled, the store down
@@ -1411,7 +1500,7 @@ class HoldingBatchWriter(WindowBatchWriter):
         if dropped:
             return False
         log.debug("%s: %d windows ending %d prepared at batch %d's revision", self._name,
-                  preparing.windows, end_ms, batch_id)  # fmt: skip
+                  preparing.windows, preparing.end_ms, preparing.batch_id)  # fmt: skip
         return True
 
     def _commit_prepared(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from streamgauge.clock import ManualClock
@@ -44,7 +45,7 @@ def _prepared_setup(
     writer = HoldingBatchWriter(config, config.windows[0], ResultStore(clean_store), checkpoint,
                                 ManualClock(T0), spool=spool.path)  # fmt: skip
     writer._commit(_windows(("c1", "{}", 0, 10, 10.0)), 0)
-    assert writer.prepare_next_release() is False  # no batch running: its revision unknown
+    assert writer.prepare_next_release() is False  # no segment past it yet: rows may come
     _write_segments(spool, range(11, 12))
     _log_offsets(checkpoint, {1: {"udp-0": (10, 11_000)}})
     assert writer.between_batches() == 0  # nothing closes yet
@@ -134,8 +135,9 @@ def test_a_copy_at_another_batchs_revision_is_rolled_back(
     clean_store: str, tmp_path: Path, writers: list[HoldingBatchWriter]
 ) -> None:
     """Delay 3 s: batch 2 runs and commits before the closing segment arrives, so batch 3
-    takes it. The copy carries batch 2's revision: it is rolled back and the windows are
-    published the usual way, at batch 3's, as without a copy."""
+    takes it. The copy carries batch 2's revision: batch 2's commit rolls it back (the
+    watcher did not look while it ran) and the windows are published the usual way, at
+    batch 3's, as without a copy."""
     checkpoint, spool, writer = _prepared_setup(clean_store, tmp_path, delay_s=3)
     writers.append(writer)
     writer._commit(_windows(("c1", "{}", 10, 1, 1.0)), 1)
@@ -166,3 +168,73 @@ def test_a_stopped_query_rolls_its_copy_back(
     restarted._release_ahead(1)
     restarted._commit(_windows(("c1", "{}", 10, 1, 1.0)), 1)  # Spark runs batch 1 again
     assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, restarted.revision(2), True)]
+
+
+def test_a_copy_whose_batch_is_planned_without_the_closing_segment_is_copied_again(
+    clean_store: str, tmp_path: Path, writers: list[HoldingBatchWriter]
+) -> None:
+    """Delay 3 s: batch 2 is planned with [11 s, 12 s) only (W' = 9 s), so the copy's
+    revision (batch 2's) was guessed too low. The watcher rolls it back as soon as it sees
+    batch 2 planned and copies the window again at batch 3's revision, which batch 2's
+    commit keeps and the closing segment commits."""
+    checkpoint, spool, writer = _prepared_setup(clean_store, tmp_path, delay_s=3)
+    writers.append(writer)
+    writer._commit(_windows(("c1", "{}", 10, 1, 1.0)), 1)
+    _write_segments(spool, range(12, 13))
+    _log_offsets(checkpoint, {2: {"udp-0": (11, 12_000)}})
+    assert writer.between_batches() == 0
+    assert writer._preparing is not None
+    assert (writer._preparing.batch_id, writer._preparing.copied) == (3, True)
+    writer._release_ahead(2)
+    writer._commit(_windows(("c1", "{}", 11, 1, 1.0)), 2)
+    assert writer._preparing is not None and writer._preparing.batch_id == 3
+    assert run_sql(clean_store, _STORED, [T0])[1] == []
+    _write_segments(spool, range(13, 14))
+    assert writer.between_batches() == 1
+    assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, writer.revision(3), False)]
+    assert writer._preparing is None
+
+
+def test_with_no_batch_running_the_copy_carries_the_revision_of_the_batch_after_the_next(
+    clean_store: str, tmp_path: Path, writers: list[HoldingBatchWriter]
+) -> None:
+    """Batch 0 committed; [10 s, 11 s) is in the log and no batch is planned. Spark plans
+    batch 1 with that segment before the closing one comes, so the copy carries batch 2's
+    revision, and the closing segment commits it."""
+    config = parse_config(CONFIG.replace("watermark_delay: 1s", "watermark_delay: 2s"), "test")
+    spool = Spool(tmp_path / "spool")
+    _write_segments(spool, range(1, 11))
+    checkpoint = tmp_path / "cp"
+    _log_offsets(checkpoint, {0: {"udp-0": (9, 10_000)}})
+    writer = HoldingBatchWriter(config, config.windows[0], ResultStore(clean_store), checkpoint,
+                                ManualClock(T0), spool=spool.path)  # fmt: skip
+    writers.append(writer)
+    writer._commit(_windows(("c1", "{}", 0, 10, 10.0)), 0)
+    _write_segments(spool, range(11, 12))
+    assert writer.between_batches() == 0
+    assert writer._preparing is not None
+    assert (writer._preparing.batch_id, writer._preparing.copied) == (2, True)
+    _log_offsets(checkpoint, {1: {"udp-0": (10, 11_000)}})
+    writer._release_ahead(1)
+    writer._commit(_windows(("c1", "{}", 10, 1, 1.0)), 1)
+    assert writer._preparing is not None
+    _write_segments(spool, range(12, 13))
+    assert writer.between_batches() == 1
+    assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, writer.revision(2), False)]
+    assert writer._preparing is None
+
+
+def test_a_release_cancelled_before_its_copy_connects_copies_nothing(
+    clean_store: str, tmp_path: Path, writers: list[HoldingBatchWriter]
+) -> None:
+    """``cancel`` before ``copy`` opened its connection (there is no query to cancel yet):
+    the copy raises once connected, and nothing is stored."""
+    _, _, writer = _prepared_setup(clean_store, tmp_path)
+    writers.append(writer)
+    release = writer._store.prepare_release(writer._name)
+    release.cancel()
+    rows = writer._result_rows(_windows(("c1", "{}", 10, 1, 1.0)), 2, None, T0)
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        release.copy(rows)
+    writer.abort_prepared()
+    assert run_sql(clean_store, "select count(*) from window_results")[1] == [(0,)]
