@@ -63,7 +63,8 @@ paths (e.g. hopping by pane merge vs. copied rows, run alternately) far more ste
         --hop 1s --type ms
 
 ``--trace``: per measured window, what happened around its closing (segments written,
-the lane's Spark jobs, its commits and the publications ahead of a batch, in ms from the
+the lane's Spark jobs, its commits, the publications ahead of a batch, and the writer's
+debug log of its copies ahead: why one was not started, dropped, prepared; in ms from the
 closing segment). ``--pg KEY=VALUE`` (repeatable): a server setting for the bench's own
 PostgreSQL cluster, to try one against its default::
 
@@ -86,6 +87,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import shutil
 import statistics
 import tempfile
@@ -162,6 +164,26 @@ class TimedPreparedRelease(PreparedRelease):
     def _named(call):  # type: ignore[no-untyped-def]
         """``call`` after the query's name, which ``TimedStore._timed`` records."""
         return lambda _name, *args, **kwargs: call(*args, **kwargs)
+
+
+class WriterLog(logging.Handler):
+    """The window writers' debug log (``--trace``): why a copy ahead was not started, and
+    when one was prepared or dropped, with the wall ms of each record."""
+
+    records: list[tuple[int, str]] = []
+
+    @classmethod
+    def install(cls) -> None:
+        job_log = logging.getLogger("streamgauge.windows.job")
+        job_log.setLevel(logging.DEBUG)
+        job_log.propagate = False  # the debug lines go to the trace, not to stderr
+        job_log.addHandler(cls())
+        warnings = logging.StreamHandler()
+        warnings.setLevel(logging.WARNING)
+        job_log.addHandler(warnings)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        WriterLog.records.append((int(record.created * 1000), record.getMessage()))
 
 
 class TimedToArrow:
@@ -384,6 +406,9 @@ def print_trace(writer: Writer, first_seen: dict[int, int], delay_ms: int, lane:
                    for what, calls in (("copy", TimedPreparedRelease.copies),
                                        ("prepared", TimedPreparedRelease.commits))
                    for wall, dur, query in calls if query == lane and near(wall)]  # fmt: skip
+        events += [(wall, f"[{wall - t0:+d} {message.removeprefix(lane + ': ')}]")
+                   for wall, message in WriterLog.records
+                   if message.startswith(lane + ":") and near(wall)]  # fmt: skip
         print(f"window ending {end}: visible {seen - t0:+d} ms: "
               + ", ".join(text for _, text in sorted(events)))
 
@@ -590,6 +615,8 @@ def main() -> None:
             key, _, value = setting.partition("=")
             conf[key] = value
         TimedToArrow.install()
+        if args.trace:
+            WriterLog.install()
         spark = build_spark_session(
             "local[2]", app_name="bench-windows", shuffle_partitions=args.shuffle_partitions,
             extra_conf=conf,
