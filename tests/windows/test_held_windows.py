@@ -389,6 +389,21 @@ def _watcher_setup(
     return checkpoint, writer
 
 
+def _batch_one_changes_nothing_published(
+    writer: HoldingBatchWriter, checkpoint: Path, store_url: str,
+    published: list[tuple[str, int, int, int, bool]],
+) -> None:
+    """Spark plans batch 1 with the segments up to heartbeat 12 s and runs it (a row in
+    [10 s, 11 s)): the published window stays as it is, and the holding keeps the new pane
+    only."""
+    _log_offsets(checkpoint, {1: {"udp-0": (11, 12_000)}})
+    writer._release_ahead(1)
+    writer._commit(_windows(("c1", "{}", 10, 2, 2.0)), 1)
+    assert run_sql(store_url, _STORED, [T0])[1] == published
+    _, held = run_sql(store_url, "select metric, count from window_held_rows")
+    assert held == [("c1", 2)]
+
+
 def test_windows_the_log_closes_are_published_before_the_batch_that_takes_it_is_planned(
     clean_store: str, tmp_path: Path
 ) -> None:
@@ -405,12 +420,7 @@ def test_windows_the_log_closes_are_published_before_the_batch_that_takes_it_is_
         assert run_sql(clean_store, "select windows from window_held")[1] == [(0,)]
         assert writer.release_before_next_batch() == 0  # nothing held is due
 
-        _log_offsets(checkpoint, {1: {"udp-0": (11, 12_000)}})  # Spark plans batch 1
-        writer._release_ahead(1)
-        writer._commit(_windows(("c1", "{}", 10, 2, 2.0)), 1)
-        assert run_sql(clean_store, _STORED, [T0])[1] == published
-        _, held = run_sql(clean_store, "select metric, count from window_held_rows")
-        assert held == [("c1", 2)]
+        _batch_one_changes_nothing_published(writer, checkpoint, clean_store, published)
     finally:
         writer._store.close()
 
@@ -471,12 +481,7 @@ def test_a_batchs_commit_publishes_the_windows_the_log_already_closes(
                                       ManualClock(T0), spool=tmp_path / "spool")  # fmt: skip
         replayed._commit(_windows(("c1", "{}", 0, 10, 10.0)), 0)  # refused: committed
         assert replayed._holding().num_windows == 0
-        _log_offsets(checkpoint, {1: {"udp-0": (11, 12_000)}})
-        replayed._release_ahead(1)
-        replayed._commit(_windows(("c1", "{}", 10, 2, 2.0)), 1)
-        assert run_sql(clean_store, _STORED, [T0])[1] == published
-        _, held = run_sql(clean_store, "select metric, count from window_held_rows")
-        assert held == [("c1", 2)]
+        _batch_one_changes_nothing_published(replayed, checkpoint, clean_store, published)
     finally:
         writer._store.close()
 
