@@ -1545,6 +1545,8 @@ class HoldingBatchWriter(WindowBatchWriter):
             log.warning("%s: the prepared release failed (%s); publishing the windows again",
                         self._name, exc)  # fmt: skip
             return False
+        log.debug("%s: %d windows ending %d published from their copy at batch %d's revision",
+                  self._name, preparing.windows, preparing.end_ms, batch_id)  # fmt: skip
         return True
 
     def _drop_prepared(self) -> None:
