@@ -408,7 +408,8 @@ def print_trace(writer: Writer, first_seen: dict[int, int], delay_ms: int, lane:
                    for wall, dur, query in calls if query == lane and near(wall)]  # fmt: skip
         events += [(wall, f"[{wall - t0:+d} {message.removeprefix(lane + ': ')}]")
                    for wall, message in WriterLog.records
-                   if message.startswith(lane + ":") and near(wall)]  # fmt: skip
+                   if message.startswith(lane + ":") and (near(wall) or f" {end} " in message)
+                   and wall <= seen]  # fmt: skip
         print(f"window ending {end}: visible {seen - t0:+d} ms: "
               + ", ".join(text for _, text in sorted(events)))
 

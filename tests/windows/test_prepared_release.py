@@ -31,11 +31,10 @@ from tests.windows.test_held_windows import (
 )
 
 
-def _prepared_setup(
-    clean_store: str, tmp_path: Path, delay_s: int = 2
+def _batch_zero_committed(
+    clean_store: str, tmp_path: Path, delay_s: int
 ) -> tuple[Path, Spool, HoldingBatchWriter]:
-    """Batch 0 committed panes 0..9 s of counter c1; batch 1 runs with [10 s, 11 s); the
-    writer has copied [0 s, 10 s) into a prepared release (at batch 2's revision)."""
+    """A writer that committed batch 0: panes 0..9 s of counter c1 (heartbeat 10 s)."""
     config = parse_config(CONFIG.replace("watermark_delay: 1s", f"watermark_delay: {delay_s}s"),
                           "test")  # fmt: skip
     spool = Spool(tmp_path / "spool")
@@ -45,6 +44,15 @@ def _prepared_setup(
     writer = HoldingBatchWriter(config, config.windows[0], ResultStore(clean_store), checkpoint,
                                 ManualClock(T0), spool=spool.path)  # fmt: skip
     writer._commit(_windows(("c1", "{}", 0, 10, 10.0)), 0)
+    return checkpoint, spool, writer
+
+
+def _prepared_setup(
+    clean_store: str, tmp_path: Path, delay_s: int = 2
+) -> tuple[Path, Spool, HoldingBatchWriter]:
+    """Batch 0 committed panes 0..9 s of counter c1; batch 1 runs with [10 s, 11 s); the
+    writer has copied [0 s, 10 s) into a prepared release (at batch 2's revision)."""
+    checkpoint, spool, writer = _batch_zero_committed(clean_store, tmp_path, delay_s)
     assert writer.prepare_next_release() is False  # no segment past it yet: rows may come
     _write_segments(spool, range(11, 12))
     _log_offsets(checkpoint, {1: {"udp-0": (10, 11_000)}})
@@ -170,6 +178,21 @@ def test_a_stopped_query_rolls_its_copy_back(
     assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, restarted.revision(2), True)]
 
 
+def _closing_segment_commits_the_copy(
+    writer: HoldingBatchWriter, spool: Spool, store_url: str, heartbeat_s: int, batch_id: int
+) -> None:
+    """The segment with heartbeat ``heartbeat_s`` closes [0 s, 10 s): the watcher commits
+    its copy, at batch ``batch_id``'s revision."""
+    preparing = writer._preparing
+    assert preparing is not None and preparing.copied
+    _write_segments(spool, range(heartbeat_s, heartbeat_s + 1))
+    assert writer.between_batches() == 1
+    assert writer._preparing is None and not preparing.dropped  # committed, not replaced
+    assert run_sql(store_url, _STORED, [T0])[1] == [
+        ("c1", 0, 10, writer.revision(batch_id), False)
+    ]
+
+
 def test_a_copy_whose_batch_is_planned_without_the_closing_segment_is_copied_again(
     clean_store: str, tmp_path: Path, writers: list[HoldingBatchWriter]
 ) -> None:
@@ -189,10 +212,7 @@ def test_a_copy_whose_batch_is_planned_without_the_closing_segment_is_copied_aga
     writer._commit(_windows(("c1", "{}", 11, 1, 1.0)), 2)
     assert writer._preparing is not None and writer._preparing.batch_id == 3
     assert run_sql(clean_store, _STORED, [T0])[1] == []
-    _write_segments(spool, range(13, 14))
-    assert writer.between_batches() == 1
-    assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, writer.revision(3), False)]
-    assert writer._preparing is None
+    _closing_segment_commits_the_copy(writer, spool, clean_store, heartbeat_s=13, batch_id=3)
 
 
 def test_with_no_batch_running_the_copy_carries_the_revision_of_the_batch_after_the_next(
@@ -201,15 +221,8 @@ def test_with_no_batch_running_the_copy_carries_the_revision_of_the_batch_after_
     """Batch 0 committed; [10 s, 11 s) is in the log and no batch is planned. Spark plans
     batch 1 with that segment before the closing one comes, so the copy carries batch 2's
     revision, and the closing segment commits it."""
-    config = parse_config(CONFIG.replace("watermark_delay: 1s", "watermark_delay: 2s"), "test")
-    spool = Spool(tmp_path / "spool")
-    _write_segments(spool, range(1, 11))
-    checkpoint = tmp_path / "cp"
-    _log_offsets(checkpoint, {0: {"udp-0": (9, 10_000)}})
-    writer = HoldingBatchWriter(config, config.windows[0], ResultStore(clean_store), checkpoint,
-                                ManualClock(T0), spool=spool.path)  # fmt: skip
+    checkpoint, spool, writer = _batch_zero_committed(clean_store, tmp_path, delay_s=2)
     writers.append(writer)
-    writer._commit(_windows(("c1", "{}", 0, 10, 10.0)), 0)
     _write_segments(spool, range(11, 12))
     assert writer.between_batches() == 0
     assert writer._preparing is not None
@@ -218,10 +231,7 @@ def test_with_no_batch_running_the_copy_carries_the_revision_of_the_batch_after_
     writer._release_ahead(1)
     writer._commit(_windows(("c1", "{}", 10, 1, 1.0)), 1)
     assert writer._preparing is not None
-    _write_segments(spool, range(12, 13))
-    assert writer.between_batches() == 1
-    assert run_sql(clean_store, _STORED, [T0])[1] == [("c1", 0, 10, writer.revision(2), False)]
-    assert writer._preparing is None
+    _closing_segment_commits_the_copy(writer, spool, clean_store, heartbeat_s=12, batch_id=2)
 
 
 def test_a_release_cancelled_before_its_copy_connects_copies_nothing(
