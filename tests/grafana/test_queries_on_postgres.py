@@ -298,6 +298,17 @@ def test_metric_variable_lists_the_windows_metrics(store_url: str, config: Pipel
     assert run(store_url, queries.metric_variable_sql(config), window="per_1m") == []
 
 
+def test_metric_variable_lists_only_metrics_with_windows_in_the_time_range(
+    store_url: str, config: PipelineConfig
+) -> None:
+    """Only api.latency has a window ending in [T + 21 s, T + 30 s] ([20 s, 30 s)); nothing
+    ends in [T + 40 s, T + 60 s]."""
+    assert run(store_url, queries.metric_variable_sql(config), seconds=(21, 30)) == [
+        ("api.latency",)
+    ]
+    assert run(store_url, queries.metric_variable_sql(config), seconds=(40, 60)) == []
+
+
 def test_corrections_annotation_marks_the_corrected_window_even_once_final(
     store_url: str, config: PipelineConfig
 ) -> None:
