@@ -1127,13 +1127,17 @@ class _LogAhead:
 
     def planned_after_listing(self) -> bool:
         """Whether the running batch took a segment the listing missed."""
-        return any(int(p["seq"]) > int(self.offered.get(r, {"seq": -1})["seq"])
-                   for r, p in self.planned.items())  # fmt: skip
+        return _past(self.planned, self.offered)
 
     def unplanned(self) -> bool:
         """Whether the log holds segments no planned batch took."""
-        return any(int(p["seq"]) > int(self.planned.get(r, {"seq": -1})["seq"])
-                   for r, p in self.offered.items())  # fmt: skip
+        return _past(self.offered, self.planned)
+
+
+def _past(receivers: dict[str, dict[str, Any]], than: dict[str, dict[str, Any]]) -> bool:
+    """Whether one receiver's position in ``receivers`` is past its position in ``than``."""
+    return any(int(p["seq"]) > int(than.get(r, {"seq": -1})["seq"])
+               for r, p in receivers.items())  # fmt: skip
 
 
 class HoldingBatchWriter(WindowBatchWriter):
@@ -1366,12 +1370,19 @@ class HoldingBatchWriter(WindowBatchWriter):
         planned = self._offsets_of(applied_id + 1) if running else applied
         return _LogAhead(end_ms, applied, planned, running, applied_id + 1 + running, offered)
 
+    def _unsettled(self, ahead: _LogAhead) -> str | None:
+        """Why neither watcher rule may act on ``ahead`` (None: they may): both open with
+        it."""
+        if ahead.running and not self._before_watermark(ahead.end_ms, ahead.planned):
+            return "the running batch closes them"  # ``_release_ahead``, ``_commit``
+        if ahead.planned_after_listing():
+            return "a batch was planned while the log was listed"  # the next call sees all
+        return None
+
     def _release_closed(self, ahead: _LogAhead) -> int:
         """``release_before_next_batch`` on one listing; the windows published."""
-        if ahead.running and not self._before_watermark(ahead.end_ms, ahead.planned):
-            return 0  # the running batch closes them (``_release_ahead``, ``_commit``)
-        if ahead.planned_after_listing():
-            return 0  # the next call sees it all
+        if self._unsettled(ahead) is not None:
+            return 0
         if ahead.offered == ahead.planned or self._before_watermark(ahead.end_ms, ahead.offered):
             return 0
         watermark_ms = self._peek_watermark_ms(ahead.offered)
@@ -1467,10 +1478,9 @@ class HoldingBatchWriter(WindowBatchWriter):
     def _not_preparable(self, ahead: _LogAhead) -> str | None:
         """Why the windows ending at ``ahead.end_ms`` cannot be copied ahead now (None: they
         can)."""
-        if ahead.running and not self._before_watermark(ahead.end_ms, ahead.planned):
-            return "the running batch closes them"
-        if ahead.planned_after_listing():
-            return "a batch was planned while the log was listed"
+        unsettled = self._unsettled(ahead)
+        if unsettled is not None:
+            return unsettled
         if not self._before_watermark(ahead.end_ms, ahead.offered):
             return "the log closes them already"  # ``_release_closed``'s
         assert self._spool is not None
