@@ -1,4 +1,4 @@
-"""Soak: `streamgauge run` under a steady load for minutes; memory, lag and exactness (issue #7).
+"""Soak: `streamgauge run` under a steady load for minutes; memory, lag and exactness.
 
     python bench/soak.py --minutes 10 --rate 20000 --series 100000 [--receivers 1]
                          [--types c] [--per-datagram 20] [--sample-every 10]
@@ -21,7 +21,7 @@ Every ``--sample-every`` seconds it records, from /proc and the store:
   and its backends: PSS summed, since every backend maps the same shared buffers);
 - segment lag per streaming query: the age of the oldest segment (by its heartbeat) the
   query has not committed, from its checkpoint, the maximum over the streams; and the
-  receivers' own ``segment_lag_ms`` self-metric (which follows the *furthest* query);
+  receivers' own ``segment_lag_ms`` self-metric (which follows the slowest query);
 - watermark lag per window (``pipeline_state``), micro-batches committed and rows written
   per query since the last sample (``sink_batches``).
 
@@ -317,7 +317,7 @@ def query_lags_ms(run: Run, now_ms: int) -> dict[str, int]:
 
 
 def _short(checkpoint_name: str) -> str:
-    """``w-<digest>.sketches-<digest>`` -> ``w.sketches``: the query's lane, not its digest."""
+    """``w-<digest>`` -> ``w``, ``w-<digest>.late`` -> ``w.late``: the query, not its digest."""
     parts = checkpoint_name.split(".")
     parts[0] = parts[0].rsplit("-", 1)[0]
     return ".".join(part.split("-", 1)[0] for part in parts)

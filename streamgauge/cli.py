@@ -629,8 +629,8 @@ SELECT w.config_name, w.window_name, w.value_ms AS watermark_ms,
        (extract(epoch from now()) * 1000)::bigint - w.value_ms AS watermark_lag_ms,
        (SELECT count(*) FROM window_results r
         WHERE (r.config_name, r.window_name) = (w.config_name, w.window_name)) AS windows_emitted,
-       -- window_pending's rows and the hopping windows still held as panes (window_panes),
-       -- as the view shows them: the one definition of which windows a pane is in
+       -- what the view shows as pending: window_pending's rows (and any the first design
+       -- left in window_panes or window_held); windows the job holds in memory are not there
        (SELECT count(*) FROM window_latest p
         WHERE (p.config_name, p.window_name) = (w.config_name, w.window_name)
           AND p.status = 'pending') AS windows_pending,

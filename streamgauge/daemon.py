@@ -26,6 +26,7 @@ from streamgauge.retention import QUOTA_HIGH_WATER, prune_spool
 from streamgauge.sinks.query_stores import QueryStores
 from streamgauge.sinks.store import ResultStore, RetryPolicy
 from streamgauge.windows.job import JobPaths, all_checkpoints, start_window_queries
+from streamgauge.windows.pane_writer import PaneWindowsWriter
 from streamgauge.windows.session import build_spark_session
 
 log = logging.getLogger("streamgauge")
@@ -74,10 +75,14 @@ class WindowJob:
 
         self._stores = QueryStores(url)
 
+        self._pane_writers: list[PaneWindowsWriter] = []
+
         def start() -> list[Any]:  # StreamingQuery
+            self._pane_writers.clear()
             return start_window_queries(
-                self.spark, config, paths, self._stores, clock, trigger_interval=trigger
-            )
+                self.spark, config, paths, self._stores, clock, trigger_interval=trigger,
+                pane_writers=self._pane_writers,
+            )  # fmt: skip
 
         self._start_queries = start
         self._restarts = RestartBudget(clock)
@@ -135,6 +140,13 @@ class WindowJob:
                 query.stop()
             except Exception as error:  # noqa: BLE001 - stop the other queries regardless
                 problems.append(f"{query.name}: {str(error).splitlines()[0]}")
+        if drain:
+            for writer in self._pane_writers:
+                try:
+                    parked = writer.park()
+                    log.info("%s: %d open windows parked in window_pending", writer.name, parked)
+                except Exception as error:  # noqa: BLE001 - the next start rebuilds them anyway
+                    problems.append(f"{writer.name}: parking open windows: {error}")
         self._stores.close_all()
         self.spark.stop()
         if problems:

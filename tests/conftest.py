@@ -77,7 +77,7 @@ def clean_store(postgres_url: str) -> str:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One SparkSession for the whole run: a cold start costs seconds (DESIGN.md §9)."""
+    """One SparkSession for the whole run: a cold start costs seconds."""
     session = build_spark_session("local[2]", app_name="streamgauge-tests", shuffle_partitions=2)
     yield session
     session.stop()

@@ -35,7 +35,6 @@ from streamgauge.configs.model import (
     DEFAULT_PANE_MS,
     NAME_MAX_LENGTH,
     QUANTILE_SKETCHES,
-    SETS_MERGES,
     SKETCH_KEYS,
     WINDOW_KINDS,
     AlertDraft,
@@ -44,7 +43,6 @@ from streamgauge.configs.model import (
     PipelineConfig,
     Problem,
     QuantileSketch,
-    SetsMerge,
     SketchTargets,
     WindowDraft,
     WindowKind,
@@ -144,7 +142,6 @@ _Number = Annotated[float | None, BeforeValidator(_number), BeforeValidator(_pre
 _Duration = Annotated[int | None, BeforeValidator(_duration), BeforeValidator(_present)]
 _Kind = Annotated[WindowKind | None, BeforeValidator(_present)]
 _Quantiles = Annotated[QuantileSketch | None, BeforeValidator(_present)]
-_Sets = Annotated[SetsMerge | None, BeforeValidator(_present)]
 _StrList = Annotated[list[str] | None, BeforeValidator(_present)]
 _StrMap = Annotated[dict[str, str] | None, BeforeValidator(_present)]
 
@@ -169,7 +166,6 @@ class _RawWindow(_Shape):
     group_by: _StrList = None
     quantiles: _Quantiles = None
     early_every: _Duration = None
-    sets: _Sets = None
 
 
 class _RawAlert(_Shape):
@@ -293,6 +289,13 @@ def _unknown_key_message(key: str, model: type[_Shape]) -> str:
             return f"unknown key; did you mean {guess}?"
         return f"unknown key; valid keys here: {', '.join(_ALERT_KEYS)}"
     valid = _WINDOW_KEYS if model is _RawWindow else _CONFIG_KEYS
+    if model is _RawWindow and key == "sets":
+        # ``sets: separate`` / ``with_timers`` chose where a window merged its sets' HLLs, a
+        # speed trade-off every metric type now makes the same way.
+        return (
+            "unknown key; sets: is no longer needed (every metric type takes one path): "
+            "remove it"
+        )
     if model is _RawWindow and key in _CONFIG_KEYS:
         return f"unknown key; {key} is set once for the whole config, at the top level"
     if model is _RawConfig and key in _WINDOW_KEYS:
@@ -328,8 +331,6 @@ def _shape_message(error: ErrorDetails, model: type[_Shape]) -> str:
         return _unknown_key_message(str(error["loc"][-1]), model)
     if kind == "invalid_key":
         return f"key {value!r} is not a name; keys are words like size or windows"
-    if kind == "literal_error" and error["loc"][:1] == ("sets",):
-        return _choice_message(value, SETS_MERGES, "value", fold_case=True)
     if kind == "literal_error" and error["loc"][:1] == ("quantiles",):
         return _choice_message(value, QUANTILE_SKETCHES, "quantile sketch", fold_case=True)
     if kind == "literal_error":
@@ -503,7 +504,6 @@ def _draft(raw: _RawWindow, holes: _Holes, given: frozenset[str]) -> WindowDraft
         group_by=_with_holes(raw.group_by, holes.get("group_by")),
         quantiles=raw.quantiles,
         early_every_ms=raw.early_every,
-        sets=raw.sets,
     )
 
 
@@ -523,7 +523,6 @@ def _spec(raw: _RawWindow) -> WindowSpec:
         "group_by": None if raw.group_by is None else tuple(raw.group_by),
         "quantiles": raw.quantiles,
         "early_every_ms": raw.early_every,
-        "sets": raw.sets,
     }
     return WindowSpec(**{k: v for k, v in values.items() if v is not None})
 

@@ -33,7 +33,6 @@ from streamgauge.sketches.accuracy import (
 
 WindowKind = Literal["tumbling", "hopping", "sliding", "session"]
 QuantileSketch = Literal["tdigest", "kll"]
-SetsMerge = Literal["native", "with_timers", "separate"]
 Aggregate = Literal[
     "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999", "distinct_count", "rate"
 ]  # fmt: skip
@@ -46,16 +45,13 @@ Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
 COMPARISONS: tuple[Comparison, ...] = (">=", "<=", "==", "!=", ">", "<")
 WINDOW_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping", "sliding", "session")
 #: How a window computes the percentiles of timers, histograms and distributions:
-#: ``tdigest`` (default): t-digest + HDR histogram in the sketch lane, p50..p999 and histogram
-#: rows; ``kll``: Spark's native KLL in the native lane, p50 and p90 only (see ``kll_problem``).
+#: ``tdigest`` (default): the panes' t-digests and HDR histograms merged per window, p50..p999
+#: and histogram rows; ``kll``: the panes' KLL sketches merged by Spark's native aggregation,
+#: p50 and p90 only (see ``kll_problem``).
 QUANTILE_SKETCHES: tuple[QuantileSketch, ...] = ("tdigest", "kll")
-#: Where a tumbling window merges its sets' HyperLogLogs: ``native`` (default): in Spark's own
-#: aggregation with counters and gauges (``hll_union_agg``); ``with_timers``: in the timers'
-#: Python operator, so counters and gauges aggregate without an HLL buffer each (see
-#: ``checkpoints.splits_sets``: faster counters, ~1 ms per set partial); ``separate``: in
-#: Spark's own aggregation, in a query of their own (``checkpoints.sets_query``).
-SETS_MERGES: tuple[SetsMerge, ...] = ("native", "with_timers", "separate")
-#: Window kinds that compute percentiles (sessions and sliding windows store none yet).
+#: Window kinds that take the ``quantiles:`` key. Sessions and sliding windows compute
+#: percentiles too, always from t-digests and HDR histograms (``windows.window_sketches``), so
+#: for them the key would choose nothing.
 QUANTILE_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping")
 #: What a ``quantiles: kll`` window stores no value for: KLL's rank error is the same at every
 #: quantile (±1.33 % at k 200), so its "p99" may be anywhere between p97.7 and p100.
@@ -169,7 +165,6 @@ class WindowDraft:
     group_by: Sequence[str | None] | None = None
     quantiles: QuantileSketch | None = None
     early_every_ms: int | None = None
-    sets: SetsMerge | None = None
 
 
 def _not_allowed(key: str, kind: WindowKind) -> str:
@@ -288,26 +283,6 @@ def window_problems(draft: WindowDraft, pane_ms: int | None) -> list[Problem]:
                 "nothing; remove it",
             )
         )
-
-    if draft.sets in ("with_timers", "separate") and kind is not None:
-        whole = kind == "tumbling" or (
-            kind == "hopping" and draft.hop_ms is not None and draft.hop_ms == draft.size_ms
-        )
-        if not whole:
-            problems.append(
-                (
-                    ("sets",),
-                    f"tumbling windows only: a {kind} window merges its sets "
-                    + ("by panes" if kind == "hopping" else "in its own operator already"),
-                )
-            )
-        elif draft.quantiles == "kll":
-            problems.append(
-                (
-                    ("sets",),
-                    "a quantiles: kll window runs one query, which merges every type",
-                )
-            )
 
     if draft.metrics is not None:
         if not draft.metrics:
@@ -857,19 +832,12 @@ class WindowSpec:
     early_every_ms: int | None = None
     """Publish the open window's running value every this much watermark progress (event
     time) before its end; None: first emission when the watermark passes the end."""
-    sets: SetsMerge = "native"
-    """Where the window merges its sets' HLLs (``SETS_MERGES``)."""
 
     def __post_init__(self) -> None:
         if self.quantiles not in QUANTILE_SKETCHES:
             raise ValueError(
                 f"invalid window {self.name!r}: quantiles: {self.quantiles!r} is not one of "
                 f"{', '.join(QUANTILE_SKETCHES)}"
-            )
-        if self.sets not in SETS_MERGES:
-            raise ValueError(
-                f"invalid window {self.name!r}: sets: {self.sets!r} is not one of "
-                f"{', '.join(SETS_MERGES)}"
             )
         if self.kind not in WINDOW_KINDS:
             raise ValueError(
@@ -903,8 +871,6 @@ class WindowSpec:
             given.add("quantiles")
         if self.early_every_ms is not None:
             given.add("early_every")
-        if self.sets != "native":
-            given.add("sets")
         return WindowDraft(
             given=frozenset(given),
             name=self.name,
@@ -920,7 +886,6 @@ class WindowSpec:
             group_by=self.group_by,
             quantiles=self.quantiles,
             early_every_ms=self.early_every_ms,
-            sets=self.sets,
         )
 
     @property
@@ -959,8 +924,6 @@ class WindowSpec:
             out["quantiles"] = self.quantiles
         if self.early_every_ms is not None:
             out["early_every"] = format_duration_ms(self.early_every_ms)
-        if self.kind == "tumbling":
-            out["sets"] = self.sets
         return out
 
 

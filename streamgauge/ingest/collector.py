@@ -2,18 +2,18 @@
 
 A receiver reads its sockets on read-ahead threads (``read_ahead.py``) so that the
 kernel's socket buffer is drained while the receive loop parses. Those threads needed the GIL
-around every ``recvmmsg`` (the compiled reader, since session 12, does not; the loop that
-empties its ring does), so two things held them off for longer than the socket buffer lasts
+around every ``recvmmsg`` (the compiled reader does not; the loop that empties its ring
+does), so two things held them off for longer than the socket buffer lasts
 (an 8 MiB buffer holds ~10k small datagrams, ~50 ms at 200k datagrams/s, since the kernel
 charges ~830 bytes a datagram):
 
 - **Full collections.** Start-up leaves ~117k objects the collector tracks (most of them
   numba's compiler state) and the first 10k series add ~60k more. CPython runs a full
   collection whenever the objects promoted since the last one exceed a quarter of the
-  long-lived ones, which happens over and over while series arrive: 90–135 ms each, with the
-  GIL held. ``bench/ingest.py`` saw two of them in the first 300 ms of every measured send.
-  Freezing start-up's objects alone made it worse (session 7, reverted): with the long-lived
-  count near zero, the quarter rule fired far more often. So the receiver freezes what
+  long-lived ones, which happens over and over while series arrive: each one holds the GIL
+  for longer than the socket buffer lasts, and ``bench/ingest.py`` saw them early in every
+  measured send. Freezing start-up's objects alone makes it worse: with the long-lived count
+  near zero, the quarter rule fires far more often. So the receiver freezes what
   start-up made *and* takes full collections off the automatic schedule; it runs one itself
   every ``FULL_COLLECTION_EVERY_MS``, after a roll, over the live state only (the young
   generations are still collected automatically: those pauses are a few ms).
@@ -22,11 +22,9 @@ charges ~830 bytes a datagram):
   waited that long after each system call, so it read at most ~256 datagrams (one
   ``recvmmsg``) every ~5–20 ms. ``SWITCH_INTERVAL_S`` = 0.5 ms lets it in ten times sooner.
 
-Measured (``bench/ingest.py --repeat 3 --seconds 2 --receivers 1``, before and after
-alternated twice; README, Benchmarks, "The garbage collector"): at 1 line per datagram the
-highest lossless rate rose from 200k (lost 1.5 % at 250k) to at least 300k lines/s, past a
-plain Python ``recvfrom`` loop; at 20 lines per datagram, 2.4M now loses nothing in every run
-and 2.8M nothing in most (it lost ~1 % before).
+Both together raise the highest loss-free rate at 1 and at 20 lines per datagram
+(``bench/ingest.py --repeat 3 --seconds 2 --receivers 1``, before and after alternated;
+current figures in ``docs/performance.md``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Writing raw samples would make the log and Spark carry every datagram; combining per
 (series, event-time pane) first makes both proportional to the number of active series
-instead (DESIGN.md §3: "combine early, write small").
+instead: the job's load grows with active series, not with lines (``docs/concepts.md``,
+"Panes and partials").
 
 Partial per (metric, type, tags, pane):
 

@@ -15,21 +15,25 @@ one compiled pass (numba, ``_scan``) goes over the bytes once and finds, line by
 
 The pass is one loop over lines, not numpy over the whole buffer: numpy needed a pass per
 question (``data == x`` per separator, one per character column of the values) plus pyarrow's
-``index_in`` rehashing every known name on every call, ~310 ns per line in all at 20 lines per
-datagram (issue #3). The first call compiles it (``cache=True``: later processes load it from
+``index_in`` rehashing every known name on every call, several times the compiled pass's cost
+per line. The first call compiles it (``cache=True``: later processes load it from
 the cache); ``FastPath()`` makes that call, so no datagram waits for the compiler.
 
 Within a line it reads 8 bytes at a time (unaligned little-endian words): the separators are
 found with the bit trick for "a byte of this word equals x"; the key's two parts are hashed
 word by word (FNV-1a's step on words, the product's high half folded down, murmur3's fmix64
 at the end: the table slot comes from the hash's top bits) and compared with the stored key
-word by word. Byte by byte (64-bit FNV-1a as the bytes went by) it took ~110 ns per line
-(``bench/ingest/scan_micro.py``: 10k series, ~37 bytes per line), ~40 of them in the key's
-byte-by-byte compare and ~7 in FNV-1a's chain of multiplies; word by word, ~80.
+word by word. Byte by byte (64-bit FNV-1a as the bytes went by) is measurably slower, most of
+the difference in the key's byte-by-byte compare and the rest in FNV-1a's chain of multiplies
+(``bench/ingest/scan_micro.py`` measures the per-line cost).
 
-A key is cached only after ``parse_line`` accepted a line with it (no ``|T``), so what the
-cache says about a key — its series, sample rate, type — is what ``parse_line`` says about any
-line with that key and a plain value: the name and every field but the value are in the key.
+A key is cached only after ``parse_line`` accepted a line with it (no ``|T``, no field the
+parser does not know: such a line is counted as ``adjusted{unknown_field}`` each time, which
+only the general path does), so what the cache says about a key — its series, sample rate,
+type — is what ``parse_line`` says about any line with that key and a plain value: the name
+and every field but the value are in the key. A set line never takes the fast path (its member
+is text, ``users:user:42|s`` included), nor does a multi-value one (``d:1:2:|d``): a ``:`` in
+the value is no plain decimal.
 
 A key whose line the receiver rejected as a ``type_conflict`` (its name has another type, so
 every line with that key is one) is cached too, as ``CONFLICT``: its lines come back in
@@ -178,7 +182,8 @@ class FastPath:
         return line[: colon + 1] + line[pipe:]
 
     def remember(self, line: bytes, slot: int, sample_rate: float) -> None:
-        """``parse_line`` accepted ``line`` (one value, no ``|T``) as series ``slot``.
+        """``parse_line`` accepted ``line`` (one value, no ``|T``, no unknown field) as series
+        ``slot``.
 
         Sets never take the fast path: their value is a member (text), not a number.
         """
@@ -193,8 +198,8 @@ class FastPath:
         type. Every line with its key and a plain value is one too, until ``forget_conflicts``.
 
         A type flood (a client sending a name as a gauge that others send as a counter) would
-        otherwise take the general parser line by line: ~240 k lines/s, the rest dropped by
-        the kernel.
+        otherwise take the general parser line by line, far slower than the fast path: at a
+        busy port the kernel would drop most of it (``bench/ingest/type_flood.py``).
         """
         key = self.key_of(line)
         if key is not None:

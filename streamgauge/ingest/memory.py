@@ -1,20 +1,20 @@
-"""The pages of shared libraries a receiver process mapped and does not use (issue #3 gives
-ingest 300 MB of RSS).
+"""The pages of shared libraries a receiver process mapped and does not use (a receiver's
+peak RSS is to stay under 300 MB, ``docs/performance.md``).
 
 Importing numba runs LLVM's static constructors, spread over the whole of libllvmlite (~105 MB
 of its 178 MB resident); pyarrow brings libarrow, libarrow_compute, libparquet and libarrow_s3
 (~40 MB resident after a receiver's start-up, most of it never used again: a receiver only
 writes Arrow IPC). Those pages are clean copies of the files. ``release_library_pages`` drops
 them from this process's page tables; a page used again is faulted back in from the page
-cache, unchanged. Measured at 3.8 and 4.2 M lines/s, 20 lines per datagram (README, Benchmarks,
-"Library pages a receiver does not use"): releasing every library's pages rather than
-libllvmlite's alone took peak RSS from 283–297 to 250–268 MB, at the same CPU.
+cache, unchanged. Releasing every library's pages, not libllvmlite's alone, lowers peak RSS
+at full rate by tens of MB at the same CPU (``bench/ingest.py`` reports each receiver's peak
+RSS; ``bench/ingest/README.md``).
 
 Tried and not kept: fixing glibc's mmap threshold (``mallopt(M_MMAP_THRESHOLD)``, which stops
 it sliding up to the size of the largest block freed, so that big buffers stop coming from the
-threads' heaps). Peak RSS fell by another 10–30 MB, but every wake-up's buffer became a fresh
-mapping to fault in and zero: the receiver's CPU rose from ~115 to 120–136 % of a core, and
-4.2 M lines/s lost 0.05–0.17 %, at thresholds from 128 KiB to 4 MiB alike.
+threads' heaps). It saves a little more RSS, but every wake-up's buffer becomes a fresh
+mapping to fault in and zero: the receiver needs more CPU and starts losing lines at full
+rate, at any threshold from 128 KiB to 4 MiB.
 """
 
 from __future__ import annotations

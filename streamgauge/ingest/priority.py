@@ -7,11 +7,12 @@ readers (``read_ahead.py``) empty it into an 8 MiB ring of their own, so the thr
 them, the receive loop (parse and combine) and the segment writer, have hundreds of
 milliseconds of slack; the readers have 13 ms.
 
-Measured at 750 k one-line datagrams/s on 2 cores (session 13): every 250 ms roll, the
-writer built and wrote its segment in a ~40 ms burst, the readers got less of a core while it
-ran, and the buffer overflowed in 5,000-17,000-datagram bursts (0.09-0.77 % lost), with the
-ring never full. With the loop and the writer at nice +8 (the readers at the process's own),
-the same runs lost 0-0.004 %: the scheduler lets a waking reader take the core from them.
+On 2 cores at a high one-line rate, every 250 ms roll the writer builds and writes its
+segment in a burst longer than the readers' slack, the readers get less of a core while it
+runs, and the socket buffer overflows in bursts while the ring is never full. With the loop and
+the writer at nice +8 (the readers at the process's own) the scheduler lets a waking reader
+take the core from them, and those losses all but vanish (``bench/ingest.py`` at one line per
+datagram).
 
 Linux only: there ``setpriority(PRIO_PROCESS, tid)`` sets one thread's nice value (elsewhere
 it would renice a process with that number). Raising a nice value needs no privilege;

@@ -167,19 +167,18 @@ def run_ingest(
     ``sock``: sockets already bound (inherited from `streamgauge run`); else ``listen`` is
     bound here.
     """
-    # Arrow's default pool (mimalloc) kept ~30 MB of freed pages resident under load (its
-    # arena: 28 MB resident for at most 14 MB allocated); the system pool (glibc malloc, which
-    # the receive loop uses anyway) gives them back. 1.2 M lines/s at 20 per datagram, one
-    # probe run each: RSS at the busiest sample 272 → 238 MB. Set before the receiver builds
-    # anything with Arrow; buffers go back to the pool they came from, so the switch is safe.
+    # Arrow's default pool (mimalloc) keeps freed pages resident under load (its arena holds
+    # about twice what is allocated); the system pool (glibc malloc, which the receive loop
+    # uses anyway) gives them back, and peak RSS under load is lower by tens of MB. Set before
+    # the receiver builds anything with Arrow; buffers go back to the pool they came from, so
+    # the switch is safe.
     pa.set_memory_pool(pa.system_memory_pool())
-    # Importing numba ran LLVM's static constructors (~96 MB of libllvmlite resident), and
+    # Importing numba ran LLVM's static constructors (most of libllvmlite resident), and
     # pyarrow mapped libraries a receiver hardly uses; release them before the receiver is
     # built, so that the start-up peak is not the imports' plus everything the receiver then
-    # allocates. Loading the cached fast path faults ~95 MB of LLVM back in (numba sets up its
-    # codegen even to link cached code), released again below once the receiver is built.
-    # Peak RSS at 1 line per datagram (100 k/s), where start-up is the peak: 250 → 237 MB
-    # (LLVM's pages alone, one probe run each).
+    # allocates (at one line per datagram start-up is the peak). Loading the cached fast path
+    # faults most of LLVM back in (numba sets up its codegen even to link cached code),
+    # released again below once the receiver is built.
     release_library_pages()
     if sock is None:
         specs = [ListenSpec("udp", *listen)] if isinstance(listen, tuple) else list(listen)
@@ -216,10 +215,9 @@ def run_ingest(
         worker_nice=settings.worker_nice,
     )
     # The fast path is compiled (or loaded from numba's cache) by now and LLVM is done: its
-    # ~108 MB of library code leaves this process's RSS (1.2 M lines/s at 20 per datagram,
-    # bench/ingest.py, medians of 3: peak RSS 274 MB, was 369 in one run; at 1 line per
-    # datagram the peak is now this start-up, 250 MB; see bench/ingest/README.md), and so do
-    # the pages of the other libraries the start-up touched; what the loop uses comes back.
+    # library code (about a hundred MB) leaves this process's RSS, and so do the pages of the
+    # other libraries the start-up touched; what the loop uses comes back. bench/ingest.py
+    # reports the receiver's peak RSS (bench/ingest/README.md).
     released_kb = release_library_pages()
     frozen = settle_after_startup()  # see collector.py: full collections by the receiver
     log.info("ingest %s: receiving on %s, writing to %s (%d MB of library code released, %d "

@@ -4,11 +4,22 @@ A datagram holds one or more lines separated by ``\\n`` (``\\r\\n`` tolerated). 
 line::
 
     name:value[:value...]|type[|@rate][|#tag:value,tag2][|T<unix seconds>][|c:<container>]
+    name:member|s
     _e{<title bytes>,<text bytes>}:title|text[|d:ts][|h:host][|k:key][|p:prio][|s:src]
         [|t:alert][|#tags]
     _sc|name|status[|d:ts][|h:host][|#tags][|m:message]
 
-(DogStatsD ``|e:<external data>`` and ``|card:<cardinality>`` fields are accepted and ignored.)
+Where StatsD peers disagree, this parser reads a line as the Datadog agent's DogStatsD parser
+does (``docs/conformance.md`` lists the differences that remain):
+
+- the name ends at the line's first ``:``. A set's member is everything from there to the first
+  ``|``, colons included (``users:user:42|s`` is the one member ``user:42``); any other type
+  splits that text at each ``:`` into several values and skips empty ones (``d:1::2:|d`` is
+  ``1`` and ``2``);
+- an empty entry in a tag list is skipped (``#,k:v``, ``#k:v,``, ``#a,,b``);
+- a field this parser does not know (``|f:future``, ``|zz``) is ignored, and the line counted
+  under the adjustment ``unknown_field``; DogStatsD ``|e:<external data>`` and
+  ``|card:<cardinality>`` are known and ignored, uncounted.
 
 A bad line is never an exception that reaches the receiver loop: it becomes a ``Reject`` with
 a stable reason from ``REJECT_REASONS`` so that it can be counted and sampled, and the rest of
@@ -51,8 +62,9 @@ REJECT_REASONS = (
 
 #: Counted, but the line is still aggregated (in an adjusted form): not rejects. A line with
 #: a ``|T`` too far from the receive clock is stamped with the receive time instead; a line of
-#: a new series beyond the cardinality limit is folded into the metric's overflow series.
-ADJUSTMENT_REASONS = ("timestamp_out_of_range", "cardinality_limited")
+#: a new series beyond the cardinality limit is folded into the metric's overflow series; a
+#: line with fields this parser does not know is kept without them.
+ADJUSTMENT_REASONS = ("timestamp_out_of_range", "cardinality_limited", "unknown_field")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-/]+", re.ASCII)
 _TAG_KEY_RE = re.compile(r"[A-Za-z0-9_.\-/]+", re.ASCII)
@@ -104,6 +116,9 @@ class Sample:
     timestamp_ms: int | None = None
     member: str = ""
     """Sets (``s``): the member, as sent (``value`` is 1.0)."""
+    unknown_fields: int = 0
+    """Fields of the line this parser does not know, ignored: the receiver counts the line as
+    ``adjusted{unknown_field}`` once it aggregates it (a line it rejects is not adjusted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +134,7 @@ class Event:
     source_type: str = ""
     alert_type: str = "info"
     tags: Tags = ()
+    unknown_fields: int = 0  # fields this parser does not know, ignored (``Sample``'s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +147,7 @@ class ServiceCheck:
     hostname: str = ""
     tags: Tags = ()
     message: str = ""
+    unknown_fields: int = 0  # fields this parser does not know, ignored (``Sample``'s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +168,11 @@ class ParseResult:
     events: list[Event] = field(default_factory=list)
     service_checks: list[ServiceCheck] = field(default_factory=list)
     lines: int = 0
+    #: (reason, line) of the events and service checks above that were accepted in an
+    #: adjusted form (``unknown_field``): counted on top of them. A metric line's adjustment
+    #: rides on its samples instead (``Sample.unknown_fields``): the receiver may still reject
+    #: the line (``type_conflict``), and then it is no adjusted line.
+    adjusted: list[tuple[str, bytes]] = field(default_factory=list)
 
     @property
     def samples(self) -> list[Sample]:
@@ -185,8 +207,12 @@ def parse_datagram(
             result.rejects.append(outcome)
         elif isinstance(outcome, Event):
             result.events.append(outcome)
+            if outcome.unknown_fields:
+                result.adjusted.append(("unknown_field", line))
         else:
             result.service_checks.append(outcome)
+            if outcome.unknown_fields:
+                result.adjusted.append(("unknown_field", line))
     return result
 
 
@@ -224,6 +250,7 @@ def parse_line(
     tags: Tags = ()
     container = ""
     timestamp_ms: int | None = None
+    unknown = 0
     for extra in fields[2:]:
         if extra.startswith("@"):
             # "x:1|c|@fast", "x:1|c|@ 0.5"
@@ -251,31 +278,39 @@ def parse_line(
         elif extra == "" or extra.startswith(_IGNORED_FIELD_PREFIXES):
             continue
         else:
-            # "x:1|c|zzz": a field this protocol does not have
-            return Reject("malformed_line", line)
+            # "x:1|c|f:future", "x:1|c|zzz": a field this parser does not know. The Datadog
+            # agent ignores it (a newer client's extension); so does this parser, counting it.
+            unknown += 1
     if container:
         # An explicit "#container:x" tag wins over the origin-detected "|c:" id.
         tag_map = dict(tags)
         tag_map.setdefault("container", container)
         tags = tuple(sorted(tag_map.items()))
 
+    if metric_type == "s":
+        member = fields[0]
+        # "users:|s", "users:a\x01|s": a set member is any non-empty printable string. It is
+        # one member even with colons in it ("users:user:42|s", "peers:2001:db8::1|s"): sets
+        # take no multi-value list, as in the Datadog agent.
+        if not member or not _tag_value_ok(member, limits):
+            return Reject("invalid_value", line)
+        return [Sample(name, "s", 1.0, sample_rate, tags, False, timestamp_ms, member, unknown)]
     samples: list[Sample] = []
     for value_text in fields[0].split(":"):
-        if metric_type == "s":
-            # "users:|s", "users:a\x01|s": a set member is any non-empty printable string
-            if not value_text or not _tag_value_ok(value_text, limits):
-                return Reject("invalid_value", line)
-            samples.append(
-                Sample(name, "s", 1.0, sample_rate, tags, False, timestamp_ms, value_text)
-            )
+        # "d:1:2:|d", "d:1::2|d": an empty item of a multi-value list is skipped (no value
+        # was sent), as the Datadog agent does; "x:|c" and "d::|d" hold none: rejected below.
+        if not value_text:
             continue
         value = _parse_value(value_text)
         if isinstance(value, str):
             return Reject(value, line)
         delta = metric_type == "g" and value_text[:1] in ("+", "-")
         samples.append(
-            Sample(name, metric_type, value, sample_rate, tags, delta, timestamp_ms)
+            Sample(name, metric_type, value, sample_rate, tags, delta, timestamp_ms, "", unknown)
         )
+    if not samples:
+        # "x:|c", "d::|d": no value at all
+        return Reject("invalid_value", line)
     return samples
 
 
@@ -296,17 +331,23 @@ def _tag_value_ok(value: str, limits: ProtocolLimits) -> bool:
 
 
 def _parse_tags(text: str, limits: ProtocolLimits) -> Tags | str:
-    """``k:v,k2`` → sorted pairs (a bare tag gets an empty value); a reason string if bad."""
+    """``k:v,k2`` → sorted pairs (a bare tag gets an empty value); a reason string if bad.
+
+    Empty entries are skipped: ``#,k:v`` and ``#k:v,`` (datadogpy given an empty tag),
+    ``#a,,b``, ``#,``."""
     if not text:
         return ()
     parts = text.split(",")
-    # "x:1|c|#t0:v,t1:v,...,t64:v"
-    if len(parts) > limits.max_tags:
+    # "x:1|c|#t0:v,t1:v,...,t64:v" (empty entries not counted: they are no tags)
+    if len(parts) > limits.max_tags and len(parts) - parts.count("") > limits.max_tags:
         return "too_many_tags"
     pairs: dict[str, str] = {}
     for part in parts:
+        # "x:1|c|#,k:v", "x:1|c|#k:v,", "a:1|g|#f,,z": an empty entry is no tag
+        if not part:
+            continue
         key, _, value = part.partition(":")
-        # "x:1|c|#,a:b" or "#:v": a tag with no key
+        # "x:1|c|#:v", "x:1|c|#a,:v": a value with no key
         if not key:
             return "invalid_tag"
         # "x:1|c|#bad key:v", "x:1|c|#é:v": keys become column-like labels downstream
@@ -368,23 +409,26 @@ def _parse_event(line: bytes, limits: ProtocolLimits) -> Event | Reject:
         # "_e{2,1}:\xff\xfe|x": a length that splits a character, or not UTF-8 at all
         return Reject("invalid_event", line)
     values: dict[str, object] = {}
+    unknown = 0
     for extra in extras:
         common = _parse_common_field(extra, limits)
         if common is not None:
             kind, value = common
             if kind == "bad":
-                # "_e{1,1}:a|b|d:yesterday", "_e{1,1}:a|b|#,x"
+                # "_e{1,1}:a|b|d:yesterday", "_e{1,1}:a|b|#:x"
                 return Reject("invalid_event", line)
             values[kind] = value
         elif extra.startswith(("k:", "s:")):
             values[extra[0]] = extra[2:]
-        elif extra.startswith("p:") and extra[2:] in _EVENT_PRIORITIES:
-            values["p"] = extra[2:]
-        elif extra.startswith("t:") and extra[2:] in _EVENT_ALERT_TYPES:
-            values["t"] = extra[2:]
+        elif extra.startswith(("p:", "t:")):
+            # "_e{1,1}:a|b|p:urgent", "_e{1,1}:a|b|t:fatal"
+            if extra[2:] not in (_EVENT_PRIORITIES if extra[0] == "p" else _EVENT_ALERT_TYPES):
+                return Reject("invalid_event", line)
+            values[extra[0]] = extra[2:]
         elif extra != "":
-            # "_e{1,1}:a|b|p:urgent", "_e{1,1}:a|b|zz"
-            return Reject("invalid_event", line)
+            # "_e{1,1}:a|b|x:1234", "_e{1,1}:a|b|zz": a field this parser does not know,
+            # ignored and counted (the Datadog agent ignores it)
+            unknown += 1
     tags = values.get("#", ())
     assert isinstance(tags, tuple)
     if "c" in values:
@@ -400,6 +444,7 @@ def _parse_event(line: bytes, limits: ProtocolLimits) -> Event | Reject:
         str(values.get("s", "")),
         str(values.get("t", "info")),
         tags,
+        unknown,
     )
 
 
@@ -420,13 +465,19 @@ def _parse_service_check(line: bytes, limits: ProtocolLimits) -> ServiceCheck | 
     ):
         return Reject("invalid_service_check", line)
     values: dict[str, object] = {}
+    unknown = 0
     for extra in fields[3:]:
         common = _parse_common_field(extra, limits)
-        # "_sc|db|0|d:soon", "_sc|db|0|zz"
-        if common is None and extra != "" or common is not None and common[0] == "bad":
+        if common is None:
+            if extra:
+                # "_sc|db|0|x:1", "_sc|db|0|zz": a field this parser does not know, ignored
+                # and counted (the Datadog agent ignores it)
+                unknown += 1
+            continue
+        # "_sc|db|0|d:soon"
+        if common[0] == "bad":
             return Reject("invalid_service_check", line)
-        if common is not None:
-            values[common[0]] = common[1]
+        values[common[0]] = common[1]
     if marker:
         # The message may contain "|"; the client appends its origin fields after it:
         # "_sc|db|2|m:disk full | really|c:cid|card:low"
@@ -449,4 +500,5 @@ def _parse_service_check(line: bytes, limits: ProtocolLimits) -> ServiceCheck | 
         str(values.get("h", "")),
         tags,
         message,
+        unknown,
     )

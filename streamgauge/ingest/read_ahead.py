@@ -14,11 +14,10 @@ Two implementations of that contract:
 - ``CompiledReadAhead`` (Linux): the thread's whole loop — ``poll``, ``recvmmsg``, copying the
   datagrams into a byte ring, the hand-over, the wake-up — is one compiled function that
   never holds the GIL. A Python reader needed the GIL after every ``recvmmsg`` (a memoryview
-  per datagram, the join), and while the segment writer held it the reader drained no faster
-  than 500 k datagrams/s arrived (session 11's trace: every drop burst fell in a segment
-  write). bench/ingest.py, alternated with the Python reader (session 12): at 1 line per
-  datagram the loss-free rate went from 500 k to 750 k lines/s (650 k: 1.4–1.5 % lost
-  before, none after), at 65 % of a core instead of 79 % for 500 k.
+  per datagram, the join), and while the segment writer held it the reader drained slower
+  than datagrams arrived at a high one-line rate (every drop burst fell in a segment write).
+  Compiled, the loss-free rate at 1 line per datagram is markedly higher, at less CPU per
+  datagram (``bench/ingest.py``, alternated with the Python reader).
 - ``PythonReadAhead``: the same in Python, where ``recvmmsg`` is not available.
 """
 
@@ -63,16 +62,16 @@ MAX_DATAGRAMS_PER_WAKEUP = 4096
 #: hands them over, so that the loop wakes for bigger batches.
 COALESCE_DATAGRAMS = 256
 #: Datagrams read ahead by the reader threads (bytes) before they wait for the receive loop.
-#: A compiled reader's ring, resident once it has gone round: at 16 MiB the peak RSS at 4.2 M
-#: lines/s (20 per datagram) came within 7 MB of the 300 MB budget; 8 MiB and the kernel's 8
-#: MiB hold ~110 ms at that rate (bench/ingest/README.md).
+#: A compiled reader's ring, resident once it has gone round: at 16 MiB the peak RSS at full
+#: rate (20 lines per datagram) came too close to the 300 MB budget; 8 MiB here and the
+#: kernel's 8 MiB hold about a tenth of a second at that rate (bench/ingest/README.md).
 READ_AHEAD_BYTES = 8 << 20
 #: A reader thread that found fewer than COALESCE_DATAGRAMS waits this long before it polls
-#: again. Woken by every few datagrams (~35 per ``recvmmsg`` at 450 k datagrams/s), it took
-#: the GIL from the receive loop ~13 k times a second; 0.5 ms holds ~225 datagrams at that
-#: rate, of the ~10 k an 8 MiB socket buffer holds. bench/ingest.py, alternated: CPU median
-#: 114 → 105 % at 4.2 M lines/s (20 per datagram), 76 → 69 % at 450 k (1 per datagram); at
-#: 500 k under 0.1 % lost in 4 of 7 runs, none of 5 before (README, "Fewer wake-ups").
+#: again. Woken by every few datagrams (a few dozen per ``recvmmsg`` at a high one-line
+#: rate), it took the GIL from the receive loop over ten thousand times a second; 0.5 ms at
+#: that rate is a couple of hundred datagrams, a small part of the ~10 k an 8 MiB socket
+#: buffer holds. Fewer wake-ups cost the receiver less CPU at 1 and at 20 lines per datagram,
+#: for a trace of loss near the one-line ceiling (bench/ingest.py, alternated).
 READ_AHEAD_COALESCE_S = 0.0005
 #: How long a reader blocks in ``poll`` before it looks at its stop flag again.
 POLL_TIMEOUT_MS = 100

@@ -28,12 +28,13 @@ Accounting: every non-empty line received ends up in exactly one bucket, so
     lines == metric_lines + events + service_checks + Σ rejected[reason]
 
 holds at all times (``IngestStats.accounted``). Adjustments — ``timestamp_out_of_range`` (a
-``|T`` further than ``max_skew_ms`` from the receive clock: the receive time is used instead)
-and ``cardinality_limited`` (folded into the overflow series) — are counted on top, per line:
-those lines are still aggregated. Rejects and adjustments share a bounded sample of raw lines
-for debugging, and every count is fed back into the pipeline as ordinary metrics named
-``streamgauge.ingest.*``. Besides the line counts: ``refused{reason}`` and
-``refused_partials{reason}`` (samples and partials the segment writer did not write:
+``|T`` further than ``max_skew_ms`` from the receive clock: the receive time is used instead),
+``cardinality_limited`` (folded into the overflow series) and ``unknown_field`` (fields the
+parser does not know, ignored) — are counted on top, per line: those lines are still
+aggregated (or counted as the event or service check they are). Rejects and adjustments share
+a bounded sample of raw lines for debugging, and every count is fed back into the pipeline as
+ordinary metrics named ``streamgauge.ingest.*``. Besides the line counts: ``refused{reason}``
+and ``refused_partials{reason}`` (samples and partials the segment writer did not write:
 ``spool_quota``, ``disk_full``, ``spool_unavailable``; received and accounted, not in the
 log), ``write_backpressure`` and ``write_blocked_ms``, ``read_ahead_full``, ``read_errors``
 (datagram reads the kernel failed for a moment, paused and retried), and the gauges
@@ -646,6 +647,9 @@ class Receiver:
                 else:
                     # "x:1|c|T1" (1970) or a clock a day ahead: receive time instead
                     self._count("adjusted", "timestamp_out_of_range", line)
+            if first.unknown_fields:
+                # "x:1|c|f:future": kept without the field
+                self._count("adjusted", "unknown_field", line)
             admitted = self._guard.admit((first.metric, first.metric_type, first.tags), recv_ms)
             if not admitted:
                 self._count("adjusted", "cardinality_limited", line)
@@ -660,7 +664,8 @@ class Receiver:
                 combiner = self._combiner
                 combiner.admitted[slot] = True
                 combiner.seen_ms[slot] = combiner.synced_ms[slot] = recv_ms
-                if first.timestamp_ms is None:
+                # Not a line with unknown fields: the fast path would not count them.
+                if first.timestamp_ms is None and not first.unknown_fields:
                     self._fast.remember(line, slot, first.sample_rate)
             metric_lines += 1
             samples_added += len(samples)
@@ -672,6 +677,8 @@ class Receiver:
         pending.events += len(result.events)
         stats.service_checks += len(result.service_checks)
         pending.service_checks += len(result.service_checks)
+        for reason, line in result.adjusted:
+            self._count("adjusted", reason, line)
         for reject in result.rejects:
             self._count("rejected", reject.reason, reject.line)
 
@@ -744,8 +751,9 @@ class Receiver:
         """Segment lag: how old the oldest segment of this stream is that the window job has
         not committed yet (0 when every query read everything), every LAG_POLL_MS.
 
-        The window job runs several queries over the stream (per window a native lane, a
-        sketch lane or a late query, each with its own checkpoint), and a segment is done only
+        The window job runs several queries over the stream (one per tumbling or hopping
+        window; a session, sliding or ``quantiles: kll`` window's query and, for sessions and
+        sliding windows, its late query; each with its own checkpoint), and a segment is done only
         once *all* of them committed it: the oldest unread segment is the one after the
         *smallest* committed sequence (or passed over: ``retention.done_sequences``, an idle
         lane's segments with nothing for it). Only the running config's checkpoints count

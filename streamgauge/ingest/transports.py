@@ -248,8 +248,8 @@ TRANSIENT_READ_ERRORS = frozenset({errno.ENOMEM, errno.ENOBUFS, errno.ECONNREFUS
 """Errors of a datagram read that say nothing lasting about the socket: the kernel could not
 allocate for this read (ENOMEM, ENOBUFS), or reported a pending ICMP error (ECONNREFUSED,
 cleared by reporting it). The datagrams stay queued, so a reader counts the error
-(``read_errors``), pauses ``READ_ERROR_PAUSE_S`` and reads again; before, the first one ended
-the reader for good, and the socket's input went to the kernel's drop counter from then on."""
+(``read_errors``), pauses ``READ_ERROR_PAUSE_S`` and reads again: ending the reader at the
+first one would send the socket's input to the kernel's drop counter for good."""
 READ_ERROR_PAUSE_S = 0.001
 
 
@@ -264,11 +264,9 @@ DATAGRAM_SLOT_BYTES = 65536  # a whole UDP datagram (at most 65507 bytes of payl
 DATAGRAM_SLOTS = 2048
 """Datagrams per ``recvmmsg`` call. Each call's return takes the GIL back from the receive loop
 and the segment writer; at 1 line per datagram, 256 per call meant 16 calls per 4,096-datagram
-read, and during a segment write the reader drained no faster than 500 k datagrams/s arrived.
-bench/ingest.py, 256 and 2048 alternated twice (session 11): loss-free 450 k → 500 k lines/s
-(550 k: 0.05 and 0.17 % lost); with the GSO sender, 550 k lost nothing (256: 0.22 % at 450 k).
-Small datagrams touch one page per slot: ~8 MB more resident, peak RSS 263-265 → 267-277 MB
-at 4.2 M lines/s (20 per datagram)."""
+read, and during a segment write the reader drained slower than datagrams arrived. 2048 raises
+the loss-free one-line rate (bench/ingest.py, 256 and 2048 alternated). The cost: small
+datagrams touch one page per slot, a few MB more resident at full rate."""
 
 
 class DatagramReader:

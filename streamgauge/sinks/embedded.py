@@ -292,7 +292,7 @@ class EmbeddedPostgres:
     def __init__(
         self, data_dir: Path, port: int | None = None, *, sync_initdb: bool = True
     ) -> None:
-        """``sync_initdb=False`` passes ``initdb --no-sync`` (0.1-0.5 s faster here): for
+        """``sync_initdb=False`` passes ``initdb --no-sync`` (a faster start): for
         throw-away test clusters only, since a power loss right after the first start could
         then leave catalog files that were never written to disk."""
         self._sync_initdb = sync_initdb

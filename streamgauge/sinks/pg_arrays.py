@@ -1,10 +1,10 @@
 """Arrow columns as PostgreSQL arrays in the binary wire format, built by numpy.
 
-``window_held`` stores the held windows' values as eleven arrays of up to 100k elements,
-rewritten every micro-batch (``HeldWindows.sql_arrays``). Sent as text literals they cost the
-job ~0.05 s to build and PostgreSQL ~0.1 s to parse per batch at 100k windows (quoting,
-escaping and float parsing, per element): the largest part of the holding's write. In
-``array_recv``'s binary format each element is a length and its bytes, so building is a
+``window_held`` stores held windows' values as eleven arrays of one element per window
+(``store.HeldSnapshot``; a table of the first design, which the window job no longer writes:
+``docs/architecture.md §8``). Sent as text literals, arrays that size cost the writer and
+PostgreSQL quoting, escaping and float parsing per element, the largest part of such a write.
+In ``array_recv``'s binary format each element is a length and its bytes, so building is a
 few vector operations over Arrow's buffers and PostgreSQL's parsing is close to a copy.
 
 The format (``src/backend/utils/adt/arrayfuncs.c``, ``array_recv``), all integers

@@ -4,9 +4,9 @@ Each streaming query's ``foreachBatch`` writers hold a ``ResultStore`` of their 
 connection: two queries' batches may run at once and must not share one). Spark keeps a
 stopped query's writer for as long as py4j keeps its callback, so a store nobody closes keeps
 its connection open long after its query is gone. The daemon restarts every query after a
-failure (``daemon.RestartBudget``): without this, each restart left one connection per writer
-behind, and a test run that started the job often ran PostgreSQL out of clients ("too many
-clients already", session 8).
+failure (``daemon.RestartBudget``): without this, each restart would leave one connection
+per writer behind, and a test run that starts the job often would run PostgreSQL out of
+clients ("too many clients already").
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class QueryStores:
 
     def close_all(self) -> None:
         """Close every store made so far, for good (``ResultStore.retire``): a stopped
-        query's writer may still be referenced, and its ``ReleaseWatcher`` may still be
-        finishing a call, which then fails instead of opening a connection nobody closes."""
+        query's writer may still be referenced, and may still be finishing a call, which
+        then fails instead of opening a connection nobody closes."""
         opened, self._open = self._open, []
         for store in opened:
             store.retire()

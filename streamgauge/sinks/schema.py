@@ -1,15 +1,20 @@
 """The result store's tables, as an ordered list of migrations.
 
-``MIGRATIONS[i]`` brings the schema from version ``i`` to ``i + 1``; a migration, once released,
-is never edited (a change is a new migration appended to the list), because a database records
-only the version numbers it has applied. ``ensure_schema`` applies the missing ones, in order, in
+``MIGRATIONS[i]`` brings the schema from version ``i`` to ``i + 1``; a migration's statements,
+once released, are never edited (a change is a new migration appended to the list), because a
+database records only the version numbers it has applied (its ``--`` comments outside function
+bodies reach no database). ``ensure_schema`` applies the missing ones, in order, in
 one transaction, under a transaction-level advisory lock: two processes starting at once (the
 daemon and ``streamgauge query``, or two test workers) serialise on the lock, and the second
 finds nothing left to do. Without the lock both would race on ``CREATE TABLE IF NOT EXISTS``,
 which is not safe under concurrency (it can fail with a unique violation on ``pg_type``).
 
-Every column carries a ``COMMENT ON COLUMN`` so ``\\d+ window_results`` in psql explains it; the
-README documents the same columns.
+Every column carries a ``COMMENT ON COLUMN`` so ``\\d+ window_results`` in psql explains it;
+``docs/store.md`` documents the same columns.
+
+A migration's ``--`` comments say why it was made: the tables it describes may since have been
+left behind by the window job (``window_panes`` and ``window_held``, ``docs/architecture.md
+§8``). Its ``COMMENT ON`` texts are part of the database; changing one takes a new migration.
 """
 
 from __future__ import annotations
@@ -342,8 +347,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- sfunc array_append (a C function that appends in place to the aggregate's expanded array):
--- linear in the rows. A PL/pgSQL transition function copies its state on every row: measured
--- 2.4 s for 10^4 rows and 35 s for 4 * 10^4 here, against 0.27 s for 1.6 * 10^5 this way.
+-- linear in the rows. A PL/pgSQL transition function copies its state on every row, so it is
+-- quadratic: already far slower at ten thousand rows.
 CREATE AGGREGATE streamgauge_histogram(streamgauge_hdr_bin) (
     SFUNC = array_append,
     STYPE = streamgauge_hdr_bin[],
@@ -386,8 +391,8 @@ COMMENT ON FUNCTION streamgauge_checked_quantile(double precision) IS
 -- equivalent to the bucket holding that rank (the lowest for q = 0). The bins need not be
 -- merged: walking them in value order, duplicates of a bucket reach each rank where the merged
 -- bucket would, so array_agg of raw rows works as well as the aggregate's merged histogram.
--- PL/pgSQL over three parallel arrays: 6.5x faster than the same walk as a window query
--- (600 histograms of 100 bins, 4 quantiles each: 0.10 s against 0.63 s).
+-- PL/pgSQL over three parallel arrays: several times faster than the same walk as a window
+-- query (measured on hundreds of histograms of 100 bins, 4 quantiles each).
 CREATE FUNCTION streamgauge_hdr_quantiles(histogram streamgauge_hdr_bin[], qs double precision[])
 RETURNS double precision[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -746,14 +751,13 @@ _MIGRATION_7 = """
 -- batch changes it (a 10 s window at 1 s panes: about ten times). With full pages every update
 -- puts the new row version on another page and adds an entry to each of the table's indexes;
 -- with half of each page free the new version mostly stays on its page with no new index
--- entries (a HOT update: no indexed column changes). Measured on 30k open windows per batch
--- (issue #4): the upsert took 0.72 s at the default fillfactor, 0.37 s at 50. Applies to
--- pages written from now on.
+-- entries (a HOT update: no indexed column changes), which about halves the upsert's time
+-- on tens of thousands of open windows per batch. Applies to pages written from now on.
 ALTER TABLE window_pending SET (fillfactor = 50);
 """
 
 _MIGRATION_8 = """
--- Hopping windows' counters, gauges and sets are merged by panes (issue #4): Spark aggregates
+-- Hopping windows' counters, gauges and sets are merged by panes: Spark aggregates
 -- each partial once into its hop-wide pane, and the store keeps the panes of windows that may
 -- still change. A window is made of its size/hop panes when it is published (the watermark
 -- passes its end, a straggler changes a published one, or an early tick), instead of Spark
@@ -843,11 +847,10 @@ ORDER BY config_name, window_name, metric, tags, window_start, window_end, revis
 _MIGRATION_9 = """
 -- The open windows of a tumbling window's counters, gauges and sets with no early_every
 -- are held by the window job until the watermark passes their end, instead of
--- being upserted into window_pending every micro-batch (issue #4: that upsert was 1.31 s of
--- each batch at 100k series). The job's holding is made durable by one row per query,
--- written in the transaction of the batch it follows (streamgauge windows/held_windows.py):
--- a snapshot the job restarts from, and the windows' values as arrays for SQL readers
--- (window_held_rows, window_latest).
+-- being upserted into window_pending every micro-batch (at 100k series that upsert was the
+-- largest part of each batch). The job's holding is made durable by one row per query,
+-- written in the transaction of the batch it follows: a snapshot the job restarts from, and
+-- the windows' values as arrays for SQL readers (window_held_rows, window_latest).
 CREATE TABLE window_held (
     query_name      text        PRIMARY KEY,
     config_name     text        NOT NULL,
@@ -926,15 +929,15 @@ COMMENT ON VIEW window_held_rows IS
 """
 
 _MIGRATION_10 = """
--- Finalization without a partial index (issue #4). window_results_open_idx (WHERE NOT
--- is_final) made the finalization's UPDATE of is_final non-HOT: every row a window closes
--- was rewritten with a new entry in each index, ~1 s for 100k windows. The windows' ends
+-- Finalization without a partial index. window_results_open_idx (WHERE NOT is_final) made
+-- the finalization's UPDATE of is_final non-HOT: every row a window closes was rewritten with
+-- a new entry in each index, most of a closing batch's time at 100k windows. The windows' ends
 -- still open are listed here instead, by two statement triggers on window_results (every
 -- path that writes a row provisional: the closing upsert, promotion, early rows, panes,
 -- replay), and the finalization updates the rows of those ends, found by
 -- window_results_window_end_idx. At fillfactor 50 that update stays on the row's page and
--- touches no index (HOT): 0.36 s for 100k windows here, and the closing insert has one index
--- fewer to maintain (1.39 -> 1.19-1.28 s).
+-- touches no index (HOT), about three times faster, and the closing insert has one index
+-- fewer to maintain.
 CREATE TABLE window_open_ends (
     config_name text        NOT NULL,
     window_name text        NOT NULL,
@@ -986,15 +989,16 @@ _WINDOW_LATEST_WITH_HELD = _VIEW_8.replace(_PANES_BRANCH_END, """
 ) w
 ORDER BY""")
 """Migration 8's ``window_latest`` with one more pending branch: the held windows (the
-columns, their order and the ordering are unchanged, as CREATE OR REPLACE VIEW requires)."""
+columns, their order and the ordering are unchanged, as CREATE OR REPLACE VIEW requires).
+Part of migration 9: built from migration 8's text, so neither text may change."""
 
 _HELD_ROWS_START = _MIGRATION_9.index("CREATE VIEW window_held_rows AS")
 _HELD_ROWS_9 = _MIGRATION_9[_HELD_ROWS_START:_MIGRATION_9.index(";", _HELD_ROWS_START)]
 _MIGRATION_11 = f"""
 -- Windows published ahead of their batch (the window job's publish_released) are marked as
 -- published in the holding's row instead of being cut out of it: rewriting the rest of the
--- holding (its snapshot and eleven arrays, the next window's ~100k entries at 100k series)
--- cost 0.07 s of SQL and the Python that encodes it on the path of every closing (issue #4).
+-- holding (its snapshot and eleven arrays, the next window's entry per series) put SQL and
+-- the Python that encodes it on the path of every closing.
 -- The next batch's commit writes its holding whole, without them, and clears the mark.
 ALTER TABLE window_held ADD COLUMN released_before_ms int8;
 COMMENT ON COLUMN window_held.released_before_ms IS

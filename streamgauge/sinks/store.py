@@ -146,15 +146,15 @@ _PRUNE = {
         ("pipeline_metrics", "ts"),
         ("late_events", "window_end"),
         ("sink_batches", "committed_at"),
-        # Rewritten by every batch that changes it (heartbeats release its windows even while
-        # no data arrives): a holding not written since is of a window no longer running
-        # (renamed, removed) or of windows that ended before then.
+        # The first design's holdings (docs/architecture.md §8): the job writes none now, so
+        # rows left from then age out like the rest.
         ("window_held", "written_at"),
         # Ends listed for rows since deleted (a retracted session, a pruned window).
         ("window_open_ends", "window_end"),
     )
 }
-# Panes of a window no longer running (renamed, removed) are never evicted by a batch.
+# Panes of a window no longer running (renamed, removed), or left by the first design's job
+# (docs/architecture.md §8), are never evicted by a batch.
 _PRUNE["window_panes"] = "DELETE FROM window_panes WHERE pane_ms < %(before)s"
 
 
@@ -222,7 +222,7 @@ WHERE {table}.revision < excluded.revision
 # Which windows are held back until the watermark passes their end, per (config, window),
 # how often an open one is published early (early_every_ms; NULL: never), and which of them
 # this batch's finalization makes final (final_before_ms: window_end at or before it; NULL:
-# none, or the finalization does not cover all the lane's types).
+# none, or the finalization does not cover all the query's types, ``lane_types``).
 _HOLD = "sg_hold"
 _HOLD_DDL = f"""
 CREATE TEMPORARY TABLE IF NOT EXISTS {_HOLD} (
@@ -236,20 +236,22 @@ _UPSERT = _upsert_sql(
 )
 _UPSERT_PENDING = _upsert_sql("window_pending", "s.window_end_ms > h.watermark_ms")
 
-# Windows published for the first time (``commit_batch(fresh=...)``: a held window the
+# Windows published for the first time (``commit_batch(fresh=...)``: an open window the
 # watermark has just passed). None is in window_results yet, so a plain COPY into it does
-# (``ResultStore._insert_fresh``): as a plain insert, 0.91 s against the upsert's 1.30 s for
-# 100k closed windows here (issue #4); as a COPY, 0.77 s against 0.89 s. The staging table
-# and _UPSERT_FRESH are for the rows a window stored after all sends back to the upsert.
+# (``ResultStore._insert_fresh``): with no conflict check and no staging copy it is
+# measurably cheaper than the upsert (``bench/store_floor.py``: "closing, held windows
+# (fresh)" against "closed rows direct"). The staging table and _UPSERT_FRESH are for the
+# rows a window stored after all sends back to the upsert.
 _FRESH_STAGING = "sg_fresh_staging"
 _FRESH_STAGING_DDL = _staging_ddl(_FRESH_STAGING, _STAGED_SCHEMA)
 _FRESH_COLUMNS = (*_KEY.split(", "), *_VALUE_COLUMNS)
 """What a fresh window's ``COPY`` writes: every column of window_results it sets."""
 _TIMESTAMP_COLUMNS = frozenset({"window_start", "window_end", "emitted_at"})
 _UPSERT_FRESH = _upsert_sql("window_results", None, staging=_FRESH_STAGING)
-# A fresh window can still have late samples: the sketch lane's query records late rows, and
-# may be ahead of this lane. late_events is derived from them, so it is set for the windows
-# of the batch's range that have any (one scan of late_events' window index, not one per row).
+# A fresh window can still have late samples, recorded before its first row: by the same
+# batch (``commit_batch(late=...)`` runs first), or by another query of the window that ran
+# ahead. late_events is derived from them, so it is set for the windows of the batch's range
+# that have any (one scan of late_events' window index, not one per row).
 _LATE_SAMPLES_ON_FRESH = f"""
 UPDATE window_results w SET late_events = l.samples
 FROM (SELECT l.config_name, l.window_name, l.metric, l.tags, l.window_start, l.window_end,
@@ -449,8 +451,8 @@ PANE_SCHEMA = pa.schema(
     ]
 )
 """The Arrow schema of ``PaneBatch.panes``: a hopping window's pane aggregates this batch
-changed, each the whole pane (Spark's state) as of the batch, keyed by series, pane and the
-first window start its partials are on time for."""
+changed, each the whole pane as of the batch, keyed by series, pane and the first window start
+its partials are on time for."""
 
 ASSEMBLED_SCHEMA = pa.schema(
     [
@@ -474,12 +476,18 @@ SQL; sets' pane HLLs listed, in no particular order, for the caller to union).""
 @dataclass(frozen=True)
 class PaneBatch:
     """A hopping window's micro-batch of pane aggregates (``PANE_SCHEMA``) and how to make
-    window rows of them (``commit_batch(panes=...)``).
+    window rows of them (``commit_batch(panes=...)``): the store keeps the panes in
+    ``window_panes`` and merges each window from them in SQL.
+
+    The window job does not use this: it holds a hopping window's panes in the driver and
+    publishes whole windows (``docs/architecture.md §4``); ``window_panes`` is a table of the
+    first design (§8). Tested (``tests/sinks/test_window_panes.py``) and benched
+    (``bench/pane_store.py``) as a store-side alternative.
 
     ``to_results`` turns ``ASSEMBLED_SCHEMA`` rows into ``RESULT_SCHEMA`` rows (the HLL union
     and the batch's revision and finality are the window job's, not the store's).
-    ``watermark_key`` is the lane's ``pipeline_state`` key: its value before this batch is the
-    watermark the previous batch published up to.
+    ``watermark_key`` is the query's ``pipeline_state`` key: its value before this batch is
+    the watermark the previous batch published up to.
     """
 
     panes: pa.Table
@@ -939,7 +947,8 @@ class Finalization:
     watermark_ms: int
     allowed_lateness_ms: int
     metric_types: tuple[str, ...] | None = None
-    """Only rows of these types (the query's lane); None: every row of the window."""
+    """Only rows of these types (a query that writes only some of the window's types,
+    ``commit_batch(lane_types=...)``); None: every row of the window."""
 
     @property
     def final_before_ms(self) -> int:
@@ -950,9 +959,12 @@ class Finalization:
 
 @dataclass(frozen=True)
 class HeldSnapshot:
-    """The open windows a query holds after a batch (``windows.held_windows``), stored in the
-    batch's transaction (``window_held``): the holding never runs ahead of, or behind, the
-    results the same batch published."""
+    """The open windows a query holds after a batch, stored in the batch's transaction
+    (``window_held``): the holding never runs ahead of, or behind, the results the same batch
+    published.
+
+    The window job passes none: it rebuilds its open windows from the log after a restart
+    (``docs/architecture.md`` D4); ``window_held`` is a table of the first design (§8)."""
 
     config_name: str
     window_name: str
@@ -964,7 +976,7 @@ class HeldSnapshot:
     (``pg_arrays``)."""
     released_before_ms: int | None = None
     """The snapshot's windows ending at or before this are published, kept only to add a
-    straggler to (``held_windows.AddedWindows``); None: every window in it is held."""
+    straggler to; None: every window in it is held."""
 
 
 HELD_ARRAYS = {
@@ -974,8 +986,8 @@ HELD_ARRAYS = {
     "sums": ("sum", "float8[]"), "mins": ("min", "float8[]"), "maxs": ("max", "float8[]"),
     "lasts": ("last", "float8[]"), "distinct_counts": ("distinct_count", "float8[]"),
 }  # fmt: skip
-"""``window_held``'s value arrays: each array's name, the held windows' column it holds
-(``HeldWindows.sql_arrays``) and its type (what ``window_held_rows`` unnests)."""
+"""``window_held``'s value arrays: each array's name, the held windows' column it holds and its
+type (what ``window_held_rows`` unnests)."""
 _HELD_COLUMNS = ("config_name", "window_name", "batch_id", "revision", "windows", "samples",
                  "snapshot")  # fmt: skip
 _WRITE_HELD = f"""
@@ -999,7 +1011,7 @@ WHERE query_name = %(query_name)s
 
 @dataclass(frozen=True)
 class StoredHolding:
-    """A query's ``window_held`` row, as a restarted job reads it back."""
+    """A query's ``window_held`` row, as ``read_held`` reads it back."""
 
     snapshot: bytes
     """The holding its last batch wrote (``HeldSnapshot.snapshot``)."""
@@ -1082,10 +1094,11 @@ class PreparedRelease:
     (``ResultStore.prepare_release``): no reader sees them until ``commit``, which makes them
     visible at once, as ``publish_released`` does.
 
-    Why: at 100k series the copy that makes a closing window's rows visible takes ~0.65 s
-    here, most of a window's freshness, while its values are known about a second before the
-    watermark passes its end. Copied then and committed when it passes, a COMMIT after the
-    copy took ~1 ms (scratch, README item 13).
+    Why: at 100k series the copy that makes a closing window's rows visible is most of a
+    window's freshness, while its values are known about a second before the watermark passes
+    its end. Copied then and committed when it passes, only the COMMIT is left on the path.
+    Written for the first design's held windows (``window_held``, ``docs/architecture.md §8``);
+    the window job does not use it.
 
     One connection of its own, not in autocommit. Until ``commit`` or ``abort`` the rows'
     keys are taken by an uncommitted insert: any other write of one of those windows would
@@ -1232,17 +1245,25 @@ class ResultStore:
         (``LATE_SCHEMA``): late partials the window query found itself (a partial reaching
         into a final session), recorded in ``late_events`` under ``late_query_name``.
 
+        ``hold_after`` maps ``(config_name, window_name)`` to the batch's watermark: that
+        window's rows ending after it wait in ``window_pending`` (those it passed are
+        published, with the pending rows it passed); rows of windows not in it are published
+        as they come. ``lane_types``: the metric types this query writes of its windows, when
+        it writes only some (its ``_PROMOTE`` and finalization touch only those); None: every
+        type.
+
         ``early_every`` maps ``(config_name, window_name)`` of a held window (``hold_after``)
-        to its ``early_every`` in ms: its open windows of the lane are published early
-        (``early_as_of``, see ``_EARLY``) once the watermark is that far past their start.
+        to its ``early_every`` in ms: its open windows of the query's types are published
+        early (``early_as_of``, see ``_EARLY``) once the watermark is that far past their start.
 
-        ``panes`` (a hopping window's pane lane, with ``results`` empty and ``hold_after``
-        giving the batch's watermark): the panes are kept in ``window_panes`` and the windows
-        this batch publishes are merged from them (``_ASSEMBLE_WINDOWS``), instead of open
-        windows waiting in ``window_pending``.
+        ``panes`` (``PaneBatch``, with ``results`` empty and ``hold_after`` giving the batch's
+        watermark): the panes are kept in ``window_panes`` and the windows this batch
+        publishes are merged from them (``_ASSEMBLE_WINDOWS``), instead of open windows
+        waiting in ``window_pending``.
 
-        ``held``: the open windows the query holds after this batch (its ``results`` are then
-        only the windows the watermark passed); replaces the query's ``window_held`` row.
+        ``held`` (``HeldSnapshot``): the open windows the query holds after this batch (its
+        ``results`` are then only the windows the watermark passed); replaces the query's
+        ``window_held`` row. The window job passes neither ``panes`` nor ``held``.
 
         ``fresh`` (``RESULT_SCHEMA``, like ``results``): windows the caller publishes for the
         first time, each past the batch's watermark, inserted as they are (``_insert_fresh``).
@@ -1378,7 +1399,7 @@ class ResultStore:
         left them). So the rows are never both held and published, and a restart before the
         batch commits loads a holding that no longer has them (``read_held``). The batch
         claims nothing here: Spark runs it again after a crash, and its ``commit_batch`` is
-        what makes it count.
+        what makes it count. For ``HeldSnapshot`` holdings; the window job does not use it.
         """
         table = _with_hll_registers(_conform(results))
         fresh_rows = None if fresh is None else _with_hll_registers(_conform(fresh))
@@ -1550,10 +1571,10 @@ class ResultStore:
         Spark numbers a new checkpoint's micro-batches from 0 again. Without this, the new
         batches would be skipped as "already committed" under the same query name, and
         their rows would carry revisions below the stored ones (and lose the upsert).
-        ``forget_panes`` (a hopping window's pane lane): its ``window_panes`` rows go too, as
-        the new checkpoint rebuilds its panes from the log (perhaps at another size or hop).
-        ``forget_held`` (a holding that adds the batches' sums, ``AddedWindows``): the
-        queries' ``window_held`` rows go, as the new checkpoint adds the log's sums again.
+        ``forget_panes``: the window's ``window_panes`` rows go too, and ``forget_held``: the
+        queries' ``window_held`` rows (both tables of the first design, ``docs/architecture.md
+        §8``), as the new checkpoint rebuilds its open windows from the log (perhaps at
+        another size or hop) and must not find an older holding of them.
         ``late_reread`` (the query records the window's late rows): the window's late rows
         from the segments the new checkpoint reads again go, and the counts on its windows
         with them (``LateRowsReread``).
@@ -1637,8 +1658,8 @@ class ResultStore:
 
     def retire(self) -> None:
         """Close the connection for good, once a call under way in another thread (a stopped
-        query's ``ReleaseWatcher``) has ended its attempt; a later call raises instead of
-        reconnecting, and a call retrying gives up."""
+        query's writer still finishing its batch) has ended its attempt; a later call raises
+        instead of reconnecting, and a call retrying gives up."""
         self._retired = True
         with self._in_use:
             self.close()
@@ -1799,9 +1820,10 @@ def _final_before(
     finalizations: Sequence[Finalization], lane_types: Sequence[str] | None
 ) -> dict[tuple[str, str], int]:
     """Per (config, window): the window end at or before which this batch's finalization
-    makes every row of the lane's types final, for ``_PROMOTE`` to insert such rows final.
+    makes every row of the query's types (``lane_types``) final, for ``_PROMOTE`` to insert
+    such rows final.
 
-    Only finalizations that cover every type the lane promotes count (``metric_types`` None,
+    Only finalizations that cover every type the query promotes count (``metric_types`` None,
     or all of ``lane_types``); the latest such end when several apply."""
     lane = None if lane_types is None else set(lane_types)
     ends: dict[tuple[str, str], int] = {}
@@ -1830,9 +1852,9 @@ def _copy_arrow(
 ) -> None:
     """Binary COPY of an Arrow table into ``target``'s columns of the same names.
 
-    pgpq encodes the Arrow columns into COPY's binary format in compiled code: turning 100k
-    rows into Python tuples for psycopg's ``write_row`` took 0.11 s of the 0.21 s a staging
-    COPY took (issue #4), on the driver's Python thread. ``encoders``: a column's encoder
+    pgpq encodes the Arrow columns into COPY's binary format in compiled code: turning the
+    rows into Python tuples for psycopg's ``write_row`` was about half of a staging COPY's
+    time, on the driver's Python thread. ``encoders``: a column's encoder
     builder by name where the inferred one is not the column's type (text as jsonb).
     """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(

@@ -1,4 +1,5 @@
-"""streamgauge.sketches: mergeable summaries with a known, tested error (DESIGN.md §5).
+"""streamgauge.sketches: mergeable summaries with a known, tested error, in formats tools
+outside streamgauge read (``docs/architecture.md §6``).
 
 - :mod:`.accuracy` turns error targets (``distinct_error``, ``quantile_error``, ``value_range``)
   into :class:`SketchParams`.

@@ -11,14 +11,15 @@ distinct count is a union (of panes, receivers, windows) and a union loses the s
 estimator: its RSE is the classic ≈ 1.04/sqrt(2^lgK), not HIP's ≈ 0.83/sqrt(2^lgK). The bound is
 taken from ``hll_sketch.get_rel_err`` (the library's own table, measured for lgK ≤ 12 and
 1.04/sqrt(K) above), worse side of the two: at lgK 12 that is 3.283 % (3.183 % on the other side,
-the figure in issue 5). 2 sigma, because "distinct_error: 0.02" reads as "the count is within
-2 %", which 1 sigma would break for one answer in three.
+the figure DataSketches usually quotes). 2 sigma, because "distinct_error: 0.02" reads as "the
+count is within 2 %", which 1 sigma would break for one answer in three.
 
 **quantile_error → t-digest k and HDR significant digits.** One number, two meanings, stated in
-the README: the t-digest's *rank* error mid-range (q in 0.5..0.9; tails are far better) and the
-HDR histogram's *relative value* error. k is the smallest in :data:`TDIGEST_RANK_ERROR` whose
-measured worst mid-range rank error, including a two-mode distribution with an empty gap at the
-median (t-digest's worst case), is ≤ the target. HDR digits d is the smallest with 10^-d ≤ target.
+``docs/configuration.md`` ("Sketch accuracy"): the t-digest's *rank* error mid-range (q in
+0.5..0.9; tails are far better) and the HDR histogram's *relative value* error. k is the
+smallest in :data:`TDIGEST_RANK_ERROR` whose measured worst mid-range rank error, including a
+two-mode distribution with an empty gap at the median (t-digest's worst case), is ≤ the target.
+HDR digits d is the smallest with 10^-d ≤ target.
 
 Measured (``python bench/sketches.py --tdigest-table``; 200k samples, 2 seeds, one digest and 60
 merged pane digests each; quantiles by :func:`streamgauge.sketches.tdigest.quantiles`)::
@@ -36,8 +37,8 @@ merged pane digests each; quantiles by :func:`streamgauge.sketches.tdigest.quant
 
 "smooth" = uniform, lognormal, sorted lognormal, overlapping two-mode lognormal (70/30, the
 worst of the four); "gap" = two normal modes (10 and 100) with nothing between them at the
-median. So the default k=200 meets issue 5's 0.015 mid-range target on smooth data but not with
-an empty gap at the median (0.019). (With the library's own ``get_quantile`` the k=200 mid-range
+median. So the default k=200 meets a 0.015 mid-range target on smooth data but not with an
+empty gap at the median (0.019). (With the library's own ``get_quantile`` the k=200 mid-range
 error measured 0.015-0.022 on smooth data and 0.030 with the gap; see tdigest.py.)
 
 **quantile_error → KLL k** (windows with ``quantiles: kll`` only). The same number read as a

@@ -1,9 +1,9 @@
 """What the window operators share: a window's scalar aggregates, and a group's micro-batch.
 
 :class:`Scalars` is the count/sum/min/max/last of a window or pane (``last`` is the value of
-the latest event, ``last_event_ms``), merged the same way by the hopping, session and sliding
-operators. ``hopping_windows.Aggregate`` is one plus its sketches; the session, sliding and
-sketch-lane records put their key (start, end or pane time) first and hold one. Every state
+the latest event, ``last_event_ms``), merged the same way by the session and sliding
+operators, whose state records put their key (start, end or pane time) first and hold
+one. Every state
 record packs these six values contiguously, in :meth:`Scalars.record` order, and a fresh one
 packs as ``0, 0.0, +inf, -inf, 0.0, -1``: running checkpoints hold those bytes.
 

@@ -40,12 +40,12 @@ absorbs the sessions it touches by start; a sliding pane merges its partials, an
 window merges the panes inside it in time order. So for one receiver whose heartbeats strictly
 increase (each segment sorts after the previous one in the operators' order too) a session or
 sliding window's digest and HLL are byte for byte the operators'; otherwise (several receivers,
-equal heartbeats, and tumbling/hopping windows, whose sketch lane merges a micro-batch's
-partials at once; hopping: into a delta per pane, which each window holding the pane absorbs)
-the digest merge order differs and quantiles agree within the t-digest's rank error. This
-windower copies a hopping partial into each window it lies in: the definition the pane merge
-must equal. HDR buckets add per index and the HLL union keeps the maximum per register, so bucket
-rows and distinct counts agree exactly whatever the order.
+equal heartbeats, and tumbling/hopping windows, whose open windows merge a micro-batch's
+partials at once, per pane, and a hopping window's panes when it is published:
+``open_windows``) the digest merge order differs and quantiles agree within the t-digest's
+rank error. This windower copies a hopping partial into each window it lies in: the definition
+the pane merge must equal. HDR buckets add per index and the HLL union keeps the maximum per
+register, so bucket rows and distinct counts agree exactly whatever the order.
 
 Early emission (``early_every``, the store's ``_EARLY``): each ``feed`` is one micro-batch.
 After it, with watermark ``W``, a window ``[start, end)`` with ``W < end`` and ``W - start >=
@@ -524,7 +524,8 @@ class ReferenceWindower:
     def stored(self, *, after_replay: bool = False) -> dict[WindowKey, StoredWindow]:
         """The final state of ``window_results``, as the job stores it (NULLs by type).
 
-        Windows whose end the watermark has not passed are not there (``window_pending``).
+        Windows whose end the watermark has not passed are not there (the job holds them, or
+        they wait in ``window_pending``).
 
         ``after_replay``: as after `streamgauge replay` over all time, final windows include
         their late partials (and windows made only of late partials exist); for session and

@@ -57,8 +57,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -66,28 +68,26 @@ from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sinks.store import LateRecord, ResultStore, canonical_tags_text
 from streamgauge.sketches.hdr import HdrLayout
+from streamgauge.windows.assign import PaneAssigner
+from streamgauge.windows.batch_log import partials_since
 from streamgauge.windows.job import (
-    SETS_WATERMARK_PREFIX,
     aggregate_windows,
     assign_windows,
     metric_filter,
-    native_lane_types,
     query_name,
     series_keys,
     series_tags,
-    sets_query,
-    sketch_lane_types,
     sketch_params,
     to_histogram_rows,
     to_result_rows,
 )
+from streamgauge.windows.open_windows import OpenWindows, take_hdr
+from streamgauge.windows.results import histogram_rows
 from streamgauge.windows.session_windows import LOG_ORDER, session_state_function
 from streamgauge.windows.session_windows import OUTPUT_COLUMNS as SERIES_OUTPUT_COLUMNS
 from streamgauge.windows.session_windows import OUTPUT_DDL as SERIES_OUTPUT_DDL
-from streamgauge.windows.sketch_windows import OUTPUT_DDL as SKETCH_OUTPUT_DDL
-from streamgauge.windows.sketch_windows import merge_windows_batch
 from streamgauge.windows.sliding_windows import sliding_state_function
-from streamgauge.windows.source import LANE_TYPES, SOURCE_NAME
+from streamgauge.windows.source import SOURCE_NAME, admitted_offset
 
 log = logging.getLogger(__name__)
 
@@ -148,17 +148,13 @@ def replay(
                 )
             )
             continue
-        # Each lane's watermark: a series' windows are computed by one lane, so they are final
-        # for replay once final in that lane. (A quantiles: kll window has one query; a sketch
-        # lane's state left from before it became one must not count. A sketch lane idle for
-        # a while, windows.source.QuietLane, must not hold the counters back.)
-        prefixes = ["watermark_ms"] + ([] if window.uses_kll else ["watermark_ms.sketches"])
-        if sets_query(window):
-            prefixes.append(SETS_WATERMARK_PREFIX)
-        lanes = [store.read_state(config.name, f"{prefix}:{window.name}")
-                 for prefix in prefixes]  # fmt: skip
-        known = [w for w in lanes if w is not None]
-        watermark_ms = min(known) if known else None
+        if not window.uses_kll:
+            report.append(
+                replay_pane_window(config, window, spool, store, clock, from_ms=from_ms,
+                                   to_ms=to_ms)  # fmt: skip
+            )
+            continue
+        watermark_ms = store.read_state(config.name, f"watermark_ms:{window.name}")
         if watermark_ms is None:
             report.append(ReplayedWindow(window.name, None, 0, 0, 0))
             continue
@@ -169,54 +165,17 @@ def replay(
             & (F.col("window_end_ms") > F.lit(from_ms))
         )
         params = sketch_params(config)
-        if window.uses_kll:  # every type in one aggregation, as the streaming query does
-            rows = to_result_rows(
-                aggregate_windows(
-                    assigned.where(_final_in(window, watermark_ms))
-                    .withColumn("window_end_ts", F.timestamp_millis("window_end_ms")),
-                    params.kll_k,
-                ).toArrow(),
-                config, window, revision=1, watermark_ms=watermark_ms,
-                emitted_at_ms=clock.now_ms(),
-            )  # fmt: skip
-            outcome = store.publish_corrections(rows, lock_name=query_name(config, window))
-            report.append(
-                ReplayedWindow(
-                    window.name, watermark_ms, rows.num_rows, outcome.rows_upserted,
-                    outcome.rows_finalized,
-                )
-            )  # fmt: skip
-            continue
-        native_ms, sketch_ms = lanes[:2]
-        natives = [(native_lane_types(window), native_ms)]
-        if sets_query(window):  # the sets' own query, its own watermark
-            natives.append((LANE_TYPES["sets"], lanes[2]))
-        merged = [
-            (aggregate_windows(
-                assigned.where(F.col("metric_type").isin(list(types)) & _final_in(window, ms))
-                .withColumn("window_end_ts", F.timestamp_millis("window_end_ms"))
-            ).toArrow(), ms) for types, ms in natives
-        ]  # fmt: skip
-        sketched = (
-            assigned.where(F.col("metric_type").isin(list(sketch_lane_types(window)))
-                           & _final_in(window, sketch_ms))
-            .groupBy("window_start_ms", "window_end_ms", "metric", "tags")
-            .applyInPandas(merge_windows_batch(params), SKETCH_OUTPUT_DDL)
-            .toArrow()
-        )
-        histograms = to_histogram_rows(
-            sketched, config, window, revision=0, layout=HdrLayout.from_params(params)
-        )
-        rows = pa.concat_tables(
-            [to_result_rows(changed, config, window, revision=1, watermark_ms=lane_ms,
-                            emitted_at_ms=clock.now_ms())
-             for changed, lane_ms in [*merged,
-                                      (sketched.drop_columns(["hdr_buckets"]), sketch_ms)]],
-            promote_options="permissive",
+        # every type in one aggregation, as the streaming query does
+        rows = to_result_rows(
+            aggregate_windows(
+                assigned.where(_final_in(window, watermark_ms))
+                .withColumn("window_end_ts", F.timestamp_millis("window_end_ms")),
+                params.kll_k,
+            ).toArrow(),
+            config, window, revision=1, watermark_ms=watermark_ms,
+            emitted_at_ms=clock.now_ms(),
         )  # fmt: skip
-        outcome = store.publish_corrections(
-            rows, lock_name=query_name(config, window), histograms=histograms
-        )
+        outcome = store.publish_corrections(rows, lock_name=query_name(config, window))
         report.append(
             ReplayedWindow(
                 window.name, watermark_ms, rows.num_rows, outcome.rows_upserted,
@@ -224,6 +183,70 @@ def replay(
             )
         )  # fmt: skip
     return report
+
+
+def replay_pane_window(
+    config: PipelineConfig,
+    window: WindowSpec,
+    spool: Path | str,
+    store: ResultStore,
+    clock: Clock,
+    *,
+    from_ms: int,
+    to_ms: int,
+) -> ReplayedWindow:
+    """Recompute and publish the final tumbling or hopping windows of ``window`` overlapping
+    ``[from_ms, to_ms)`` that hold a late partial, with the streaming job's own logic
+    (``PaneAssigner``, ``OpenWindows``) over the log read again, no partial late."""
+    watermark_ms = store.read_state(config.name, f"watermark_ms:{window.name}")
+    if watermark_ms is None:
+        return ReplayedWindow(window.name, None, 0, 0, 0)
+    # Read before the log: every late row seen here has its partial in what is read next.
+    late = store.read_late_partials(config.name, window.name)
+    if not late:
+        return ReplayedWindow(window.name, watermark_ms, 0, 0, 0)
+    assert window.size_ms is not None
+    params = sketch_params(config)
+    windows = OpenWindows(PaneAssigner.of(window), params)
+    metrics = pa.array(sorted({record.metric for record in late}), pa.string())
+    everything = admitted_offset(spool, {}, hold_back=False)["receivers"]
+    for table in partials_since(spool, everything, from_ms - window.size_ms):
+        table = table.filter(pc.is_in(table.column("metric"), value_set=metrics))
+        never_late = pa.array(np.zeros(table.num_rows, np.int64))
+        table = table.set_column(
+            table.schema.get_field_index("prior_heartbeat_ms"), "prior_heartbeat_ms", never_late
+        )
+        windows.absorb(windows.assigner.assign(table).on_time)
+    last_end = watermark_ms - window.allowed_lateness_ms  # final windows only
+    starts = [s for s in windows.window_starts(None, last_end)
+              if s < to_ms and s + window.size_ms > from_ms]  # fmt: skip
+    recomputed = windows.windows(dict.fromkeys(starts))
+    chosen, applied = affected_windows(recomputed.table, late, window, config.pane_ms)
+    keep = pa.array(_rows_of(recomputed.table, chosen), pa.int64())
+    rows = to_result_rows(
+        chosen, config, window, revision=1, watermark_ms=watermark_ms,
+        emitted_at_ms=clock.now_ms(),
+    )  # fmt: skip
+    histograms = histogram_rows(
+        chosen, take_hdr(recomputed.hdr, np.asarray(keep.to_numpy(), np.int64)), config,
+        window, revision=0, layout=HdrLayout.from_params(params),
+    )  # fmt: skip
+    outcome = store.publish_corrections(
+        rows, lock_name=query_name(config, window), histograms=histograms, late_ids=applied
+    )
+    return ReplayedWindow(
+        window.name, watermark_ms, rows.num_rows, outcome.rows_upserted, outcome.rows_finalized
+    )
+
+
+def _rows_of(table: pa.Table, chosen: pa.Table) -> list[int]:
+    """The row numbers in ``table`` of ``chosen``'s windows (a subset, in order)."""
+    index = {key: i for i, key in enumerate(zip(
+        *(table.column(n).to_pylist() for n in ("metric", "tags", "window_start_ms")),
+        strict=True))}  # fmt: skip
+    return [index[key] for key in zip(
+        *(chosen.column(n).to_pylist() for n in ("metric", "tags", "window_start_ms")),
+        strict=True)]  # fmt: skip
 
 
 def _final_in(window: WindowSpec, lane_watermark_ms: int | None) -> Column:

@@ -1,9 +1,9 @@
 """One SparkSession per process, configured for small, stateful streaming jobs.
 
-Spark's cold start costs seconds (DESIGN.md §9), so the daemon and the test run each build one
-session and share it. ``spark.sql.shuffle.partitions`` is the number of state-store
-partitions of every stateful query and is frozen into its checkpoint: Spark's default of 200
-makes each micro-batch of a small job run 200 tasks, so it defaults to a few per core here.
+Spark's cold start costs seconds, so the daemon and the test run each build one session and
+share it. ``spark.sql.shuffle.partitions`` is the number of state-store partitions of every
+stateful query and is frozen into its checkpoint: Spark's default of 200 makes each
+micro-batch of a small job run 200 tasks, so it defaults to one per core here (at least 2).
 
 Spark starts its Python workers (which run the spool source) with ``python3`` from ``PATH``
 unless told otherwise; outside an activated venv that interpreter lacks pyarrow and
@@ -52,8 +52,9 @@ def build_spark_session(
     extra_conf: dict[str, str] | None = None,
 ) -> SparkSession:
     # One state partition per core: each partition's state store writes its own files and
-    # runs its own task every batch, and with 2 per core a 10k-series batch took longer
-    # (bench/windows.py, README "Windows"). A checkpoint keeps the count it started with.
+    # runs its own task every batch, so more partitions than cores make a batch of a stateful
+    # query (session, sliding, kll windows) take longer, not shorter. A checkpoint keeps the
+    # count it started with.
     partitions = shuffle_partitions or max(2, os.cpu_count() or 1)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -69,10 +70,10 @@ def build_spark_session(
         # Checkpoints on a local path: Hadoop's raw local file system instead of its
         # ChecksumFileSystem wrapper. The wrapper writes a .crc file beside every state delta,
         # offset and commit file, and without Hadoop's native library each file it creates
-        # forks a chmod (JFR: 180 processes in 12 s). A 10k-series batch's state commit went
-        # from 0.34-0.45 s to 0.10-0.15 s, its offset and commit log writes from 0.25-0.30 s
-        # to 0.08-0.12 s. What the .crc guarded is still checked: state files are LZ4 blocks
-        # with their own checksums, the offset and commit logs versioned JSON.
+        # forks a chmod (JFR shows a process per file). Without it a batch's state commit and
+        # its offset and commit log writes take a fraction of the time. What the .crc guarded
+        # is still checked: state files are LZ4 blocks with their own checksums, the offset
+        # and commit logs versioned JSON.
         .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
         .config(
             "spark.hadoop.fs.AbstractFileSystem.file.impl",

@@ -15,9 +15,10 @@ which consecutive events are less than ``gap`` apart; it is the half-open interv
     sessions     [0 ............................................... 11)
                  rows [0, 5) and [7, 11) are retracted in the transaction that writes [0, 11)
 
-Emission is that of every window kind (``job.py``): a session is held in ``window_pending``
-until the watermark ``W`` passes its end, then provisional in ``window_results``, corrected
-while stragglers extend or merge it, final once ``end + allowed_lateness <= W``.
+Emission follows the rules of every window kind (``docs/concepts.md``, "A window's rows:
+provisional, revised, final"): a session waits in ``window_pending`` until the watermark ``W``
+passes its end, then is provisional in ``window_results``, corrected while stragglers extend
+or merge it, final once ``end + allowed_lateness <= W``.
 
 Lateness, per partial (``W' = prior heartbeat of its segment - watermark_delay``):
 
@@ -33,8 +34,8 @@ Lateness, per partial (``W' = prior heartbeat of its segment - watermark_delay``
 
 Operator: ``applyInPandasWithState`` keyed by (metric, tags), fed the on-time partials in
 update mode. State per series = the metric type and the open (or recently final) sessions,
-packed as one binary blob (DESIGN.md §9: an array field in the state schema crashed the Python
-worker, a blob works): per session a fixed-size record, then its variable-length sketches
+packed as one binary blob (an array field in the state schema crashes the Python worker, a
+blob does not): per session a fixed-size record, then its variable-length sketches
 (``window_sketches``: t-digest and HDR buckets for ``ms h d``, HLL for ``s``; a lognormal timer
 session ~17 KB, a set session at most 4.2 KB). Each call emits, per series, the sessions
 the batch created or changed (``change = 'upsert'``, with p50/p90/p99/p999, the merged digest,

@@ -58,16 +58,17 @@ entirely late)::
     left of 6                     [...........)        7 + 1 > 6: open, updated {4, 6}
     right of 4                        [...........)    new: {6}
 
-Emission is that of every window kind (``job.py``): held in ``window_pending`` until the
-watermark passes the end, provisional, corrected while stragglers change it, final at
+Emission follows the rules of every window kind (``docs/concepts.md``, "A window's rows:
+provisional, revised, final"); a sliding window waits in ``window_pending`` until the
+watermark passes its end, is provisional, corrected while stragglers change it, final at
 ``end + L <= W``. Sliding windows are never superseded (a window's bounds never change), so
 the operator emits ``upsert`` and ``late`` rows but no ``retract``.
 
 Operator: ``applyInPandasWithState`` keyed by (metric, tags), fed the partials that are not
 entirely late, in update mode, like ``session_windows``. State per series = the metric type,
 the panes (merged per event time) and the windows (by start), each packed as a blob of
-fixed-size records each followed by its sketches (``window_sketches``; DESIGN.md §9: array
-fields in the state schema crash the Python worker). Every window row carries, like a
+fixed-size records each followed by its sketches (``window_sketches``): an array field in the
+state schema crashes the Python worker, a blob does not. Every window row carries, like a
 session's, p50/p90/p99/p999, the merged digest, the HdrHistogram encoding and bucket rows
 (``ms h d``) or the distinct count and merged HLL (``s``). A new window merges the panes inside
 it in time order; an existing one merges each partial that reaches it.

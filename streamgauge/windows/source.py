@@ -60,39 +60,36 @@ Offsets keep their format: ``seq``/``heartbeat_ms``/``closed`` of the last segme
 (a quiet lane's add ``busy_until_ms``, below).
 Batch reads (``replay``) read the whole log.
 
-**Each query reads only the rows it can use** (``RowFilter``, the ``lane`` and
-``lateMarginMs`` options). Every query scans the log for itself, and handing a row from the
-Python worker to the JVM (Arrow to ``UnsafeRow``) is a large part of a batch's cost; a
-tumbling window's two lanes used to take every row each, three times in all (the sketch
-lane's query scans twice: lane and late rows). Now the native lane takes counters, gauges and
-sets, the sketch lane timers, histograms and distributions, and a query that records late
-rows also every row that *may* be late: a row is late for a window only if that window closed
-before the row's segment was written, and every window holding the row ends after its event
-time, so ``event < prior_heartbeat - (watermark_delay + allowed_lateness)`` keeps a superset
-(the job's own late rule then decides). Spark's watermark of a lane now follows that lane's
-own rows: it can only be lower than before, so it drops nothing more; it frees state later
-while a lane's types are idle.
+**A query may read only the rows it can use** (``RowFilter``, the ``lane`` and
+``lateMarginMs`` options): handing a row from the Python worker to the JVM (Arrow to
+``UnsafeRow``) is a large part of a batch's cost. A session or sliding window's late-rows
+query takes only the rows that *may* be late: a row is late for a window only if that window
+closed before the row's segment was written, and every window holding the row ends after its
+event time, so ``event < prior_heartbeat - (watermark_delay + allowed_lateness)`` keeps a
+superset (the job's own late rule then decides). The per-type lanes (``LANE_TYPES``) are used
+by no query of the job any more: a tumbling or hopping window's one query reads its segments
+in the driver (``batch_log``), and the others take every row.
 
-**An idle lane waits** (``QuietLane``: a tumbling or hopping window's sketch lane, and the
-late-rows query of a session or sliding window, in a live job). A query with no rows of its
-own still ran a micro-batch on every new segment: read the segment, run its stages, commit its
-state and its store transaction (under the window's lock, which the other lane then waits
-for). At 100k counter series the idle sketch lane ran ~1 batch a second, and the counters'
-batches took twice as long beside it. Now ``latestOffset`` reads each new segment's footer
-(``read_contents``: its metric types and pane range) and admits nothing while:
+**An idle query waits** (``QuietLane``: a tumbling or hopping window's query, and the
+late-rows query of a session or sliding window, in a live job; ``docs/architecture.md``
+D6). A query with nothing to do would still run a micro-batch on every new segment (an idle
+receiver writes one a second): read it, plan, commit its offsets and its store transaction.
+``latestOffset`` reads each new segment's footer (``read_contents``: its metric types and
+pane range) and admits nothing while:
 
 - no new segment has a row for the query (``RowFilter.wants``: ``apply``'s rule, per segment);
 - every window of the rows it took is final by the heartbeats it took: it keeps taking every
   segment until the heartbeat reaches the latest such row's pane + ``QuietLane.span_ms``
   (pane + size + ``watermark_delay`` + ``allowed_lateness``), ``busy_until_ms`` in the offset;
 - less than ``QuietLane.every_ms`` (30 s) of heartbeat came since its last batch: an idle
-  lane's watermark in ``pipeline_state`` trails by at most that (``replay`` takes a window as
-  final by the watermark of the lane that computes it, so counters never wait for it).
+  query's watermark in ``pipeline_state`` trails by at most that (``replay`` takes a window
+  as final by that watermark).
 
 It notes what it passed over in its checkpoint (``retention.PASSED_OVER_FILE``): the
 receivers' ``segment_lag_ms`` counts those segments as done, retention still keeps them.
 
-Timeline, a sketch lane over a log of counters, one timer at 32 s (10 s windows, span 14 s)::
+Timeline, a query whose rows are timers, over a log of counters, one timer at 32 s (10 s
+windows, span 14 s)::
 
     heartbeat (s)   1 ...... 31 . 33 ............ 46 .......... 76
     segments        c ...... c  c  c+ms c c ... c  c ... c ... c  c
@@ -110,7 +107,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -146,9 +143,7 @@ from streamgauge.ingest.spool_fs import SpoolLike
 SOURCE_NAME = "streamgauge_spool"
 
 #: The metric types of each ``lane`` option value besides ``all`` and ``none``: which a query
-#: reads whole (``native`` and ``sketch``; ``plain`` and ``sketch_sets``: the lanes of a
-#: tumbling window with ``sets: with_timers``, ``job.sketch_lane_types``; ``plain`` and
-#: ``sets``: with ``sets: separate``).
+#: reads whole (no query of the job uses them any more: module docstring).
 LANE_TYPES: dict[str, tuple[str, ...]] = {
     "native": ("c", "g", "s"),
     "plain": ("c", "g"),
@@ -532,7 +527,7 @@ def admitted_offset(
 ) -> dict[str, Any]:
     """The offset after ``start`` that admits every new segment (``hold_back``: except those
     ahead of the slowest open receiver, ``admission_bounds``): what the source's
-    ``latestOffset`` offers, and what ``HoldingBatchWriter`` expects the next batch to take.
+    ``latestOffset`` offers (``hold_back=False``: every segment, what ``replay`` reads).
     """
     known: dict[str, Any] = dict(start.get("receivers", {}))
     pending: dict[str, list[SegmentInfo]] = {}
@@ -576,48 +571,6 @@ def segments_between(spool: SpoolLike, receiver: str, after: int, upto: int) -> 
     if after < 0:
         return list_segments(spool, receiver, after, upto)
     return [segment_at(spool, receiver, seq) for seq in range(after + 1, upto + 1)]
-
-
-def batch_event_floor_ms(
-    spool: SpoolLike,
-    checkpoint: Path,
-    batch_id: int,
-    offsets_of: Callable[[int], dict[str, dict[str, Any]]] | None = None,
-) -> int | None:
-    """No row batch ``batch_id`` reads has an event time below this (None: not known).
-
-    From the footers of the segments the batch admitted (between the offsets Spark logged for
-    the batch before and for this one, read by ``offsets_of``, ``batch_heartbeats`` if not
-    given; ``event_floor_ms``). Unknown for a checkpoint's first batch (no earlier offset).
-    What it is for: ``HoldingBatchWriter`` publishes the windows a batch's watermark passes
-    before Spark runs the batch if none of its rows can change them.
-    """
-    if batch_id == 0 or not (checkpoint / "offsets" / str(batch_id - 1)).exists():
-        return None
-    offsets = offsets_of or (lambda k: batch_heartbeats(checkpoint, k))
-    return event_floor_ms(spool, offsets(batch_id - 1), offsets(batch_id))
-
-
-def event_floor_ms(
-    spool: SpoolLike, after: dict[str, dict[str, Any]], upto: dict[str, dict[str, Any]]
-) -> int | None:
-    """No row of the segments between two offsets' receivers (``after`` exclusive, ``upto``
-    inclusive) has an event time below this (None: no segment between them).
-
-    Read from their footers, not their rows: per segment the earlier of its first pane and
-    its heartbeat (the job caps an event time at the heartbeat). A segment without rows
-    bounds nothing below its heartbeat.
-    """
-    floors: list[int] = []
-    for receiver, position in upto.items():
-        before = int(after.get(receiver, {"seq": -1})["seq"])
-        for segment in segments_between(spool, receiver, before, int(position["seq"])):
-            contents, heartbeat = read_contents(segment)
-            panes = contents.pane_range_ms
-            floors.append(
-                heartbeat.heartbeat_ms if panes is None else min(panes[0], heartbeat.heartbeat_ms)
-            )
-    return min(floors, default=None)
 
 
 def receivers_heartbeat_ms(receivers: dict[str, dict[str, Any]]) -> int | None:

@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,18 +56,99 @@ import numpy as np
 
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.sketches.accuracy import SketchParams
-from streamgauge.sketches.hdr import HdrLayout
-from streamgauge.windows.sketch_windows import (
-    QUANTILE_COLUMNS,
-    digest_quantiles,
-    distinct_count,
-    merge_digest,
-    merge_hdr,
-    merge_hll,
-    pack_buckets,
-    pack_digest_and_buckets,
-    unpack_digest_and_buckets,
-)
+from streamgauge.sketches.hdr import HdrLayout, merge
+from streamgauge.sketches.hll import estimate, serialize_hll, union_hll
+from streamgauge.sketches.tdigest import deserialize_tdigest, new_tdigest, quantiles
+
+QUANTILES = (0.5, 0.9, 0.99, 0.999)
+
+
+QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999")
+
+
+def pack_digest_and_buckets(digest: bytes, buckets: np.ndarray, counts: np.ndarray) -> bytes:
+    """A digest and HDR buckets as state bytes (their lengths go in the caller's header)."""
+    return digest + buckets.astype("<i4").tobytes() + counts.astype("<i8").tobytes()
+
+
+def unpack_digest_and_buckets(
+    data: bytes, offset: int, n_digest: int, n_buckets: int
+) -> tuple[bytes, np.ndarray, np.ndarray, int]:
+    """``pack_digest_and_buckets``' bytes at ``offset``, and the offset after them."""
+    digest = data[offset : offset + n_digest]
+    offset += n_digest
+    buckets = np.frombuffer(data, "<i4", n_buckets, offset).astype(np.int32)
+    offset += 4 * n_buckets
+    counts = np.frombuffer(data, "<i8", n_buckets, offset).astype(np.int64)
+    return digest, buckets, counts, offset + 8 * n_buckets
+
+
+def pack_buckets(buckets: np.ndarray, counts: np.ndarray) -> bytes:
+    """Sparse HDR rows as one binary value: n int32 indices, then n int64 counts."""
+    return buckets.astype("<i4").tobytes() + counts.astype("<i8").tobytes()
+
+
+def unpack_buckets(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
+    n = len(blob) // 12
+    return (
+        np.frombuffer(blob, "<i4", n, 0).astype(np.int64),
+        np.frombuffer(blob, "<i8", n, 4 * n).astype(np.int64),
+    )
+
+
+def merge_digest(digest: bytes, blobs: Iterable[bytes | None], k: int) -> bytes:
+    """``digest`` (serialized; ``b""`` for none yet) with the serialized pane digests ``blobs``
+    merged in, in order, serialized again (NULL blobs skipped). The one t-digest merge of every
+    window kind: a function of its inputs, so a replayed batch gives the same bytes."""
+    merged = deserialize_tdigest(digest) if digest else new_tdigest(k)
+    for blob in blobs:
+        if blob is not None:
+            merged.merge(deserialize_tdigest(blob))
+    return bytes(merged.serialize())
+
+
+def merge_hdr(
+    buckets: np.ndarray,
+    counts: np.ndarray,
+    index_lists: Iterable[Any],
+    count_lists: Iterable[Any],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sparse HDR rows (int32 indices, int64 counts) with the partials' lists added (NULL lists
+    skipped): counts add per bucket index, so the order of the partials does not matter."""
+    parts_i = [buckets.astype(np.int64)]
+    parts_c = [counts]
+    for index_list, count_list in zip(index_lists, count_lists, strict=True):
+        if index_list is not None:
+            parts_i.append(np.asarray(index_list, dtype=np.int64))
+            parts_c.append(np.asarray(count_list, dtype=np.int64))
+    merged, summed = merge(np.concatenate(parts_i), np.concatenate(parts_c))
+    return merged.astype(np.int32), summed
+
+
+def merge_hll(hll: bytes, blobs: Iterable[bytes | None], lg_k: int) -> bytes:
+    """``hll`` (a serialized HLL; ``b""`` for none yet) unioned with the pane HLLs ``blobs``
+    (NULL skipped) at ``lg_k``, serialized: a set window's sketch."""
+    images = [bytes(blob) for blob in blobs if blob is not None]
+    if not images:
+        return hll
+    return serialize_hll(union_hll([hll, *images] if hll else images, lg_k))
+
+
+def distinct_count(hll: bytes) -> float | None:
+    """A set window's distinct count, rounded as Spark's ``hll_sketch_estimate`` rounds (the
+    native lanes' and other window kinds' numbers are the same)."""
+    return float(math.floor(estimate(hll).estimate + 0.5)) if hll else None
+
+
+def digest_quantiles(digest: bytes) -> list[float | None]:
+    """p50/p90/p99/p999 (``QUANTILES``) of a serialized digest; NULLs without one (a window
+    whose partials came without digests: an old log)."""
+    tdigest = deserialize_tdigest(digest) if digest else None
+    if tdigest is None or tdigest.is_empty():
+        return [None] * len(QUANTILES)
+    return [float(v) for v in quantiles(tdigest, QUANTILES)]
+
+
 
 _HEADER = struct.Struct("<?III")
 

@@ -125,7 +125,6 @@ def test_reference_uses_every_key() -> None:
         "group_by",
         "quantiles",
         "early_every",
-        "sets",
     }
 
 
@@ -174,7 +173,6 @@ def test_defaults() -> None:
                 "metrics": ["*"],
                 "group_by": [],
                 "quantiles": "tdigest",
-                "sets": "native",
             }
         ],
     }
@@ -205,7 +203,6 @@ def test_hop_equal_to_size_is_canonicalised_to_tumbling() -> None:
             "metrics": ["*"],
             "group_by": [],
             "quantiles": "tdigest",
-            "sets": "native",
         }
     ]
 
@@ -292,7 +289,7 @@ windows:
 
 WINDOW_KEYS = (
     "name, kind, size, hop, offset, gap, key, watermark_delay, allowed_lateness, metrics, "
-    "group_by, quantiles, early_every, sets"
+    "group_by, quantiles, early_every"
 )
 
 

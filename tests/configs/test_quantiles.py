@@ -147,79 +147,26 @@ def test_an_expensive_kll_k_is_a_warning() -> None:
     assert any("needs KLL k" in warning for warning in config.warnings)
 
 
-def test_sets_with_timers_is_per_tumbling_window_and_moves_its_sets_to_the_sketch_lane() -> None:
-    """``sets: with_timers``: the window's sets merge in its sketch lane (``splits_sets``),
-    its native lane takes counters and gauges only; the default keeps sets native, and a
-    hopping window whose hop is its size is the tumbling window it is."""
-    from streamgauge.windows.checkpoints import splits_sets
-    from streamgauge.windows.job import native_lane_types, sketch_lane_types
-
-    config = parse_config(
-        "windows:\n"
-        "  - {name: apart, kind: tumbling, size: 10s, sets: with_timers}\n"
-        "  - {name: whole, kind: hopping, size: 10s, hop: 10s, sets: with_timers}\n"
-        "  - {name: plain, kind: tumbling, size: 10s}\n",
-        "t",
-    )
-    assert [w.sets for w in config.windows] == ["with_timers", "with_timers", "native"]
-    assert [splits_sets(w) for w in config.windows] == [True, True, False]
-    apart, _, plain = config.windows
-    assert (native_lane_types(apart), sketch_lane_types(apart)) == (
-        ("c", "g"), ("d", "h", "ms", "s"))  # fmt: skip
-    assert (native_lane_types(plain), sketch_lane_types(plain)) == (
-        ("c", "g", "s"), ("d", "h", "ms"))  # fmt: skip
-    canonical = config.to_canonical_dict()["windows"]
-    assert [w["sets"] for w in canonical] == ["with_timers", "with_timers", "native"]
-    assert parse_config(yaml.safe_dump(config.to_canonical_dict()), "again") == config
-
-
-def test_sets_separate_runs_sets_in_a_query_of_their_own(tmp_path: Path) -> None:
-    """``sets: separate``: the native lane takes counters and gauges only, the sketch lane
-    its usual types, and the sets a third query with a checkpoint of its own, which
-    retention counts (``all_checkpoints``); the window's checkpoint differs from the other
-    two choices' (other states)."""
-    from streamgauge.windows.checkpoints import (
-        JobPaths,
-        all_checkpoints,
-        checkpoint_dir,
-        sets_checkpoint,
-        sets_query,
-        splits_sets,
-    )
-    from streamgauge.windows.job import native_lane_types, sketch_lane_types
-
-    def window_of(sets: str) -> str:
-        return f"  - {{name: w, kind: tumbling, size: 10s, sets: {sets}}}\n"
-
-    configs = {sets: parse_config("windows:\n" + window_of(sets), "t")
-               for sets in ("separate", "with_timers", "native")}  # fmt: skip
-    separate = configs["separate"].windows[0]
-    assert (sets_query(separate), splits_sets(separate)) == (True, False)
-    assert (native_lane_types(separate), sketch_lane_types(separate)) == (
-        ("c", "g"), ("d", "h", "ms"))  # fmt: skip
-    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
-    own = checkpoint_dir(paths, configs["separate"], separate)
-    assert sets_checkpoint(own) in all_checkpoints(paths, configs["separate"])
-    assert len({checkpoint_dir(paths, c, c.windows[0]) for c in configs.values()}) == 3
-    for other in ("with_timers", "native"):
-        assert not sets_query(configs[other].windows[0])
-        assert len(all_checkpoints(paths, configs[other])) == 2
-    canonical = configs["separate"].to_canonical_dict()
-    assert canonical["windows"][0]["sets"] == "separate"
-    assert parse_config(yaml.safe_dump(canonical), "again") == configs["separate"]
-
-
 @pytest.mark.parametrize(
-    ("window", "path", "message"),
+    "window",
     [
-        ("{name: w, kind: tumbling, size: 10s, sets: timers}", "windows[0].sets", "unknown value 'timers'; one of native, with_timers, separate; did you mean with_timers?"),
-        ("{name: w, kind: tumbling, size: 10s, sets: 1}", "windows[0].sets", "must be one of native, with_timers, separate, not a number (1)"),
-        ("{name: w, kind: hopping, size: 10s, hop: 5s, sets: with_timers}", "windows[0].sets", "tumbling windows only: a hopping window merges its sets by panes"),
-        ("{name: w, kind: sliding, size: 5s, sets: with_timers}", "windows[0].sets", "tumbling windows only: a sliding window merges its sets in its own operator already"),
-        ("{name: w, kind: tumbling, size: 10s, quantiles: kll, sets: with_timers}", "windows[0].sets", "a quantiles: kll window runs one query, which merges every type"),
-        ("{name: w, kind: tumbling, size: 10s, quantiles: kll, sets: separate}", "windows[0].sets", "a quantiles: kll window runs one query, which merges every type"),
-        ("{name: w, kind: session, gap: 5s, key: user, sets: separate}", "windows[0].sets", "tumbling windows only: a session window merges its sets in its own operator already"),
+        "{name: w, kind: tumbling, size: 10s, sets: separate}",
+        "{name: w, kind: tumbling, size: 10s, sets: with_timers}",
+        "{name: w, kind: hopping, size: 10s, hop: 5s, sets: native}",
     ],
-)  # fmt: skip
-def test_bad_sets_are_reported_at_their_path(window: str, path: str, message: str) -> None:
-    assert issues(f"windows: [{window}]") == [(path, message)]
+)
+def test_sets_is_refused_with_why_it_is_gone(window: str) -> None:
+    """``sets:`` chose where a window merged its sets, a speed trade-off that no longer exists:
+    a config that still says it is told to remove it, at its path."""
+    message = "unknown key; sets: is no longer needed (every metric type takes one path): remove it"
+    assert issues(f"windows: [{window}]") == [("windows[0].sets", message)]
+
+
+def test_a_tumbling_window_is_one_query_with_one_checkpoint(tmp_path: Path) -> None:
+    """Every metric type of a tumbling or hopping window takes one query: one checkpoint,
+    which retention counts (``all_checkpoints``)."""
+    from streamgauge.windows.checkpoints import JobPaths, all_checkpoints, checkpoint_dir
+
+    config = parse_config("windows: [{name: w, kind: tumbling, size: 10s}]", "t")
+    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
+    assert all_checkpoints(paths, config) == [checkpoint_dir(paths, config, config.windows[0])]

@@ -1,5 +1,6 @@
 """Faults while traffic flows: the store must end up holding exactly what the durable log
-holds, once, whatever happened in between (DESIGN.md: nothing lost, nothing counted twice).
+holds, once, whatever happened in between: nothing lost, nothing counted twice (the log is
+the source of truth and the job exactly-once over it, ``docs/architecture.md §2, §3``).
 
 - ``kill -9`` of the daemon (the Spark driver) mid-stream, then a restart on the same data
   directory: Spark resumes from its checkpoint, the interrupted micro-batch is replayed with

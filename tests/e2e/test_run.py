@@ -224,8 +224,8 @@ def test_statsd_traffic_lands_in_final_windows_exactly(daemon: Daemon) -> None:
 
 
 def test_timer_percentiles_and_set_distinct_counts_reach_the_store(daemon: Daemon) -> None:
-    """Timers and sets from the reference client, through receivers, segments, both lanes of
-    the window job and the store: the stored HDR buckets of all windows merge (in SQL) to
+    """Timers and sets from the reference client, through receivers, segments, the window job
+    and the store: the stored HDR buckets of all windows merge (in SQL) to
     exactly the histogram of what was sent, each window's t-digest percentiles lie within its
     own values, and the union of the windows' HLLs counts exactly the members sent."""
     host, port = daemon.info["udp"].rsplit(":", 1)

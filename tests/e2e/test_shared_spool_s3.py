@@ -1,4 +1,5 @@
-"""Two hosts, one spool on an object store: issue #7's scale-out with a real S3 API server.
+"""Two hosts, one spool on an object store (``docs/scale-out.md``, "One spool shared by several
+hosts"), with a real S3 API server.
 
 Two ``streamgauge ingest --spool s3://…`` processes (each its own receiver name, data
 directory and UDP port, as on two hosts) receive real UDP from the ``statsd`` client and write

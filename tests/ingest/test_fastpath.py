@@ -58,9 +58,10 @@ def test_a_value_is_fast_only_if_the_protocol_takes_it_and_then_equal(text: str)
 
 NAMES = ["a", "b", "c.d", "bad name", ""]
 TYPES = ["c", "g", "ms", "d", "h", "s", "q"]
-VALUES = ["1", "0", "-0", "2.5", "-3", "+4", "1e3", "nan", "1:2", "", ".5", "7"]
+VALUES = ["1", "0", "-0", "2.5", "-3", "+4", "1e3", "nan", "1:2", "", ".5", "7", "1:", "::2",
+          "a:b"]
 EXTRAS = ["", "", "", "|@0.5", "|@0.25", "|#x:1", "|#x:1,y:2", "|#y:2,x:1", "|#x", "|T{ts}",
-          "|T1", "|c:abc", "\r", "|zz", "|@2"]
+          "|T1", "|c:abc", "\r", "|zz", "|@2", "|f:x", "|#,x:1", "|#x:1,", "|#x:1|zz"]
 
 
 @st.composite
@@ -153,11 +154,18 @@ def test_fast_and_general_paths_give_identical_partials_and_counts(
 
 def test_mixed_datagrams_take_both_paths_and_agree(tmp_path: Path) -> None:
     """A fixed mix: plain lines (fast after the first sight), deltas, rates, tags in another
-    order, client timestamps, multi-values and rejects, over several panes."""
+    order or with empty entries, client timestamps, multi-values (with empty items), set
+    members with colons, unknown fields (counted on every line, so never fast) and rejects,
+    over several panes."""
     lines = [b"hits:1|c", b"hits:2|c|@0.5", b"lat:12.5|ms|#host:a", b"depth:10|g",
              b"depth:+5|g", b"depth:-2|g", b"lat:3|ms|#host:a", b"req:1:2:3|d",
              b"lat:7|ms|#host:b,zone:z", b"lat:8|ms|#zone:z,host:b", b"hits:x|c", b"q:1|zz",
-             b"hits:4|c|T%d" % (T0 // 1000), b"depth:-0|g", b"hits:0|c\r", b"depth:0|g"]
+             b"hits:4|c|T%d" % (T0 // 1000), b"depth:-0|g", b"hits:0|c\r", b"depth:0|g",
+             b"hits:5|c|f:future", b"lat:9|ms|#,host:a", b"lat:2|ms|#host:a,", b"req:4:5:|d",
+             b"users:user:42|s", b"peers:2001:db8::1|s"]
+    unknown_sent = sum(lines[(round_ + i) % len(lines)] == b"hits:5|c|f:future"
+                       for round_ in range(40) for k in (1, 3, 7) for i in range(k))
+    assert unknown_sent > 10
     outcomes = []
     for fast in (True, False):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -174,6 +182,8 @@ def test_mixed_datagrams_take_both_paths_and_agree(tmp_path: Path) -> None:
             rows = [row for segment in list_segments(tmp_path / str(fast), "udp-0")
                     for batch in read_segment(segment.path) for row in batch.to_pylist()]
             outcomes.append((_exact(rows), receiver.stats.to_json()))
+            # every line with its unknown field counted, on either path
+            assert receiver.stats.adjusted["unknown_field"] == unknown_sent
             if fast:
                 # a good part took the fast path (series mixed with |T or deltas did not)
                 assert receiver.fast_lines > receiver.stats.lines / 4

@@ -57,9 +57,27 @@ GOOD = [
     # sets: the member is a string, any printable text (numbers stay text: "42" is not 42.0)
     (b"users:u-42|s|#env:prod",
      [Sample("users", "s", 1.0, 1.0, (("env", "prod"),), member="u-42")]),
-    (b"users:42:caf\xc3\xa9|s",
-     [Sample("users", "s", 1.0, 1.0, (), member="42"),
-      Sample("users", "s", 1.0, 1.0, (), member="caf\u00e9")]),
+    # one member, colons and all: sets take no multi-value list
+    (b"users:42:caf\xc3\xa9|s", [Sample("users", "s", 1.0, 1.0, (), member="42:caf\u00e9")]),
+    (b"users:user:42|s", [Sample("users", "s", 1.0, 1.0, (), member="user:42")]),
+    (b"peers:2001:db8::1|s|#k:v",
+     [Sample("peers", "s", 1.0, 1.0, (("k", "v"),), member="2001:db8::1")]),
+    (b"users:+10|s", [Sample("users", "s", 1.0, 1.0, (), member="+10")]),
+    (b"users::|s", [Sample("users", "s", 1.0, 1.0, (), member=":")]),
+    # an empty item of a multi-value list is skipped, for every type but sets
+    (b"d:1:2:|d", [Sample("d", "d", v, 1.0, ()) for v in (1.0, 2.0)]),
+    (b"x:1::2|ms", [Sample("x", "ms", v, 1.0, ()) for v in (1.0, 2.0)]),
+    (b"x::5|c", [Sample("x", "c", 5.0, 1.0, ())]),
+    (b"g:+1:|g", [Sample("g", "g", 1.0, 1.0, (), delta=True)]),
+    # empty tags are skipped
+    (b"x:1|c|#,k:v", [Sample("x", "c", 1.0, 1.0, (("k", "v"),))]),
+    (b"x:1|c|#k:v,", [Sample("x", "c", 1.0, 1.0, (("k", "v"),))]),
+    (b"a:1|g|#f,,z", [Sample("a", "g", 1.0, 1.0, (("f", ""), ("z", "")))]),
+    (b"a:1|g|#,", [Sample("a", "g", 1.0, 1.0, ())]),
+    # fields this parser does not know are ignored (and counted by the receiver)
+    (b"x:1|c|f:future", [Sample("x", "c", 1.0, 1.0, (), unknown_fields=1)]),
+    (b"x:1|c|#k:v|zz|m:1", [Sample("x", "c", 1.0, 1.0, (("k", "v"),), unknown_fields=2)]),
+    (b"u:a:b|s|f:x", [Sample("u", "s", 1.0, 1.0, (), member="a:b", unknown_fields=1)]),
 ]
 
 BAD = [
@@ -80,7 +98,8 @@ BAD = [
     (b"x:1|c|@fast", "invalid_sample_rate"),
     (b"x:1|c|#" + b",".join(b"t%d:v" % i for i in range(65)), "too_many_tags"),
     (b"x:1|c|#:v", "invalid_tag"),
-    (b"x:1|c|zzz", "malformed_line"),
+    (b"x:1|c|#a,:v", "invalid_tag"),
+    (b"x:1|c|#" + b",".join(b"t%d:v" % i for i in range(65)) + b",,", "too_many_tags"),
     (b"\xff\xfe:1|c", "malformed_line"),
     (b"x|c", "malformed_line"),  # no colon at all
     (b"caf\xc3\xa9:1|c", "invalid_name"),  # non-ASCII name
@@ -94,7 +113,7 @@ BAD = [
     (b"x: 1|c", "invalid_value"),  # float() would strip it
     (b"x:0x10|c", "invalid_value"),
     (b"x:\xd9\xa3|c", "invalid_value"),  # an Arabic-Indic digit: float() takes it
-    (b"x:1::2|d", "invalid_value"),  # an empty value among several
+    (b"d::|d", "invalid_value"),  # only empty items: no value at all
     (b"x:1:abc|d", "invalid_value"),
     (b"x:1e999|g", "nan_value"),  # overflows to inf
     (b"x:-inf|g", "nan_value"),
@@ -117,7 +136,7 @@ BAD = [
     (b"_e{1,1}:a|b|p:urgent", "invalid_event"),
     (b"_e{1,1}:a|b|t:fatal", "invalid_event"),
     (b"_e{1,1}:a|b|d:yesterday", "invalid_event"),
-    (b"_e{1,1}:a|b|#,x", "invalid_event"),
+    (b"_e{1,1}:a|b|#:x", "invalid_event"),
     (b"_e{2,1}:\xc3|b", "invalid_event"),  # a length that splits a character
     (b"_e{1,1}", "invalid_event"),
     (b"_sc|", "invalid_service_check"),
@@ -125,7 +144,6 @@ BAD = [
     (b"_sc|db|7", "invalid_service_check"),
     (b"_sc|bad name|0", "invalid_service_check"),
     (b"_sc|db|0|d:soon", "invalid_service_check"),
-    (b"_sc|db|0|zz", "invalid_service_check"),
     (b"_sc|db|\xff", "invalid_service_check"),
 ]
 
@@ -141,6 +159,8 @@ EVENTS = [
     ),
     (b"_e{5,5}:caf\xc3\xa9|\xc3\xa9t\xc3\xa9", Event("caf\u00e9", "\u00e9t\u00e9")),  # UTF-8 bytes
     (b"_e{3,0}:a|b|", Event("a|b", "")),  # a title may contain "|"
+    (b"_e{1,1}:a|b|#,x", Event("a", "b", tags=(("x", ""),))),  # an empty tag is skipped
+    (b"_e{1,1}:a|b|x:1234|zz", Event("a", "b", unknown_fields=2)),  # ignored, counted
 ]
 
 SERVICE_CHECKS = [
@@ -153,6 +173,7 @@ SERVICE_CHECKS = [
         ),
     ),
     (b"_sc|db.up|3|card:low", ServiceCheck("db.up", 3)),
+    (b"_sc|db.up|0|zz|#,k:v", ServiceCheck("db.up", 0, tags=(("k", "v"),), unknown_fields=1)),
 ]
 
 
@@ -191,6 +212,18 @@ def test_events_are_parsed(line: bytes, expected: Event) -> None:
 )
 def test_service_checks_are_parsed(line: bytes, expected: ServiceCheck) -> None:
     assert parse_line(line) == expected
+
+
+def test_events_and_service_checks_with_unknown_fields_are_listed_as_adjusted() -> None:
+    """They are kept, and listed for the receiver to count; a metric line's unknown fields
+    are on its samples (the receiver may still reject the line)."""
+    datagram = b"_e{1,1}:a|b|zz\n_sc|db|0|x:1\n_e{1,1}:a|b\nm:1|c|zz\n_sc|db|9|zz"
+    result = parse_datagram(datagram)
+    assert result.adjusted == [("unknown_field", b"_e{1,1}:a|b|zz"),
+                               ("unknown_field", b"_sc|db|0|x:1")]
+    assert [s.unknown_fields for s in result.samples] == [1]
+    assert [r.reason for r in result.rejects] == ["invalid_service_check"]
+    assert result.accounted() == result.lines == 5
 
 
 def test_every_line_lands_in_exactly_one_bucket() -> None:

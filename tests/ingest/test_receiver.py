@@ -558,10 +558,10 @@ def test_segment_lag_is_the_age_of_the_oldest_segment_the_job_has_not_committed(
 
 
 def test_segment_lag_follows_the_slowest_query_of_the_running_config(tmp_path: Path) -> None:
-    """A window's native lane and sketch lane commit separately: a segment is unread until
-    both committed it, so the lag is the age of the segment after the smaller offset (the
-    10-minute soak reported the furthest-ahead query's 9.9 s while the slowest was 20.5 s
-    behind)."""
+    """Two queries of the running config (``native`` and ``sketches`` here: any two, such as a
+    session window's query and its late query) commit separately: a segment is unread until
+    both committed it, so the lag is the age of the segment after the smaller offset, not the
+    furthest-ahead query's."""
     sock = bind_udp("127.0.0.1", 0)
     root = tmp_path / "checkpoints" / "cfg"
     native, sketches = root / "w-1234", root / "w-1234.sketches-abcd"
@@ -571,11 +571,11 @@ def test_segment_lag_follows_the_slowest_query_of_the_running_config(tmp_path: P
     for _ in range(6):  # heartbeat segments 0..5 at T0, T0+1 s, ..., T0+5 s
         receiver.roll(clock.now_ms())
         clock.advance(1_000)
-    _commit(native, 3, {"udp-0": 4})  # the native lane read segments 0..4
+    _commit(native, 3, {"udp-0": 4})  # the first query read segments 0..4
     clock.set(T0 + 30_000)
     receiver.roll(clock.now_ms())  # writes segment 6
-    assert receiver.stats.segment_lag_ms == 30_000  # the sketch lane read nothing: segment 0
-    _commit(sketches, 2, {"udp-0": 1})  # the sketch lane read 0..1: segment 2 is its oldest
+    assert receiver.stats.segment_lag_ms == 30_000  # the second read nothing: segment 0
+    _commit(sketches, 2, {"udp-0": 1})  # the second read 0..1: segment 2 is its oldest
     _commit(root / "old-window", 9, {"udp-0": 6})  # an older config's: not one of the queries
     clock.set(T0 + 35_000)
     receiver.roll(clock.now_ms())
@@ -584,7 +584,7 @@ def test_segment_lag_follows_the_slowest_query_of_the_running_config(tmp_path: P
     clock.set(T0 + 40_000)
     receiver.roll(clock.now_ms())
     assert receiver.stats.segment_lag_ms == 35_000
-    # The native lane read 5..7; the sketch lane, idle (windows.source.QuietLane), passed over
+    # The first query read 5..7; the second, idle (windows.source.QuietLane), passed over
     # the same segments without a batch: nothing for it in them, so they are not its lag.
     _commit(native, 4, {"udp-0": 7})
     (sketches / PASSED_OVER_FILE).write_text(json.dumps({"receivers": {"udp-0": {"seq": 7}}}))
@@ -729,8 +729,8 @@ def test_a_read_the_kernel_fails_for_a_moment_is_counted_and_retried(
 ) -> None:
     """ENOMEM and ENOBUFS from ``recvmmsg`` say the kernel could not allocate for this read,
     not that the socket is gone: the datagrams stay queued. Each reader (the compiled loop,
-    the Python read-ahead) counts the failure, pauses and reads again; before, the first one
-    ended the reader for good and everything after went to the kernel's drop counter."""
+    the Python read-ahead) counts the failure, pauses and reads again, rather than ending
+    at the first one and leaving everything after to the kernel's drop counter."""
     shim = _failing_recvmmsg(tmp_path)
     failing = shim.failing_recvmmsg
     address = ctypes.cast(failing, ctypes.c_void_p).value

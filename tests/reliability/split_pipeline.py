@@ -1,5 +1,6 @@
 """`streamgauge ingest` and `streamgauge process` as separate processes on one data directory
-(the multi-host layout, DESIGN.md §8), for fault tests that stop one half and not the other."""
+(the layout of receivers on other hosts, ``docs/scale-out.md``), for fault tests that stop one
+half and not the other."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A cardinality explosion on a real receiver (issue #7, "bad input"): 50k distinct series in
+"""A cardinality explosion on a real receiver (bad input): 50k distinct series in
 one simulated minute over UDP, against ``CardinalityLimits(max_series=5000,
 max_series_per_metric=1000)``. ``bench/cardinality.py`` runs the 1 M version and prints RSS.
 

@@ -1,6 +1,6 @@
 """A receiver whose clock jumps backwards (NTP stepping the wall clock, a VM restored, a host
 rebooted on a bad RTC) never writes a heartbeat older than one it already wrote, and keeps
-aggregating every sample (issue #7, "a receiver's clock jumping backwards").
+aggregating every sample.
 
 A heartbeat promises "no event earlier than t from this receiver"; the window job's watermark
 is the minimum over the receivers' heartbeats and a partial older than its stream's previous

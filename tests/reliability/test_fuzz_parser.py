@@ -1,4 +1,4 @@
-"""Fuzzing the parser and the receiver's whole-buffer path with hostile input (issue #7).
+"""Fuzzing the parser and the receiver's whole-buffer path with hostile input.
 
 ``tests/ingest/test_protocol.py`` already checks, on short inputs, that ``parse_datagram``
 never raises and that ``accounted() == lines``; ``tests/ingest/test_fastpath.py`` checks that
@@ -69,6 +69,11 @@ VALID_LINES = [
     b"_e{5,4}:title|text|d:1700000000|h:host|p:low|t:error|#a:b",
     b"_sc|db.up|0|d:1700000000|h:web|#role:db|m:all good",
     b"_sc|disk|2|m:full | really|c:cid",
+    # read as the Datadog agent reads them: a set member with colons, empty list items and
+    # tags skipped, unknown fields ignored (and counted)
+    b"users:user:42|s", b"peers:2001:db8::1|s|#k:v", b"req:1:2:|d", b"req::4|d",
+    b"hits:7|c|#,k:v", b"hits:8|c|#k:v,", b"depth:3|g|#f,,z", b"hits:9|c|f:future",
+    b"lat:3|ms|zz", b"_e{1,1}:a|b|x:1234", b"_sc|db.up|0|zz",
 ]
 # Odd but meaningful pieces to splice in: huge and odd numbers, unicode, separators in runs.
 PIECES = [
@@ -77,7 +82,8 @@ PIECES = [
     b"0.0000000000000000000001", b"123456789012345", b"1234567890123456", b"-0", b"+0",
     b"nan", b"-inf", b"Infinity", b"1_000", b"\xd9\xa3", "é".encode(), "名前".encode(),
     "\U0001f4a5".encode(), b"\xff\xfe", b"\xc3", b"\x00", b"\x7f", b" ", b"\t",
-    b"|@0", b"|@1.5", b"|@1e-300", b"|T99999999999999", b"|T-1",
+    b"|@0", b"|@1.5", b"|@1e-300", b"|T99999999999999", b"|T-1", b"|f:x", b"|zz", b",,",
+    b"#,", b"::1",
 ]
 
 
@@ -150,7 +156,11 @@ def _check_parse(data: bytes) -> ParseResult:
     for line, samples in result.metric_lines:
         assert line in lines and len(line) <= LIMITS.max_line_bytes
         name, _, rest = line.decode("utf-8").partition(":")
-        assert len(samples) == len(rest.split("|")[0].split(":"))  # one sample per value
+        # one sample per value: a set's member is all of it, colons included; other types
+        # skip empty items ("d:1::2:|d" is two values)
+        values = rest.split("|")[0]
+        items = [values] if samples[0].metric_type == "s" else [v for v in values.split(":") if v]
+        assert len(samples) == len(items)
         for sample in samples:
             assert sample.metric == name and len(name) <= LIMITS.max_name_bytes
             assert name.isascii() and name.isprintable() and " " not in name
@@ -159,7 +169,8 @@ def _check_parse(data: bytes) -> ParseResult:
             keys = [key for key, _ in sample.tags]
             assert keys == sorted(set(keys)) and len(keys) <= LIMITS.max_tags + 1  # |c: adds
             if sample.metric_type == "s":
-                assert sample.member and sample.value == 1.0
+                assert sample.member == values and sample.value == 1.0
+            assert sample.unknown_fields == samples[0].unknown_fields
     return result
 
 

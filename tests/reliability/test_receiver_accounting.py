@@ -1,4 +1,4 @@
-"""Accounting around a ``kill -9`` of a receiver under load (issue #7, "faults under load").
+"""Accounting around a ``kill -9`` of a receiver under load.
 
 ``tests/ingest/test_process.py`` proves the log survives the kill (no torn segment, the
 sequence continues, nothing re-counted) and that a graceful stop loses nothing. This adds the

@@ -1,4 +1,4 @@
-"""The spool's disk quota filled under load (issue #7, "faults under load"): over the quota the
+"""The spool's disk quota filled under load: over the quota the
 receivers refuse new data and count it, never drop it silently, and receive again once the
 window job has read the spool and the janitor has freed space.
 

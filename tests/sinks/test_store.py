@@ -305,7 +305,8 @@ def test_every_provisional_rows_end_is_listed_until_its_finalization(
     """The finalization finds its rows through ``window_open_ends``, which triggers keep for
     every statement writing ``window_results``: a row inserted provisional (the upsert, a
     promotion from ``window_pending``) lists its (config, window, type, end); a row inserted
-    final lists nothing; a lane's finalization clears only its own types' ends, and only once
+    final lists nothing; a finalization scoped to some metric types (a query writing only
+    those, ``lane_types``) clears only their ends, and only once
     no provisional row is left at them. Retention forgets ends whose rows it deleted."""
     counter = window(0, metric="hits", metric_type="c")
     timer = window(0, metric="api.latency", metric_type="ms")
@@ -323,7 +324,7 @@ def test_every_provisional_rows_end_is_listed_until_its_finalization(
                        lane_types=lane)  # fmt: skip
     end2 = T0 + 3 * MINUTE
     assert ("web", "1m", "c", end2) in open_ends(clean_store)
-    # The native lane's finalization up to window 0: its counter, not the sketch lane's timer.
+    # A finalization of the c/g/s types up to window 0: the counter, not the timer.
     fin = Finalization("web", "1m", end0, 0, metric_types=lane)
     assert store.commit_batch("q", 3, table(), [fin], revision=4).rows_finalized == 1
     assert open_ends(clean_store) == [("web", "1m", "c", end2), ("web", "1m", "ms", end0)]
@@ -360,7 +361,7 @@ def test_a_window_the_watermark_passes_by_its_lateness_is_promoted_final_not_rew
     assert emitted == {"a": (True, 2, NOW), "b": (False, 2, NOW)}
     _, still_pending = run_sql(clean_store, "SELECT metric FROM window_pending")
     assert still_pending == [("c",)]
-    # A finalization that covers another lane's types only: promoted, not final.
+    # A finalization that covers other metric types only: promoted, not final.
     later = T0 + 4 * MINUTE
     out = store.commit_batch(
         "q", 2, table(), [Finalization("web", "1m", later, 0, ("ms",))], revision=3,
@@ -374,8 +375,9 @@ def test_a_window_the_watermark_passes_by_its_lateness_is_promoted_final_not_rew
 def test_a_lane_finalizes_and_emits_only_its_own_metric_types(
     store: ResultStore, clean_store: str
 ) -> None:
-    """A window's native lane (c, g, s) and sketch lane (ms, h, d) have their own watermarks:
-    one lane passing a window's end must not finalize or emit the other lane's rows."""
+    """Two queries writing different metric types of one window (``lane_types``: c, g, s and
+    ms, h, d) have their own watermarks: one passing a window's end must not finalize or emit
+    the other's rows."""
     counter = window(0, metric="hits", metric_type="c")
     timer = window(0, metric="api.latency", metric_type="ms")
     hold = {("web", "1m"): T0}  # watermark before the window's end: both rows wait
@@ -391,7 +393,7 @@ def test_a_lane_finalizes_and_emits_only_its_own_metric_types(
     [emitted] = stored(clean_store)
     assert (emitted["metric"], emitted["is_final"]) == ("hits", True)
     _, pending = run_sql(clean_store, "SELECT metric FROM window_pending")
-    assert pending == [("api.latency",)]  # the sketch lane's row waits for its own watermark
+    assert pending == [("api.latency",)]  # the other query's row waits for its own watermark
 
 
 def histogram_rows(i: int, buckets: dict[int, int], revision: int) -> pa.Table:
@@ -916,8 +918,9 @@ def test_a_change_between_the_last_early_row_and_the_end_is_not_a_correction(
 def test_early_rows_are_scoped_to_the_lane_and_the_configured_window(
     store: ResultStore, clean_store: str
 ) -> None:
-    """The native lane publishes its counters early, never the sketch lane's timers (their
-    own watermark decides), nor a window without early_every."""
+    """A query writing a window's c, g, s types (``lane_types``) publishes its counters early,
+    never the timers another query writes (their own watermark decides), nor a window without
+    early_every."""
     at = T0 + 20 * SECOND
     counter = window(0, metric="hits", metric_type="c")
     timer = window(0, metric="api.latency", metric_type="ms")
@@ -941,15 +944,15 @@ def test_a_final_row_cannot_be_early(store: ResultStore, clean_store: str) -> No
         run_sql(clean_store, "UPDATE window_results SET is_final = true, early_as_of = now()")
 
 
-# -- fresh windows (a held window published for the first time) --------------------------------
+# -- fresh windows (an open window published for the first time) -------------------------------
 
 
 def test_fresh_windows_are_inserted_with_the_late_samples_recorded_before_them(
     store: ResultStore, clean_store: str
 ) -> None:
     """``commit_batch(fresh=...)`` inserts windows no row holds yet, beside the batch's
-    ordinary upserts. A late partial the other lane recorded before the window's first row
-    (its query ran ahead) still counts on it: ``late_events`` is derived from the table."""
+    ordinary upserts. A late partial another query recorded before the window's first row
+    (it ran ahead) still counts on it: ``late_events`` is derived from the table."""
     from streamgauge.sinks.store import LATE_SCHEMA
 
     store.commit_late_batch(

@@ -1,8 +1,9 @@
 """Hopping windows published from their panes (``commit_batch(panes=...)``), against a real
 PostgreSQL: the store keeps a hopping window's pane aggregates and merges a window of them
 when the watermark passes its end, when a pane of a published window changes, and at early
-ticks. The Spark side and the reference windower are compared in the transcripts
-(``tests/windows/transcripts/hopping*.yaml``); these pin the store's own rules.
+ticks. The window job does not publish this way (it merges a hopping window's panes in the
+driver, ``docs/architecture.md §4``; its rules are pinned by the transcripts,
+``tests/windows/transcripts/hopping*.yaml``); these pin the store's own rules for it.
 
 Windows of size 4 s, hop 2 s, lateness 1 s (times in seconds)::
 
@@ -63,7 +64,7 @@ def commit(
     store: ResultStore, batch: int, watermark_s: float, *panes: dict[str, Any],
     early_every_s: int | None = None, progress_s: float | None = None,
 ) -> BatchOutcome:  # fmt: skip
-    """One micro-batch of the pane lane at watermark ``W`` (revision = batch + 1); the batch's
+    """One micro-batch of pane aggregates at watermark ``W`` (revision = batch + 1); the batch's
     own progress (its heartbeats' watermark) is ``W`` unless given."""
     watermark = int(watermark_s * SECOND)
     progress = watermark if progress_s is None else int(progress_s * SECOND)

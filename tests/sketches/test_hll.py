@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from streamgauge.sketches import hll
 
-BOUND = 0.03183  # DataSketches' 2-sigma bound at lgK 12 quoted in issue 5
+BOUND = 0.03183  # DataSketches' 2-sigma bound at lgK 12, the figure it usually quotes
 
 
 def _members(trial: int, n: int) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""t-digest accuracy against the issue-5 targets, one digest and merged panes (seeded)."""
+"""t-digest accuracy against its targets (rank error ≤ 0.015 mid-range at the default k, far
+smaller in the tails), one digest and merged panes (seeded)."""
 
 from __future__ import annotations
 

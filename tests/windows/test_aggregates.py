@@ -10,7 +10,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from streamgauge.sketches.accuracy import compile_accuracy
-from streamgauge.windows import hopping_windows, session_windows, sketch_windows, sliding_windows
+from streamgauge.windows import session_windows, sliding_windows
 from streamgauge.windows.aggregates import (
     Scalars,
     output_frame,
@@ -53,7 +53,6 @@ def test_of_row_reads_a_partial_row() -> None:
                           "last": [2.25], "last_event_ms": [T0 + 900]})  # fmt: skip
     [row] = frame.itertuples(index=False)
     assert Scalars.of_row(row).record() == SCALARS
-    assert isinstance(hopping_windows.Aggregate.of_row(row), hopping_windows.Aggregate)
 
 
 def test_read_batch_concatenates_and_takes_the_least_metric_type() -> None:
@@ -69,25 +68,12 @@ def test_read_batch_concatenates_and_takes_the_least_metric_type() -> None:
 # Expected state blobs: computed once by running the code of main before aggregates.py existed
 # (commit bebf21b, where each record declared its own count..last_event_ms), on exactly the
 # windows built below; hard-coded so any change to the packed bytes fails here.
-HOPPING = bytes.fromhex(
-    "feffffffffffffff6c61796f757430310068e5cf8b01000003000000000000000000000000c0454000000000"
-    "0000f83f00000000000044400000000000000240846be5cf8b01000001060000000200000003000000646967"
-    "657374030000000700000005000000000000000100000000000000686c6cd06fe5cf8b010000000000000000"
-    "00000000000000000000000000000000f07f000000000000f0ff0000000000000000ffffffffffffffff0100"
-    "0000000000000000000000"
-)
 SESSION = bytes.fromhex(
     "feffffffffffffff6c61796f757430310068e5cf8b010000887be5cf8b010000030000000000000000000000"
     "00c04540000000000000f83f00000000000044400000000000000240846be5cf8b0100000106000000020000"
     "0003000000646967657374030000000700000005000000000000000100000000000000686c6c288be5cf8b01"
     "0000e096e5cf8b01000000000000000000000000000000000000000000000000f07f000000000000f0ff0000"
     "000000000000ffffffffffffffff01000000000000000000000000"
-)
-SKETCH = bytes.fromhex(
-    "0068e5cf8b010000a077e5cf8b01000003000000000000000000000000c04540000000000000f83f00000000"
-    "000044400000000000000240846be5cf8b010000060000000200000064696765737403000000070000000500"
-    "0000000000000100000000000000a077e5cf8b0100004087e5cf8b0100000000000000000000000000000000"
-    "0000000000000000f07f000000000000f0ff0000000000000000ffffffffffffffff0000000000000000"
 )
 SLIDING = bytes.fromhex(
     "feffffffffffffff6c61796f757430310068e5cf8b01000003000000000000000000000000c0454000000000"
@@ -109,16 +95,6 @@ def _sketches() -> Sketches:
     return Sketches(b"digest", np.array([3, 7], np.int32), np.array([5, 1], np.int64), b"hll")
 
 
-def test_hopping_state_bytes_are_unchanged() -> None:
-    merger = _merger()
-    windows = {T0: hopping_windows.Aggregate(*SCALARS, _sketches()),
-               T0 + 2000: hopping_windows.Aggregate()}  # fmt: skip
-    blob = hopping_windows.pack(windows, merger)
-    assert blob == HOPPING
-    back = hopping_windows.unpack(blob, merger)
-    assert [w.record() for w in back.values()] == [w.record() for w in windows.values()]
-
-
 def test_session_state_bytes_are_unchanged() -> None:
     merger = _merger()
     sessions = [session_windows.Session(T0, T0 + 5000, Scalars(*SCALARS), _sketches()),
@@ -127,20 +103,6 @@ def test_session_state_bytes_are_unchanged() -> None:
     assert blob == SESSION
     back = session_windows.unpack_sessions(blob, merger)
     assert [s.values() for s in back] == [s.values() for s in sessions]
-
-
-def test_sketch_lane_state_bytes_are_unchanged() -> None:
-    windows = [
-        sketch_windows.SketchWindow(T0, T0 + 4000, Scalars(*SCALARS), b"digest",
-                                    np.array([3, 7], np.int32), np.array([5, 1], np.int64)),
-        sketch_windows.SketchWindow(T0 + 4000, T0 + 8000),
-    ]  # fmt: skip
-    blob = sketch_windows.pack_windows(windows)
-    assert blob == SKETCH
-    back = sketch_windows.unpack_windows(blob)
-    assert [(w.start, w.end, w.scalars, w.digest) for w in back] == [
-        (w.start, w.end, w.scalars, w.digest) for w in windows
-    ]
 
 
 def test_sliding_state_bytes_are_unchanged() -> None:

@@ -66,8 +66,9 @@ def test_a_new_checkpoint_writes_above_the_stored_revisions_and_is_not_skipped(
     _segment(paths.spool, 5_000, 2.0, 10_000)
     run_job_once(spark, after, paths, clean_store, ManualClock(T0))
     second = _rows(clean_store)
-    # The new window is there (before the fix its batch was skipped as "already committed"),
-    # and every row the new checkpoint wrote is above everything stored before it.
+    # The new window is there (its batch was not skipped as "already committed" under the
+    # same query name), and every row the new checkpoint wrote is above everything stored
+    # before it.
     assert {key: count for key, (count, _) in second.items()} == {
         ("c.requests", 0): 1, ("t.latency", 0): 1, ("c.requests", 4_000): 1,
         ("t.latency", 4_000): 1,
@@ -75,14 +76,13 @@ def test_a_new_checkpoint_writes_above_the_stored_revisions_and_is_not_skipped(
     highest_before = max(revision for _, revision in first.values())
     assert all(second[key][1] > highest_before for key in second if key[1] == 4_000)
     marker = checkpoint_dir(paths, after, after.windows[0]) / REVISION_BASE_FILE
-    # (each lane reads the stored maximum when its own checkpoint first commits, so the lane
-    # that starts second may start above the first lane's new rows too)
+    # (each query reads the stored maximum when its own checkpoint first commits, so a query
+    # of the window that starts second may start above the first one's new rows too)
     assert json.loads(marker.read_text())["revision_base"] >= highest_before
 
     # Run again with nothing new: the same checkpoint, the same base, nothing changes.
     run_job_once(spark, after, paths, clean_store, ManualClock(T0))
     assert _rows(clean_store) == second
-
 
 
 HOPPING = """
@@ -107,11 +107,12 @@ def _counter_segment(
 def test_a_new_checkpoint_rebuilds_hopping_panes_from_the_log_alone(
     spark: SparkSession, tmp_path: Path, clean_store: str
 ) -> None:
-    """Hopping counters live in the store as panes (``window_panes``) between batches, keyed
-    by the first window each partial is on time for. A new checkpoint re-reads the whole log
-    and must start from no panes: a pane row the old definition made and the new one does not
-    (a straggler on time under the old watermark_delay, late under the new) would otherwise
-    still be merged into its windows, beside the straggler's row in late_events."""
+    """A hopping window's panes are held by the job between batches (``open_windows``), keyed
+    by the first window each partial is on time for, and rebuilt from the log after a
+    restart. A new checkpoint re-reads the whole log and must start from no panes: a pane the
+    old definition made and the new one does not (a straggler on time under the old
+    watermark_delay, late under the new) would otherwise still be merged into its windows,
+    beside the straggler's row in late_events."""
     paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
     before = parse_config(HOPPING.format(delay="1s"), "upgrade")
     _counter_segment(paths.spool, (1_000, 3_000), beat_ms=4_000)
@@ -193,24 +194,6 @@ def test_a_new_session_checkpoint_records_each_late_partial_once(
     assert counted == [(0, 1), (7_000, 0)]
 
 
-SETS = """
-name: upgrade
-pane: 1s
-windows:
-  - {{name: per_4s, kind: tumbling, size: 4s, watermark_delay: 0s, allowed_lateness: 0s,
-      sets: {sets}}}
-"""
-
-
-def _mixed_segment(spool: Path, at_ms: int, members: tuple[str, ...], beat_ms: int) -> None:
-    """A counter sample and one set sample per member at ``at_ms``."""
-    combiner = PaneCombiner(1000)
-    combiner.add(Sample("c.requests", "c", 1.0, 1.0, ()), T0 + at_ms, T0 + at_ms)
-    for member in members:
-        combiner.add(Sample("users", "s", 1.0, 1.0, (), member=member), T0 + at_ms, T0 + at_ms)
-    SegmentWriter(spool, "udp-0").append(combiner.drain(), Heartbeat(T0 + beat_ms, True))
-
-
 def _values(url: str) -> dict[tuple[str, int], tuple[str, int, float | None, bool, int]]:
     _, rows = run_sql(
         url,
@@ -223,40 +206,3 @@ def _values(url: str) -> dict[tuple[str, int], tuple[str, int, float | None, boo
             for m, start, kind, count, distinct, final, revision in rows}  # fmt: skip
 
 
-def test_switching_sets_to_separate_rebuilds_them_in_their_own_query(
-    spark: SparkSession, tmp_path: Path, clean_store: str
-) -> None:
-    """``sets: native`` → ``separate``: new checkpoints. The counters' lane drops the set it
-    held (``HeldWindows.of_types``), the sets' query rebuilds it from the log under its own
-    name, watermark and checkpoint, and every window ends with the values one run of either
-    choice gives, above the revisions stored before: no set counted twice or lost."""
-    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
-    native = parse_config(SETS.format(sets="native"), "upgrade")
-    _mixed_segment(paths.spool, 1_000, ("u1", "u2"), 5_000)  # [0, 4s) closes
-    _mixed_segment(paths.spool, 5_000, ("u1", "u3"), 6_000)  # [4s, 8s) held open
-    run_job_once(spark, native, paths, clean_store, ManualClock(T0))
-    first = _values(clean_store)
-    assert {k: v[:4] for k, v in first.items()} == {
-        ("c.requests", 0): ("c", 1, None, True), ("users", 0): ("s", 2, 2.0, True),
-    }  # fmt: skip
-
-    separate = parse_config(SETS.format(sets="separate"), "upgrade")
-    assert checkpoint_dir(paths, separate, separate.windows[0]) != checkpoint_dir(
-        paths, native, native.windows[0]
-    )
-    _mixed_segment(paths.spool, 6_500, ("u4",), 9_000)  # [4s, 8s) closes
-    queries = run_job_once(spark, separate, paths, clean_store, ManualClock(T0))
-    assert sorted(q.name for q in queries) == [
-        "upgrade.per_4s", "upgrade.per_4s.sets", "upgrade.per_4s.sketches"
-    ]  # fmt: skip
-    second = _values(clean_store)
-    assert {k: v[:4] for k, v in second.items()} == {
-        ("c.requests", 0): ("c", 1, None, True), ("users", 0): ("s", 2, 2.0, True),
-        ("c.requests", 4_000): ("c", 2, None, True), ("users", 4_000): ("s", 3, 3.0, True),
-    }  # fmt: skip
-    highest_before = max(v[4] for v in first.values())
-    assert all(second[key][4] > highest_before for key in second if key[1] == 4_000)
-    _, watermarks = run_sql(
-        clean_store, "select key from pipeline_state where config_name = 'upgrade'", []
-    )
-    assert "watermark_ms.sets:per_4s" in {key for (key,) in watermarks}

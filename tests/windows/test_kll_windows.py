@@ -102,7 +102,7 @@ def test_kll_window_stores_p50_p90_within_the_rank_bound_and_no_p99(
 
     paths = JobPaths(spool=spool, checkpoints=tmp_path / "checkpoints")
     queries = run_job_once(spark, CONFIG, paths, clean_store, ManualClock(T0))
-    assert [q.name for q in queries] == ["klltest.per_4s"]  # no sketch lane, no late query
+    assert [q.name for q in queries] == ["klltest.per_4s"]  # one query, no late query
     assert [p.name for p in all_checkpoints(paths, CONFIG)] == [
         p.name for p in (tmp_path / "checkpoints" / "klltest").iterdir()
     ]
@@ -123,7 +123,7 @@ def test_kll_window_stores_p50_p90_within_the_rank_bound_and_no_p99(
     assert late_rows == [("api.latency", 500, "klltest.per_4s.late")]
     _, state = run_sql(clean_store, "select key from pipeline_state where config_name = 'klltest'"
                        " and key like 'watermark%'")  # fmt: skip
-    assert state == [("watermark_ms:per_4s",)]  # one query: no sketch lane's watermark
+    assert state == [("watermark_ms:per_4s",)]  # one query: one watermark
 
     with ResultStore(clean_store) as store:
         [report] = replay(spark, CONFIG, spool, store, ManualClock(T0), from_ms=T0, to_ms=T0 + 4000)

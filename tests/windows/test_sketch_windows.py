@@ -1,7 +1,7 @@
 """Sketches through the window job: percentiles, histograms and distinct counts in the store.
 
 Seeded values go through the real combiner into segments of two receivers and several panes;
-the Spark job (native lane for sets, sketch lane for timers) writes PostgreSQL. Every stored
+the Spark job (one query per window, every metric type on one path) writes PostgreSQL. Every stored
 number is checked against what was sent: p50..p999 within the t-digest's rank error, the
 ``window_histograms`` rows against the HDR histogram of all values (exactly), the stored
 HdrHistogram encoding decodes to the same buckets, distinct counts exact below the HLL's
@@ -134,8 +134,9 @@ def test_timer_percentiles_histograms_and_set_distinct_counts(
     big = results[("visitors", 0)]
     assert big["count"] == len(users_big)
     assert abs(big["distinct_count"] - len(users_big)) <= 0.0319 * len(users_big)
-    # Spark's hll_sketch_estimate rounds to an integer; the stored sketch is the same union.
+    # The distinct count is rounded as Spark's hll_sketch_estimate rounds; the stored sketch is
+    # the same union.
     assert abs(estimate(bytes(big["sketch"])).estimate - big["distinct_count"]) <= 0.5
-    # A counter in the same lane has no distinct count and no sketch (not an empty HLL, 0).
+    # A counter in the same window has no distinct count and no sketch (not an empty HLL, 0).
     counter = results[("requests", 0)]
     assert (counter["sum"], counter["distinct_count"], counter["sketch"]) == (3.0, None, None)

@@ -145,7 +145,7 @@ def test_each_lane_reads_its_own_types_and_every_row_that_may_be_late(tmp_path: 
 
     assert _read_all(tmp_path, RowFilter()) == everything
     assert _read_all(tmp_path, RowFilter("native")) == native
-    # A tumbling window's lanes (job.splits_sets): counters and gauges; sets with the sketches.
+    # The other per-type lanes (source.LANE_TYPES): counters and gauges; sets with the sketches.
     sets = [m for m in native if ".s." in m]
     assert _read_all(tmp_path, RowFilter("plain")) == [m for m in native if m not in sets]
     assert _read_all(tmp_path, RowFilter("sketch_sets")) == sorted(sketched + sets)
@@ -233,8 +233,9 @@ def _segment(writer: SegmentWriter, beat_s: float, *panes: tuple[str, float]) ->
 
 
 def test_a_quiet_lane_runs_a_batch_only_when_it_has_something_to_do(tmp_path: Path) -> None:
-    """A sketch lane (late margin 3 s) of a 10 s window (span: pane 1 + size 10 + delay 1 +
-    lateness 2 = 14 s), idle batches every 30 s of heartbeat, over a log of counters.
+    """A query of a 10 s window reading the sketched types (``RowFilter("sketch")``, late
+    margin 3 s; span: pane 1 + size 10 + delay 1 + lateness 2 = 14 s), idle batches every 30 s
+    of heartbeat, over a log of counters.
 
     Its windows must close and become final on time, so once it has taken a timer it takes
     every segment until the heartbeat passes that timer's pane + 14 s; a counter that may
@@ -289,7 +290,7 @@ def test_a_restarted_quiet_lane_without_a_bound_in_its_offset_waits_the_longest_
 def test_a_reader_following_the_log_never_lists_a_stream_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Listing a stream is O(its segments): 2.1 s per trigger and query at 100k segments (a
+    """Listing a stream is O(its segments), seconds per trigger and query at 100k segments (a
     receiver's ~7 hours). After the first offset the reader asks for each next sequence."""
     writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
     empty = pa.RecordBatch.from_pylist([], schema=SEGMENT_SCHEMA)

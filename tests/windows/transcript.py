@@ -1,4 +1,6 @@
-"""One transcript format, two engines (STYLE.md item 8): the reference windower and Spark.
+"""One transcript format, two engines: the reference windower and Spark, held to the same
+expected rows, so a change of semantics fails on both (``docs/development.md``, "Window
+transcripts").
 
 A transcript is YAML::
 

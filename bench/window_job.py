@@ -1,0 +1,359 @@
+"""Window job throughput and freshness on this machine, beside the previous code in one run.
+
+    .venv/bin/python bench/window_job.py --series 100000 --types ms --seconds 150 --warmup 60
+    .venv/bin/python bench/window_job.py --series 100000 --types c:40,ms:40,g:10,s:10
+    .venv/bin/python bench/window_job.py --series 100000 --types ms --compare e1f16d3 --pairs 2
+
+A writer thread appends one segment per second to a live spool, holding one pane partial per
+active series (what ingest writes at 1 s panes: timers carry a t-digest and HDR buckets of 10
+values, sets an HLL of 20 members), with the receiver's heartbeat. The real window job
+(Spark ``local[2]``, the embedded PostgreSQL) processes it. Printed, over the measured span
+(after ``--warmup``):
+
+- partial rows/s taken (the rows the job's batches read, over the span) against the rows
+  offered, and micro-batch duration (the window writer's ``foreachBatch``);
+- freshness: from the moment the segment whose heartbeat moves the watermark past a window's
+  end is written, to the commit of the transaction that made the window's row visible
+  (``track_commit_timestamp``, polled every 100 ms);
+- sustained: the job took ≥ 97 % of the offered rows and freshness did not grow from the
+  first half of the windows to the second;
+- CPU: cores used by this process and its children (the driver's JVM, Python workers,
+  PostgreSQL) over the span, and the machine's load average.
+
+``--compare REV`` runs the bench of commit ``REV`` (its ``bench/windows.py``, in a git worktree
+of that commit, with its own code on ``PYTHONPATH``) and this one alternately, ``--pairs``
+times each, on the same arguments (``--types`` must then be one type; timers and sets go
+through REV's sketch and sets lanes, counters with ``--sets separate``, its fastest), and
+prints both sides' medians in one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamgauge.clock import SystemClock
+from streamgauge.configs import parse_config
+from streamgauge.ingest.log import SEGMENT_SCHEMA, Heartbeat, SegmentWriter
+from streamgauge.ingest.pane_sketches import PaneSketches
+from streamgauge.sinks.embedded import EmbeddedPostgres
+from streamgauge.sinks.store import ResultStore
+from streamgauge.sketches.accuracy import compile_accuracy
+from streamgauge.windows import pane_writer
+from streamgauge.windows.job import JobPaths, start_window_queries
+from streamgauge.windows.session import build_spark_session
+
+WINDOWS = {
+    "tumbling": "{name: w, kind: tumbling, size: SIZE, watermark_delay: 1s, allowed_lateness: 2s}",
+    "hopping": "{name: w, kind: hopping, size: SIZE, hop: HOP, watermark_delay: 1s, "
+    "allowed_lateness: 2s}",
+}
+HERE = Path(__file__).resolve().parent
+
+
+def type_batch(names: pa.Array, metric_type: str, rng: np.random.Generator) -> pa.RecordBatch:
+    """One pane partial per name, at pane 0 (``moved_to_pane`` places it)."""
+    n = len(names)
+    times = np.zeros(n, np.int64)
+    count = np.ones(n, np.int64)
+    values = rng.integers(1, 100, n).astype(np.float64)
+    sketch_columns = [pa.nulls(n, SEGMENT_SCHEMA.field(name).type)
+                      for name in SEGMENT_SCHEMA.names[-4:]]  # fmt: skip
+    if metric_type in ("ms", "s"):
+        sketches = PaneSketches(compile_accuracy())
+        keys = [((name, metric_type, "{}"), 0) for name in names.to_pylist()]
+        if metric_type == "ms":
+            samples = rng.lognormal(3.0, 0.8, (n, 10)).round(3)
+            for key, row in zip(keys, samples, strict=True):
+                sketches.add_values(key, row)
+            count[:] = 10
+            values = samples.sum(axis=1)
+        else:
+            for key, row in zip(keys, rng.integers(0, 10_000, (n, 20)).tolist(), strict=True):
+                for member in row:
+                    sketches.add_member(key, f"u{member}")
+            count[:] = 20
+        sketch_columns = list(sketches.columns(keys))
+    columns = [
+        names, pa.repeat(pa.scalar(metric_type), n), pa.repeat(pa.scalar("{}"), n),
+        pa.array(times), pa.array(count), pa.array(values), pa.array(values),
+        pa.array(values), pa.array(values), pa.array(times + 500), pa.array(times + 500),
+        pa.array(times + 500),
+    ]  # fmt: skip
+    return pa.RecordBatch.from_arrays([*columns, *sketch_columns], schema=SEGMENT_SCHEMA)
+
+
+def moved_to_pane(batch: pa.RecordBatch, pane_ms: int) -> pa.RecordBatch:
+    columns = list(batch.columns)
+    for name in ("pane_start_ms", "last_event_ms", "first_recv_ms", "last_recv_ms"):
+        index = batch.schema.get_field_index(name)
+        columns[index] = pc.add(columns[index], pane_ms)
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
+def parse_types(text: str, series: int) -> dict[str, int]:
+    """``ms`` or ``c:40,ms:40,g:10,s:10`` → series per type."""
+    parts = [part.partition(":") for part in text.split(",")]
+    shares = {name: float(share or 100) for name, _, share in parts}
+    total = sum(shares.values())
+    return {name: int(series * share / total) for name, share in shares.items()}
+
+
+class Writer(threading.Thread):
+    """One segment per second; records when each heartbeat was written (wall ms)."""
+
+    def __init__(self, spool: Path, types: dict[str, int], seconds: int) -> None:
+        super().__init__(daemon=True)
+        rng = np.random.default_rng(7)
+        batches = [
+            type_batch(pa.array([f"bench.{t}{i}" for i in range(n)], pa.string()), t, rng)
+            for t, n in types.items() if n
+        ]  # fmt: skip
+        self.panes = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        self.writer = SegmentWriter(spool, "r0", fsync=False)
+        self.seconds = seconds
+        self.heartbeats: list[tuple[int, int]] = []  # (heartbeat ms, wall ms when written)
+
+    def run(self) -> None:
+        for _ in range(self.seconds):
+            now = time.time_ns() // 1_000_000
+            self.writer.append(moved_to_pane(self.panes, now - now % 1000), Heartbeat(now, False))
+            self.heartbeats.append((now, time.time_ns() // 1_000_000))
+            time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
+
+
+class Batches:
+    """The window writer's batches: (wall ms at the start, seconds, rows read)."""
+
+    done: list[tuple[int, float, int]] = []
+    _rows = threading.local()
+
+    @classmethod
+    def install(cls) -> None:
+        read = pane_writer.read_partials
+        call = pane_writer.PaneWindowsWriter.__call__
+
+        def counted(*args: Any) -> pa.Table:
+            table = read(*args)
+            cls._rows.value = table.num_rows
+            return table
+
+        def timed(self: Any, batch: Any, batch_id: int) -> None:
+            wall, started = time.time_ns() // 1_000_000, time.perf_counter()
+            cls._rows.value = 0
+            call(self, batch, batch_id)
+            cls.done.append((wall, time.perf_counter() - started, cls._rows.value))
+
+        pane_writer.read_partials = counted  # type: ignore[assignment]
+        pane_writer.PaneWindowsWriter.__call__ = timed  # type: ignore[method-assign]
+
+
+def freshness(url: str, writer: Writer, delay_ms: int, measured_from_ms: int) -> list[float]:
+    """Seconds from the watermark passing each window's end to its row's commit."""
+    first_seen: dict[int, int] = {}
+    newest = 0
+    with psycopg.connect(url, autocommit=True) as poll:
+        while writer.is_alive():
+            rows = poll.execute(
+                "select (extract(epoch from window_end) * 1000)::bigint, "
+                "(extract(epoch from min(pg_xact_commit_timestamp(xmin))) * 1000)::bigint "
+                f"from window_results where window_end > to_timestamp({newest} / 1000.0) "
+                "group by 1"
+            ).fetchall()  # fmt: skip
+            now = time.time_ns() // 1_000_000
+            for end, committed in rows:
+                first_seen.setdefault(int(end), now if committed is None else int(committed))
+                newest = max(newest, int(end))
+            time.sleep(0.1)
+    lags = []
+    for end, seen in sorted(first_seen.items()):
+        passed = [wall for beat, wall in writer.heartbeats if beat - delay_ms >= end]
+        if passed and passed[0] >= measured_from_ms:
+            lags.append((seen - passed[0]) / 1000)
+    return lags
+
+
+def cpu_seconds() -> float:
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+def run_here(args: argparse.Namespace) -> dict[str, Any]:
+    """One run of this code; its figures."""
+    root = Path(tempfile.mkdtemp(prefix="streamgauge-bench-job-"))
+    server = EmbeddedPostgres(root, port=None)
+    url = server.start()
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET track_commit_timestamp = on")
+    server.stop()
+    url = server.start()
+    try:
+        ResultStore(url).ensure_schema()
+        shape = WINDOWS[args.kind].replace("SIZE", args.size).replace("HOP", args.hop)
+        config = parse_config(f"name: bench\npane: 1s\nwindows: [{shape}]\n", "bench")
+        Batches.install()
+        spark = build_spark_session("local[2]", app_name="bench-window-job")
+        paths = JobPaths(spool=root / "spool", checkpoints=root / "checkpoints")
+        paths.spool.mkdir()
+        queries = start_window_queries(
+            spark, config, paths, lambda: ResultStore(url), SystemClock(),
+            trigger_interval=args.trigger,
+        )  # fmt: skip
+        types = parse_types(args.types, args.series)
+        writer = Writer(paths.spool, types, args.seconds)
+        measured_from = time.time_ns() // 1_000_000 + args.warmup * 1000
+        writer.start()
+        time.sleep(args.warmup)
+        cpu_from = cpu_seconds()
+        lags = freshness(url, writer, config.windows[0].watermark_delay_ms, measured_from)
+        cpu = cpu_seconds() - cpu_from
+        span_s = (time.time_ns() // 1_000_000 - measured_from) / 1000
+        load = os.getloadavg()
+        failed = [str(q.exception()) for q in queries if q.exception() is not None]
+        for query in queries:
+            query.stop()
+        spark.stop()
+        batches = [(wall, s, rows) for wall, s, rows in Batches.done if wall >= measured_from]
+        taken = sum(rows for _, _, rows in batches[1:])
+        batch_span = (batches[-1][0] + batches[-1][1] * 1000 - batches[0][0]
+                      - batches[0][1] * 1000) / 1000 if len(batches) > 1 else 0.0  # fmt: skip
+        half = len(lags) // 2
+        result = {
+            "offered": sum(types.values()),
+            "taken": taken / batch_span if batch_span else 0.0,
+            "batch_s": [s for _, s, _ in batches],
+            "freshness_s": lags,
+            "cores": cpu / max(span_s, 1e-9),
+            "load": load[0],
+            "failed": failed,
+            "growing": bool(lags) and statistics.median(lags[half:])
+            > statistics.median(lags[: max(half, 1)]) + 1.0,
+        }
+        result["sustained"] = (not failed and bool(lags) and not result["growing"]
+                               and result["taken"] >= 0.97 * result["offered"])  # fmt: skip
+        return result
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_previous(revision: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One run of ``revision``'s own bench (``bench/windows.py``) on the same load."""
+    tree = Path(tempfile.gettempdir()) / f"streamgauge-bench-{revision}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", str(tree),
+                        revision], check=True, capture_output=True)  # fmt: skip
+    [metric_type] = parse_types(args.types, args.series)
+    command = [
+        sys.executable, "windows.py", "--series", str(args.series), "--type", metric_type,
+        "--seconds", str(args.seconds), "--warmup", str(args.warmup), "--kind", args.kind,
+        "--size", args.size, "--hop", args.hop, "--trigger", args.trigger,
+    ]  # fmt: skip
+    if metric_type == "c" and args.kind == "tumbling":
+        command += ["--sets", "separate"]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(command, cwd=tree / "bench", env=env, capture_output=True, text=True,
+                         timeout=args.seconds + 900).stdout  # fmt: skip
+
+    def figure(label: str) -> list[float]:
+        match = re.search(rf"{re.escape(label)}\s+([\d.]+)\s+([\d.]+)", out)
+        return [float(match.group(1)), float(match.group(2))] if match else []
+
+    sustained = re.search(r"sustained: (\w+)(?: \(took ([\d,]+) partial rows/s)?", out)
+    fresh = re.search(r"freshness of each window, in order \(s\): ([\d. ]*);", out)
+    return {
+        "offered": args.series,
+        "taken": float(sustained.group(2).replace(",", "")) if sustained and sustained.group(2)
+        else 0.0,
+        "batch_median_p99": figure("micro-batch duration (s)"),
+        "freshness_s": [float(v) for v in fresh.group(1).split()] if fresh else [],
+        "sustained": bool(sustained) and sustained.group(1) == "True",
+        "load": os.getloadavg()[0],
+    }  # fmt: skip
+
+
+def _p(values: list[float], q: float) -> str:
+    return f"{float(np.percentile(values, q)):.2f}" if values else "n/a"
+
+
+def print_result(label: str, r: dict[str, Any]) -> None:
+    batch = r.get("batch_s") or []
+    previous = " / ".join(f"{v:.2f}" for v in r.get("batch_median_p99", []))
+    batch_fig = f"{_p(batch, 50)} / {_p(batch, 99)}" if batch else previous or "n/a"
+    cores = f"{r['cores']:.2f}" if "cores" in r else "n/a"
+    print(f"{label:<10} sustained {str(r['sustained']):<5} taken {r['taken']:>9,.0f}/s of "
+          f"{r['offered']:,}  batch p50/p99 {batch_fig:<12} freshness p50/p99 "
+          f"{_p(r['freshness_s'], 50)} / {_p(r['freshness_s'], 99)} s  ({len(r['freshness_s'])} "
+          f"windows)  cores {cores}  load {r['load']:.1f}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--series", type=int, default=10_000)
+    parser.add_argument("--types", default="c", help="ms, or a mix: c:40,ms:40,g:10,s:10")
+    parser.add_argument("--seconds", type=int, default=120)
+    parser.add_argument("--warmup", type=int, default=45,
+                        help="seconds left out at the start (JVM and numba warm-up)")
+    parser.add_argument("--kind", choices=sorted(WINDOWS), default="tumbling")
+    parser.add_argument("--size", default="10s")
+    parser.add_argument("--hop", default="5s")
+    parser.add_argument("--trigger", default="0.5 seconds")
+    parser.add_argument("--compare", metavar="REV", help="alternate with REV's bench/windows.py")
+    parser.add_argument("--pairs", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="print one JSON line (for --compare)")
+    args = parser.parse_args()
+    if args.compare is None:
+        result = run_here(args)
+        if args.json:
+            print("RESULT " + json.dumps(result))
+        else:
+            print(f"window job: {args.kind} {args.size}, {args.series} series of {args.types} "
+                  f"at 1 s panes, {args.seconds} s ({args.warmup} s warm-up left out), "
+                  f"local[2], trigger {args.trigger}")  # fmt: skip
+            print_result("this code", result)
+        return
+    if len(parse_types(args.types, args.series)) != 1:
+        parser.error("--compare needs --types of one type (the previous bench has no mix)")
+    rows: list[tuple[str, dict[str, Any]]] = []
+    here = [sys.executable, str(Path(__file__).resolve()), "--json",
+            *[a for a in sys.argv[1:] if a not in ("--compare", args.compare, "--pairs",
+                                                  str(args.pairs))]]  # fmt: skip
+    for _ in range(args.pairs):
+        rows.append((args.compare, run_previous(args.compare, args)))
+        out = subprocess.run(here, capture_output=True, text=True).stdout
+        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+        rows.append(("this code", json.loads(line[7:]) if line else {
+            "offered": args.series, "taken": 0.0, "freshness_s": [], "sustained": False,
+            "load": os.getloadavg()[0]}))  # fmt: skip
+    print(f"window job: {args.kind} {args.size}, {args.series} series of {args.types} at 1 s "
+          f"panes, {args.seconds} s ({args.warmup} s warm-up left out), local[2], alternated "
+          f"{args.compare} / this code, {args.pairs} pair(s)")  # fmt: skip
+    for label, result in rows:
+        print_result(label, result)
+
+
+if __name__ == "__main__":
+    main()

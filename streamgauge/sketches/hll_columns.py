@@ -1,0 +1,316 @@
+"""HLL register arrays of many series as one matrix, unioned by owner and estimated in one call.
+
+Why: a set window's union is one ``hll_union`` per pane image in Python today. Registers make
+the union a per-byte max (:mod:`streamgauge.sketches.hll_registers` explains why that is exact:
+it is what DataSketches' own union computes), so all series of a batch union in one pass into an
+``(n, 2^lgK)`` uint8 matrix (:func:`merge_images_into` decodes each pane image straight into its
+window's row), and Ertl's estimator (the one ``hll_registers.estimate_registers``
+and the SQL implement) runs over every row in another.
+
+Decoding (:func:`from_images`) reads the images' bytes in numba: LIST and SET modes (coupons,
+compact or updatable) and HLL_8 in HLL mode; the rare HLL_4/HLL_6 HLL-mode image goes through
+``hll_registers`` (the library converts it). Every image must have ``lgK >= lg_k``, except
+LIST/SET images, whose coupons keep 26 bits of slot and so place exactly at any ``lg_k``; a
+finer image is folded to ``lg_k`` (slot ``j`` takes the max of slots ``j mod 2^lg_k``), as
+``hll_union(lg_k)`` does. A coarser HLL-mode image cannot be refined: ``ValueError``.
+
+Serializing registers back into DataSketches images is not done here (an HLL_8 image also
+carries the HIP accumulator and the other estimator state): a window's image still comes from
+``hll.union_hll``; the registers give its distinct count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import numba
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from streamgauge.sketches.digest_columns import binary_parts
+from streamgauge.sketches.hll import MAX_LG_K, MIN_LG_K
+from streamgauge.sketches.hll_registers import MAX_REGISTER, Q, fold_registers, hll_registers
+
+__all__ = ["HllColumns", "estimates", "from_images", "merge_images_into", "union_by_owner"]
+
+Registers = npt.NDArray[np.uint8]
+FloatArray = npt.NDArray[np.float64]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_FAMILY = 7
+_SERIAL_VERSION = 1
+_EMPTY_FLAG = 4
+_LIST, _SET, _HLL = 0, 1, 2
+_HLL_8 = 2
+_HLL_PREAMBLE_BYTES = 40
+_KEY_MASK_26 = (1 << 26) - 1
+
+# status per image
+_OK = 0
+_CONVERT = 1  # HLL_4 / HLL_6 in HLL mode: through the library
+_BAD = 2
+_COARSER = 3
+
+
+def _jit(function: _F) -> _F:
+    """numba's ``njit``, typed for mypy (numba ships no annotations)."""
+    return cast(_F, numba.njit(cache=True, nogil=True)(function))
+
+
+@dataclass(frozen=True, eq=False)
+class HllColumns:
+    """``n`` HLL register arrays at one ``lg_k``: row ``i`` of ``registers`` (uint8, shape
+    ``(n, 2^lg_k)``) is series ``i``'s; an all-zero row is an empty set."""
+
+    registers: Registers
+    lg_k: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "registers", np.require(self.registers, np.uint8, ["C", "W"]))
+        if not MIN_LG_K <= self.lg_k <= MAX_LG_K:
+            raise ValueError(f"lg_k={self.lg_k} is outside {MIN_LG_K}..{MAX_LG_K}")
+        if self.registers.ndim != 2 or self.registers.shape[1] != 1 << self.lg_k:
+            raise ValueError(
+                f"registers have shape {self.registers.shape}, expected (n, {1 << self.lg_k})"
+            )
+
+    def __len__(self) -> int:
+        return int(self.registers.shape[0])
+
+    @classmethod
+    def empty(cls, n: int, lg_k: int) -> HllColumns:
+        """``n`` empty sets."""
+        return cls(np.zeros((n, 1 << lg_k), np.uint8), lg_k)
+
+
+@_jit
+def _decode(data: Any, starts: Any, lengths: Any, valid: Any, lg_k: Any, rows: Any,
+            out: Any) -> Any:  # fmt: skip
+    """Each valid image's registers maxed into ``out[rows[i]]``; a status per image."""
+    n = len(starts)
+    k = 1 << lg_k
+    status = np.zeros(n, np.int64)
+    for i in range(n):
+        if not valid[i]:
+            continue
+        s = starts[i]
+        size = lengths[i]
+        if size < 8:
+            status[i] = _BAD
+            continue
+        pre_ints = data[s]
+        image_lg_k = np.int64(data[s + 3])
+        flags = data[s + 5]
+        mode = data[s + 7] & 3
+        tgt_type = (data[s + 7] >> 2) & 3
+        if data[s + 2] != _FAMILY or data[s + 1] != _SERIAL_VERSION:
+            status[i] = _BAD
+            continue
+        if image_lg_k < MIN_LG_K or image_lg_k > MAX_LG_K:
+            status[i] = _BAD
+            continue
+        if flags & _EMPTY_FLAG:
+            continue
+        if mode < _HLL:  # LIST or SET
+            if mode == _LIST:
+                start = 8
+                count = np.int64(data[s + 6])
+            else:
+                if size < 12:
+                    status[i] = _BAD
+                    continue
+                start = 12
+                count = (np.int64(data[s + 8]) | np.int64(data[s + 9]) << 8
+                         | np.int64(data[s + 10]) << 16 | np.int64(data[s + 11]) << 24)  # fmt: skip
+            body = size - start
+            if body % 4 or body // 4 < count:
+                status[i] = _BAD
+                continue
+            found = 0
+            for c in range(body // 4):
+                p = s + start + 4 * c
+                coupon = (np.int64(data[p]) | np.int64(data[p + 1]) << 8
+                          | np.int64(data[p + 2]) << 16 | np.int64(data[p + 3]) << 24)  # fmt: skip
+                if coupon == 0:
+                    continue
+                found += 1
+                value = coupon >> 26
+                if value < 1 or value > MAX_REGISTER:
+                    status[i] = _BAD
+                    break
+                slot = (coupon & _KEY_MASK_26) & (k - 1)
+                if value > out[rows[i], slot]:
+                    out[rows[i], slot] = value
+            if status[i] == _OK and found != count:
+                status[i] = _BAD
+            continue
+        if mode != _HLL or pre_ints != 10:
+            status[i] = _BAD
+            continue
+        if tgt_type != _HLL_8:
+            status[i] = _CONVERT
+            continue
+        if image_lg_k < lg_k:
+            status[i] = _COARSER
+            continue
+        image_k = 1 << image_lg_k
+        if size < _HLL_PREAMBLE_BYTES + image_k:
+            status[i] = _BAD
+            continue
+        # Branch-free byte maxes (vectorized by LLVM); a finer image folds block by block.
+        row = out[rows[i]]
+        largest = np.uint8(0)
+        for block in range(image_k // k):
+            image = data[s + _HLL_PREAMBLE_BYTES + block * k : s + _HLL_PREAMBLE_BYTES
+                         + (block + 1) * k]  # fmt: skip
+            for j in range(k):
+                value = image[j]
+                largest = max(largest, value)
+                row[j] = max(row[j], value)
+        if largest > MAX_REGISTER:
+            status[i] = _BAD
+    return status
+
+
+def _decode_into(images: Any, lg_k: int, rows: npt.NDArray[np.int64], out: Registers) -> None:
+    """Every image's registers maxed into ``out[rows[i]]`` (``out`` modified in place)."""
+    if not MIN_LG_K <= lg_k <= MAX_LG_K:
+        raise ValueError(f"lg_k={lg_k} is outside {MIN_LG_K}..{MAX_LG_K}")
+    if isinstance(images, pa.ChunkedArray):
+        images = images.combine_chunks() if images.num_chunks != 1 else images.chunk(0)
+    data, offsets, valid, _ = binary_parts(images)
+    data = data.view()
+    data.flags.writeable = False  # one array type for the kernel, whatever Arrow handed over
+    status = _decode(data, offsets[:-1], np.diff(offsets), valid, lg_k, rows, out)
+    for row in np.flatnonzero(status == _CONVERT).tolist():
+        converted = hll_registers(images[row].as_py())
+        if converted.size < out.shape[1]:
+            status[row] = _COARSER
+            continue
+        np.maximum(out[rows[row]], fold_registers(converted, lg_k), out=out[rows[row]])
+        status[row] = _OK
+    bad = np.flatnonzero(status)
+    if bad.size:
+        row = int(bad[0])
+        reason = ("an HLL-mode image coarser than lgK " + str(lg_k) if status[row] == _COARSER
+                  else "not a DataSketches HLL image")  # fmt: skip
+        raise ValueError(f"{bad.size} HLL image(s) unusable; row {row}: {reason}")
+
+
+def from_images(images: Any, lg_k: int) -> HllColumns:
+    """Registers at ``lg_k`` of serialized DataSketches HLL images (``pa.BinaryArray``,
+    ``LargeBinaryArray`` or ``ChunkedArray``; NULL: an empty set), one row per image. Raises
+    ``ValueError`` naming the first image that is not valid or is coarser than ``lg_k`` in HLL
+    mode."""
+    registers = np.zeros((len(images), 1 << lg_k), np.uint8)
+    _decode_into(images, lg_k, np.arange(len(images), dtype=np.int64), registers)
+    return HllColumns(registers, lg_k)
+
+
+def merge_images_into(state: HllColumns, images: Any, owner: npt.ArrayLike) -> HllColumns:
+    """``state`` (one register array per open set window) with the pane images unioned in:
+    image ``i`` into row ``owner[i]``. Decodes each image straight into its owner's row, so a
+    small LIST/SET-mode pane costs its coupons, not ``2^lgK`` bytes. A new matrix; ``state``
+    is not modified. For new windows pass ``HllColumns.empty(n, lg_k)``."""
+    owners = np.asarray(owner, dtype=np.int64)
+    if owners.shape != (len(images),):
+        raise ValueError(f"owner has shape {owners.shape}, expected ({len(images)},)")
+    if owners.size and (owners.min() < 0 or owners.max() >= len(state)):
+        raise ValueError(f"owners must be in 0..{len(state) - 1}")
+    registers = state.registers.copy()
+    _decode_into(images, state.lg_k, owners, registers)
+    return HllColumns(registers, state.lg_k)
+
+
+@_jit
+def _union(registers: Any, owner: Any, out: Any) -> None:
+    k = registers.shape[1]
+    for i in range(registers.shape[0]):
+        g = owner[i]
+        for j in range(k):
+            if registers[i, j] > out[g, j]:
+                out[g, j] = registers[i, j]
+
+
+def union_by_owner(cols: HllColumns, owner: npt.ArrayLike, n_owners: int) -> HllColumns:
+    """One register array per owner ``0 .. n_owners - 1``: the per-byte max of the rows of
+    every input ``i`` with ``owner[i]`` equal to it (exact; order-free); all zeros without."""
+    owners = np.asarray(owner, dtype=np.int64)
+    if owners.shape != (len(cols),):
+        raise ValueError(f"owner has shape {owners.shape}, expected ({len(cols)},)")
+    if owners.size and (owners.min() < 0 or owners.max() >= n_owners):
+        raise ValueError(f"owners must be in 0..{n_owners - 1}")
+    out = np.zeros((n_owners, cols.registers.shape[1]), np.uint8)
+    _union(cols.registers, owners, out)
+    return HllColumns(out, cols.lg_k)
+
+
+@_jit
+def _sigma(x: Any) -> Any:
+    if x == 1.0:
+        return np.inf
+    y = 1.0
+    z = x
+    while True:
+        x *= x
+        previous = z
+        z += x * y
+        y += y
+        if z == previous:
+            return z
+
+
+@_jit
+def _tau(x: Any) -> Any:
+    if x == 0.0 or x == 1.0:
+        return 0.0
+    y = 1.0
+    z = 1.0 - x
+    while True:
+        x = math.sqrt(x)
+        previous = z
+        y *= 0.5
+        z -= (1.0 - x) ** 2 * y
+        if z == previous:
+            return z / 3.0
+
+
+@_jit
+def _estimates(registers: Any) -> Any:
+    n, k = registers.shape
+    out = np.zeros(n)
+    m = float(k)
+    counts = np.zeros(MAX_REGISTER + 1, np.int64)
+    # Four partial histograms: consecutive equal registers (runs of zeros in a small set)
+    # would otherwise chain every increment on the one before.
+    parts = np.zeros((4, 256), np.int64)
+    for i in range(n):
+        parts[:] = 0
+        row = registers[i]
+        for j in range(0, k, 4):
+            parts[0, row[j]] += 1
+            parts[1, row[j + 1]] += 1
+            parts[2, row[j + 2]] += 1
+            parts[3, row[j + 3]] += 1
+        for v in range(MAX_REGISTER + 1):
+            counts[v] = parts[0, v] + parts[1, v] + parts[2, v] + parts[3, v]
+        if counts[0] == k:
+            continue
+        z = m * _tau(1.0 - counts[Q + 1] / m)
+        for v in range(Q, 0, -1):
+            z = 0.5 * (z + float(counts[v]))
+        z += m * _sigma(counts[0] / m)
+        out[i] = m * m / (2.0 * math.log(2.0)) / z
+    return out
+
+
+def estimates(cols: HllColumns) -> FloatArray:
+    """Ertl's improved raw estimate per row: ``hll_registers.estimate_registers``' numbers
+    (the same operations in the same order), 0.0 for an empty set."""
+    result: FloatArray = _estimates(cols.registers)
+    return result

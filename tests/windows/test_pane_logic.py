@@ -1,0 +1,188 @@
+"""The tumbling and hopping window logic (``PaneWindowLogic``) against the reference windower.
+
+Every transcript whose windows are all tumbling or hopping runs through the logic one segment
+per batch, as the job runs it, with a minimal stand-in for the store's upsert (the highest
+revision of a window wins; final by the last watermark; late partials counted per window).
+The stored values, finality, late counts and late partials must equal the reference's. The
+same transcripts run through the real job and PostgreSQL in ``test_transcripts.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from streamgauge.sketches.tdigest import deserialize_tdigest
+from streamgauge.windows.pane_logic import PaneWindowLogic
+from streamgauge.windows.source import receivers_heartbeat_ms
+from tests.windows.test_transcripts import reference_sketches, reference_state, same_histogram
+from tests.windows.transcript import (
+    T0,
+    Transcript,
+    _partials_batch,
+    canonical_tags,
+    load_transcript,
+)
+
+HERE = Path(__file__).parent / "transcripts"
+PANE_KINDS = ("tumbling", "hopping")
+
+
+def _pane_transcripts() -> list[Path]:
+    found = []
+    for path in sorted(HERE.glob("*.yaml")):
+        transcript = load_transcript(path.read_text(), path.name)
+        if all(w.kind in PANE_KINDS for w in transcript.config.windows):
+            found.append(path)
+    return found
+
+
+TRANSCRIPTS = _pane_transcripts()
+
+
+def _segment_rows(partials: Any, receiver: str, heartbeat: int, prior: int) -> pa.Table:
+    batch = _partials_batch(partials)
+    n = batch.num_rows
+    return pa.Table.from_batches([batch]).append_column(
+        "receiver", pa.array([receiver] * n, pa.string())
+    ).append_column(
+        "segment_heartbeat_ms", pa.array([heartbeat] * n, pa.int64())
+    ).append_column("prior_heartbeat_ms", pa.array([prior] * n, pa.int64()))
+
+
+def run_logic(transcript: Transcript) -> tuple[dict[Any, dict[str, Any]], list[Any]]:
+    """The store's final state, and the late partials, after one batch per segment."""
+    config = transcript.config
+    logics = {w.name: PaneWindowLogic(w, config.sketches) for w in config.windows}
+    offsets: dict[str, dict[str, Any]] = {}
+    stored: dict[Any, dict[str, Any]] = {}
+    late_rows: list[Any] = []
+    for segment in transcript.segments:
+        prior = offsets.get(segment.receiver, {}).get("heartbeat_ms", 0)
+        offsets[segment.receiver] = {"heartbeat_ms": segment.heartbeat_ms,
+                                     "closed": segment.closed}  # fmt: skip
+        rows = _segment_rows(segment.partials, segment.receiver, segment.heartbeat_ms, prior)
+        heartbeat = receivers_heartbeat_ms(offsets)
+        for name, logic in logics.items():
+            window = config.window(name)
+            watermark = None if heartbeat is None else heartbeat - window.watermark_delay_ms
+            if watermark is not None and logic.watermark_ms is not None:
+                watermark = max(watermark, logic.watermark_ms)
+            step = logic.step(rows, watermark)
+            for row in step.late.to_pylist():
+                late_rows.append((name, row["metric"], canonical_tags(row["tags"]),
+                                  row["window_start_ms"] - T0, row["count"]))  # fmt: skip
+            for row in step.publish.table.to_pylist():
+                if watermark is None or row["window_end_ms"] > watermark:
+                    continue  # held as pending by the store (early_every), not published
+                key = (name, row["metric"], canonical_tags(row["tags"]),
+                       row["window_start_ms"] - T0)  # fmt: skip
+                stored[key] = {**row, "late_events": stored.get(key, {}).get("late_events", 0)}
+    for name, metric, tags, start, _count in late_rows:
+        if (name, metric, tags, start) in stored:
+            stored[(name, metric, tags, start)]["late_events"] += 1
+    for (name, *_rest), row in stored.items():
+        window = config.window(name)
+        final_before = logics[name].watermark_ms
+        row["final"] = final_before is not None and (
+            row["window_end_ms"] + window.allowed_lateness_ms <= final_before)
+    return stored, sorted(late_rows)
+
+
+_NULLS = {"c": ("min", "max", "last"), "g": ("sum",), "s": ("sum", "min", "max", "last")}
+_NULLS |= {t: ("last",) for t in ("ms", "h", "d")}
+
+
+@pytest.mark.parametrize("path", TRANSCRIPTS, ids=[p.stem for p in TRANSCRIPTS])
+def test_pane_logic_stores_what_the_reference_stores(path: Path) -> None:
+    transcript = load_transcript(path.read_text(), path.name)
+    stored, late = run_logic(transcript)
+    expected, expected_late = reference_state(transcript)
+    # An open window's early row is the store's doing (``_EARLY``), not the logic's.
+    expected = {key: row for key, row in expected.items() if row["early"] is None}
+    assert set(stored) == set(expected)
+    for key, ref in expected.items():
+        got = stored[key]
+        values = {"type": got["metric_type"], "count": got["count"], "sum": got["sum"],
+                  "min": got["min"], "max": got["max"], "last": got["last"],
+                  "final": got["final"], "late_events": got["late_events"],
+                  "end": got["window_end_ms"] - T0}  # fmt: skip
+        for name in _NULLS.get(got["metric_type"], ()):
+            values[name] = None
+        assert values == {k: v for k, v in ref.items() if k != "early"}, key
+    assert late == expected_late
+
+
+@pytest.mark.parametrize("path", TRANSCRIPTS, ids=[p.stem for p in TRANSCRIPTS])
+def test_pane_logic_sketches_agree_with_the_reference(path: Path) -> None:
+    transcript = load_transcript(path.read_text(), path.name)
+    stored, _ = run_logic(transcript)
+    rank_error = transcript.config.sketches.quantile_rank_error
+    open_windows, _ = reference_state(transcript)
+    for key, ref in reference_sketches(transcript).items():
+        if open_windows[key]["early"] is not None:
+            continue  # an open window's early row: the store's (``_EARLY``)
+        got = stored[key]
+        assert same_histogram(transcript, got["hdr_histogram"], ref["hdr_histogram"]), key
+        if ref["type"] == "s":
+            assert got["distinct_count"] == ref["distinct_count"], key
+        if ref["p50"] is None:
+            assert got["p50"] is None, key
+            continue
+        digest = deserialize_tdigest(ref["sketch"])
+        weight = digest.get_total_weight()
+        assert deserialize_tdigest(got["sketch"]).get_total_weight() == weight, key
+        for column, q in {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}.items():
+            rank = digest.get_rank(got[column])
+            assert abs(rank - q) <= rank_error + 1 / weight, (key, column)
+
+
+def _run_with_restart(transcript: Transcript, restart_after: int) -> dict[Any, Any]:
+    """``run_logic``'s published rows, the logic replaced after ``restart_after`` segments by
+    one rebuilt from the log (``PaneWindowLogic.rebuild``), as a restarted job does."""
+    config = transcript.config
+    logics = {w.name: PaneWindowLogic(w, config.sketches) for w in config.windows}
+    offsets: dict[str, dict[str, Any]] = {}
+    tables: list[pa.Table] = []
+    published: dict[Any, Any] = {}
+    for index, segment in enumerate(transcript.segments):
+        if index == restart_after:
+            for name, old in list(logics.items()):
+                fresh = PaneWindowLogic(config.window(name), config.sketches)
+                since = fresh.rebuild_from_ms(old.watermark_ms)
+                kept = [t.filter(pc.greater_equal(t.column("segment_heartbeat_ms"),
+                                                          since if since is not None else 0))
+                        for t in tables]  # fmt: skip
+                fresh.rebuild(kept, old.watermark_ms)
+                logics[name] = fresh
+        prior = offsets.get(segment.receiver, {}).get("heartbeat_ms", 0)
+        offsets[segment.receiver] = {"heartbeat_ms": segment.heartbeat_ms,
+                                     "closed": segment.closed}  # fmt: skip
+        rows = _segment_rows(segment.partials, segment.receiver, segment.heartbeat_ms, prior)
+        tables.append(rows)
+        heartbeat = receivers_heartbeat_ms(offsets)
+        for name, logic in logics.items():
+            window = config.window(name)
+            watermark = None if heartbeat is None else heartbeat - window.watermark_delay_ms
+            if watermark is not None and logic.watermark_ms is not None:
+                watermark = max(watermark, logic.watermark_ms)
+            for row in logic.step(rows, watermark).publish.table.to_pylist():
+                if watermark is not None and row["window_end_ms"] <= watermark:
+                    key = (name, row["metric"], row["tags"], row["window_start_ms"])
+                    published[key] = (row["count"], row["sum"], row["min"], row["max"],
+                                      row["last"], row["p50"], row["distinct_count"])  # fmt: skip
+    return published
+
+
+@pytest.mark.parametrize("path", TRANSCRIPTS, ids=[p.stem for p in TRANSCRIPTS])
+def test_a_restart_rebuilds_the_open_windows_from_the_log(path: Path) -> None:
+    """Replacing the logic after any segment by one rebuilt from the segments the log holds
+    since ``rebuild_from_ms`` publishes the same windows with the same values."""
+    transcript = load_transcript(path.read_text(), path.name)
+    straight = _run_with_restart(transcript, restart_after=-1)
+    for restart_after in range(1, len(transcript.segments)):
+        assert _run_with_restart(transcript, restart_after) == straight, restart_after
