@@ -236,17 +236,26 @@ def _plan(offsets: Any, buckets: Any, counts: Any, counts_len: Any) -> Any:
 
 @_jit
 def _put_payload(out: Any, pos: Any, buckets: Any, counts: Any, lo: Any, hi: Any,
-                 header: Any) -> Any:  # fmt: skip
-    """Write row ``buckets[lo:hi]``'s payload at ``out[pos]``; its end."""
+                 header: Any, counts_len: Any) -> Any:  # fmt: skip
+    """Write row ``buckets[lo:hi]``'s payload at ``out[pos]``: its end and status (``_OK``, or
+    the code of the row's first problem: then the payload is not whole)."""
     for k in range(PAYLOAD_HEADER_LEN):  # loops, not slice assignment: compiles 2 s faster
         out[pos + k] = header[k]
     w = pos + PAYLOAD_HEADER_LEN
     last = -1
+    previous = -1
     for j in range(lo, hi):
         c = counts[j]
+        b = buckets[j]
+        if b < 0 or b >= counts_len:
+            return w, _BAD_INDEX
+        if b <= previous:
+            return w, _NOT_INCREASING
+        if c < 0:
+            return w, _NEGATIVE_COUNT
+        previous = b
         if c == 0:
             continue
-        b = buckets[j]
         gap = b - last - 1
         # one-byte values (nearly all) written here, the rest by _put_varint: a call per value
         # costs more than the value
@@ -265,18 +274,18 @@ def _put_payload(out: Any, pos: Any, buckets: Any, counts: Any, lo: Any, hi: Any
             w = _put_varint(out, w, z)
         last = b
     _put_u32(out, pos + 4, w - pos - PAYLOAD_HEADER_LEN)
-    return w
+    return w, _OK
 
 
 @_jit
-def _payloads(offsets: Any, buckets: Any, counts: Any, payload_offsets: Any,
-              header: Any) -> Any:  # fmt: skip
+def _payloads(offsets: Any, buckets: Any, counts: Any, payload_offsets: Any, header: Any,
+              counts_len: Any) -> Any:  # fmt: skip
     """Every row's payload at ``data[payload_offsets[i]:payload_offsets[i + 1]]``."""
     data = np.empty(payload_offsets[-1], np.uint8)
     for i in range(len(offsets) - 1):
         if offsets[i + 1] > offsets[i]:
             _put_payload(data, payload_offsets[i], buckets, counts, offsets[i], offsets[i + 1],
-                         header)  # fmt: skip
+                         header, counts_len)  # fmt: skip
     return data
 
 
@@ -432,15 +441,19 @@ def _raw_bound(payload: Any) -> Any:
 
 
 @_jit
-def _encode_rows(offsets: Any, buckets: Any, counts: Any, payload_len: Any, header: Any,
+def _encode_rows(offsets: Any, buckets: Any, counts: Any, counts_len: Any, header: Any,
                  alphabet: Any, compress: Any, lit_bits: Any, lit_n: Any, len_bits: Any,
                  len_n: Any, dist_bits: Any, dist_n: Any, first: Any, last: Any, start: Any,
                  text: Any, text_offsets: Any) -> Any:  # fmt: skip
     """Rows ``first .. last - 1``' base64 texts, back to back from ``text[start]`` on (row
-    ``i``'s end at ``text_offsets[i + 1]``); returns the end of the last."""
-    largest = PAYLOAD_HEADER_LEN
+    ``i``'s end at ``text_offsets[i + 1]``): the end of the last, and status ``_OK`` or
+    ``code + 4 * row`` of the first row that breaks the contract (the rows after it are not
+    written). The rows are checked as their payloads are written, not in a pass of their own.
+    """
+    longest = 0
     for i in range(first, last):
-        largest = max(largest, payload_len[i])
+        longest = max(longest, offsets[i + 1] - offsets[i])
+    largest = _payload_bound(longest)
     payload = np.empty(largest, np.uint8)
     raw = np.empty(_raw_bound(largest), np.uint8)
     head = np.empty(1 << _HASH_BITS, np.int64)
@@ -453,7 +466,9 @@ def _encode_rows(offsets: Any, buckets: Any, counts: Any, payload_len: Any, head
         lo = offsets[i]
         hi = offsets[i + 1]
         if hi > lo:
-            size = _put_payload(payload, 0, buckets, counts, lo, hi, header)
+            size, status = _put_payload(payload, 0, buckets, counts, lo, hi, header, counts_len)
+            if status != _OK:
+                return o, status + 4 * i
             _put_u32(raw, 0, COMPRESSION_COOKIE)
             raw[8] = 0x78  # zlib: deflate, 32 KiB window, no dictionary (0x7801 % 31 == 0)
             raw[9] = 0x01
@@ -468,7 +483,14 @@ def _encode_rows(offsets: Any, buckets: Any, counts: Any, payload_len: Any, head
             _put_u32(raw, 4, w - 8)
             o = _base64(raw, w, text, o, alphabet)
         text_offsets[i + 1] = o
-    return o
+    return o, _OK
+
+
+@_jit
+def _payload_bound(buckets: Any) -> Any:
+    """Most bytes of the payload of a row of ``buckets`` buckets: the header, and per bucket a
+    zero run (at most 9 LEB128 bytes) and a count (at most 9)."""
+    return PAYLOAD_HEADER_LEN + 18 * buckets
 
 
 def payload_header(layout: HdrLayout) -> ByteArray:
@@ -480,10 +502,10 @@ def payload_header(layout: HdrLayout) -> ByteArray:
     return np.frombuffer(packed, dtype=np.uint8).copy()
 
 
-def _checked(layout: HdrLayout, offsets: npt.ArrayLike, buckets: npt.ArrayLike,
-             counts: npt.ArrayLike) -> tuple[IntArray, Int32Array, IntArray, IntArray]:  # fmt: skip
+def _columns(layout: HdrLayout, offsets: npt.ArrayLike, buckets: npt.ArrayLike,
+             counts: npt.ArrayLike) -> tuple[IntArray, Int32Array, IntArray]:  # fmt: skip
     """The columns as int64 offsets, int32 buckets and int64 counts (views where they already
-    are) and each row's payload length, validated."""
+    are), their shapes and offsets checked."""
     offs = np.ascontiguousarray(offsets, dtype=np.int64)
     raw_idx = np.asarray(buckets)
     cnt = np.ascontiguousarray(counts, dtype=np.int64)
@@ -498,34 +520,42 @@ def _checked(layout: HdrLayout, offsets: npt.ArrayLike, buckets: npt.ArrayLike,
         idx = np.ascontiguousarray(raw_idx)
     else:
         # One kernel signature (int32, HdrColumns' own dtype); an index outside the layout
-        # (maybe outside int32) becomes -1, which the plan reports as outside it.
+        # (maybe outside int32) becomes -1, which the kernels report as outside it.
         wide = np.ascontiguousarray(raw_idx, dtype=np.int64)
         idx = np.where((wide >= 0) & (wide < layout.counts_len), wide, -1).astype(np.int32)
-    chunks = chunk_bounds(offs - offs[0]) if len(offs) > 1 else None
-    if chunks is None:
-        payload_len, status = _plan(offs, idx, cnt, layout.counts_len)
-    else:
-        payload_len = np.zeros(len(offs) - 1, np.int64)
-        statuses = run_chunks(lambda c: _plan_rows(offs, idx, cnt, layout.counts_len, payload_len,
-                                                   chunks[c], chunks[c + 1]), len(chunks) - 1)
-        status = next((s for s in statuses if s != _OK), _OK)  # the first chunk's: the first row
-    if status != _OK:
-        row, code = divmod(int(status), 4)
-        problem = {
-            _BAD_INDEX: f"a bucket index outside 0..{layout.counts_len - 1}",
-            _NOT_INCREASING: "bucket indices not strictly increasing",
-            _NEGATIVE_COUNT: "a negative count",
-        }[code]
-        raise ValueError(f"row {row} (buckets[{offs[row]}:{offs[row + 1]}]) has {problem}")
+    return offs, idx, cnt
+
+
+def _refuse(layout: HdrLayout, offs: IntArray, status: int) -> None:
+    """``ValueError`` for a kernel status (``code + 4 * row``) other than ``_OK``."""
+    if status == _OK:
+        return
+    row, code = divmod(int(status), 4)
+    problem = {
+        _BAD_INDEX: f"a bucket index outside 0..{layout.counts_len - 1}",
+        _NOT_INCREASING: "bucket indices not strictly increasing",
+        _NEGATIVE_COUNT: "a negative count",
+    }[code]
+    raise ValueError(f"row {row} (buckets[{offs[row]}:{offs[row + 1]}]) has {problem}")
+
+
+def _checked(layout: HdrLayout, offsets: npt.ArrayLike, buckets: npt.ArrayLike,
+             counts: npt.ArrayLike) -> tuple[IntArray, Int32Array, IntArray, IntArray]:  # fmt: skip
+    """``_columns`` and each row's payload length, validated."""
+    offs, idx, cnt = _columns(layout, offsets, buckets, counts)
+    payload_len, status = _plan(offs, idx, cnt, layout.counts_len)
+    _refuse(layout, offs, status)
     return offs, idx, cnt, payload_len
 
 
-def _text_bounds(payload_len: IntArray) -> IntArray:
-    """Most base64 bytes each row's text takes (``_raw_bound`` of its payload; 0 without)."""
+def _text_bounds(row_buckets: IntArray) -> IntArray:
+    """Most base64 bytes the text of a row of that many buckets takes (``_raw_bound`` of
+    ``_payload_bound``; 0 for none)."""
+    payload_len = PAYLOAD_HEADER_LEN + 18 * row_buckets
     fixed = (3 + 9 * payload_len + 7 + 7) // 8
     stored = 5 * np.maximum(1, (payload_len + STORED_BLOCK - 1) // STORED_BLOCK) + payload_len
     raw = 8 + 2 + np.maximum(fixed, stored) + 4
-    bounds: IntArray = np.where(payload_len > 0, 4 * ((raw + 2) // 3), 0)
+    bounds: IntArray = np.where(row_buckets > 0, 4 * ((raw + 2) // 3), 0)
     return bounds
 
 
@@ -538,7 +568,8 @@ def v2_payloads(
     offs, idx, cnt, payload_len = _checked(layout, offsets, buckets, counts)
     payload_offsets = np.zeros(len(offs), np.int64)
     np.cumsum(payload_len, out=payload_offsets[1:])
-    return payload_offsets, _payloads(offs, idx, cnt, payload_offsets, payload_header(layout))
+    return payload_offsets, _payloads(offs, idx, cnt, payload_offsets, payload_header(layout),
+                                      layout.counts_len)  # fmt: skip
 
 
 def encode_v2(
@@ -558,25 +589,29 @@ def encode_v2(
     buckets. ``compress=False`` writes stored deflate blocks: faster, larger. Raises
     ``ValueError`` naming the first row that breaks the contract.
     """
-    offs, idx, cnt, payload_len = _checked(layout, offsets, buckets, counts)
+    offs, idx, cnt = _columns(layout, offsets, buckets, counts)
     n = len(offs) - 1
+    row_buckets = np.diff(offs)
     bounds = np.zeros(n + 1, np.int64)
-    np.cumsum(_text_bounds(payload_len), out=bounds[1:])
-    # numpy's allocation (huge pages for large arrays: cheaper to touch first than numba's)
+    np.cumsum(_text_bounds(row_buckets), out=bounds[1:])
+    # numpy's allocation (huge pages for large arrays: cheaper to touch first than numba's;
+    # the bound is ~10x the text, but the pages past it are never touched)
     text = np.empty(int(bounds[-1]), np.uint8)
     text_offsets = np.zeros(n + 1, np.int64)
-    args = (offs, idx, cnt, payload_len, payload_header(layout), _BASE64, compress, *_TABLES)
-    work = np.zeros(n + 1, np.int64)
-    np.cumsum(payload_len, out=work[1:])
-    chunks = chunk_bounds(work)
+    args = (offs, idx, cnt, layout.counts_len, payload_header(layout), _BASE64, compress,
+            *_TABLES)  # fmt: skip
+    chunks = chunk_bounds(offs - offs[0])
     if chunks is None:
-        end = _encode_rows(*args, 0, n, 0, text, text_offsets)
+        end, status = _encode_rows(*args, 0, n, 0, text, text_offsets)
+        _refuse(layout, offs, status)
     else:
         # Chunk c's texts from its rows' first bound on; then the chunks moved together.
         capacity = bounds[chunks[:-1]]
-        ends = run_chunks(lambda c: _encode_rows(*args, chunks[c], chunks[c + 1], capacity[c],
+        done = run_chunks(lambda c: _encode_rows(*args, chunks[c], chunks[c + 1], capacity[c],
                                                  text, text_offsets), len(chunks) - 1)  # fmt: skip
-        end = compact(chunks, capacity, ends, text_offsets, text)
+        for _, status in done:  # the first chunk's problem is the first row's
+            _refuse(layout, offs, status)
+        end = compact(chunks, capacity, [e for e, _ in done], text_offsets, text)
     text = text[:end]
     valid = offs[1:] > offs[:-1]
     null_count = n - int(np.count_nonzero(valid))

@@ -19,6 +19,7 @@ a batch run again after a crash gives the same values and the same sketch bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -296,20 +297,27 @@ class OpenWindows:
                 table.digests = dc.DigestColumns.empty(0, self._k)
             table.absorb(table.rows_of(series[rows]), _Partials.of(placed, rows, self._k))
 
-    def starts_touched(self, placed: pa.Table) -> dict[int, pa.Array]:
-        """Per window start, the series (``metric\\x1ftags``) whose window ``placed`` (a
-        batch's on-time rows) changed: what a batch must publish again if those windows were
-        published already."""
+    def starts_touched(
+        self, placed: pa.Table, wanted: Callable[[int], bool]
+    ) -> dict[int, pa.Array]:
+        """Per window start for which ``wanted(start)``, the series (``metric\\x1ftags``)
+        whose window ``placed`` (a batch's on-time rows) changed: what a batch must publish
+        again if those windows were published already. The series keys are built only when
+        some start is wanted (a straggler's batch), not for every batch."""
         if placed.num_rows == 0:
             return {}
         a = self.assigner
         pane = _ints(placed, "pane_ms")
         first = np.maximum(_ints(placed, "from_start_ms"), pane - a.size_ms + a.hop_ms)
+        starts = np.unique(np.concatenate(
+            [first + j * a.hop_ms for j in range(a.panes_per_window)]
+        )).tolist()  # fmt: skip
+        starts = [start for start in starts if wanted(int(start))]
+        if not starts:
+            return {}
         keys = _joined(placed.column("metric"), placed.column("tags"))
         touched: dict[int, pa.Array] = {}
-        for start in np.unique(np.concatenate(
-            [first + j * a.hop_ms for j in range(a.panes_per_window)]
-        )).tolist():  # fmt: skip
+        for start in starts:
             inside = (first <= start) & (pane >= start) & (pane < start + a.size_ms)
             if inside.any():
                 touched[int(start)] = pc.unique(keys.filter(pa.array(inside)))

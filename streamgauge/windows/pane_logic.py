@@ -54,16 +54,20 @@ class PaneWindowLogic:
         assigner = self.open.assigner
         previous = self.watermark_ms
         assigned = assigner.assign(partials, previous)
-        touched = self.open.starts_touched(assigned.on_time)
-        self.open.absorb(assigned.on_time)
         starts: dict[int, pa.Array | None] = {}
         if watermark_ms is not None:
             starts.update(dict.fromkeys(self.open.window_starts(previous, watermark_ms)))
-        for start, series in touched.items():
-            end = start + assigner.size_ms
-            published = previous is not None and end <= previous
-            if start not in starts and (published or self.window.early_every_ms is not None):
-                starts[start] = series
+
+        def again(start: int) -> bool:
+            """Published already (a straggler revises it), or held for early rows."""
+            if start in starts:
+                return False
+            published = previous is not None and start + assigner.size_ms <= previous
+            return published or self.window.early_every_ms is not None
+
+        touched = self.open.starts_touched(assigned.on_time, again)
+        self.open.absorb(assigned.on_time)
+        starts.update(touched)
         publish = self.open.windows(starts)
         if watermark_ms is not None:
             self.watermark_ms = watermark_ms
