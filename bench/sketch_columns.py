@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasketches import tdigest_double
 
 from streamgauge.sketches import digest_columns as dc
@@ -274,9 +275,11 @@ def publish_and_batch(args: argparse.Namespace, threads: list[int]) -> None:
             else:
                 same = _same_columns(first, out, _HDR_FIELDS)
             assert same, f"{name}: results differ between columns"
-    sizes = {name: outs[-1].nbytes / n for name, outs in outputs.items() if "encode" in name}
-    print("  (every column gave the same results; HDR text per window: "
-          + ", ".join(f"{k.split()[1]} {b:.0f} B" for k, b in sizes.items()) + " after)")
+    sizes = {name: [pc.sum(pc.binary_length(o)).as_py() / n for o in outs]
+             for name, outs in outputs.items() if "encode" in name}  # fmt: skip
+    print("  (every column gave the same results; mean HDR text per window, first column / "
+          "last: " + ", ".join(f"{k.split()[1]} {b[0]:.1f} / {b[-1]:.1f} B"
+                               for k, b in sizes.items()) + ")")  # fmt: skip
 
 
 def throughput(args: argparse.Namespace) -> None:

@@ -54,6 +54,7 @@ class PaneWindowLogic:
         assigner = self.open.assigner
         previous = self.watermark_ms
         assigned = assigner.assign(partials, previous)
+        self.open.absorb(assigned.on_time)
         starts: dict[int, pa.Array | None] = {}
         if watermark_ms is not None:
             starts.update(dict.fromkeys(self.open.window_starts(previous, watermark_ms)))
@@ -65,9 +66,7 @@ class PaneWindowLogic:
             published = previous is not None and start + assigner.size_ms <= previous
             return published or self.window.early_every_ms is not None
 
-        touched = self.open.starts_touched(assigned.on_time, again)
-        self.open.absorb(assigned.on_time)
-        starts.update(touched)
+        starts.update(self.open.starts_touched(assigned.on_time, again))
         publish = self.open.windows(starts)
         if watermark_ms is not None:
             self.watermark_ms = watermark_ms

@@ -186,3 +186,32 @@ def test_a_restart_rebuilds_the_open_windows_from_the_log(path: Path) -> None:
     straight = _run_with_restart(transcript, restart_after=-1)
     for restart_after in range(1, len(transcript.segments)):
         assert _run_with_restart(transcript, restart_after) == straight, restart_after
+
+
+@pytest.mark.parametrize("path", TRANSCRIPTS, ids=[p.stem for p in TRANSCRIPTS])
+def test_one_batch_of_the_whole_log_publishes_the_same_windows(path: Path) -> None:
+    """The whole log in one batch (a restart's catch-up, ``availableNow``): a window whose
+    partials and closing come in the same batch is published before it leaves, with the
+    values one batch per segment gives."""
+    transcript = load_transcript(path.read_text(), path.name)
+    config = transcript.config
+    offsets: dict[str, dict[str, Any]] = {}
+    tables = []
+    for segment in transcript.segments:
+        prior = offsets.get(segment.receiver, {}).get("heartbeat_ms", 0)
+        offsets[segment.receiver] = {"heartbeat_ms": segment.heartbeat_ms,
+                                     "closed": segment.closed}  # fmt: skip
+        tables.append(_segment_rows(segment.partials, segment.receiver, segment.heartbeat_ms,
+                                    prior))  # fmt: skip
+    heartbeat = receivers_heartbeat_ms(offsets)
+    assert heartbeat is not None
+    per_segment = _run_with_restart(transcript, restart_after=-1)
+    for window in config.windows:
+        logic = PaneWindowLogic(window, config.sketches)
+        watermark = heartbeat - window.watermark_delay_ms
+        step = logic.step(pa.concat_tables(tables), watermark)
+        got = {(window.name, r["metric"], r["tags"], r["window_start_ms"]): r["count"]
+               for r in step.publish.table.to_pylist()
+               if r["window_end_ms"] <= watermark}  # fmt: skip
+        expected = {key: values[0] for key, values in per_segment.items() if key[0] == window.name}
+        assert got == expected
