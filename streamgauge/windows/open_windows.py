@@ -46,10 +46,13 @@ _TYPES = ("c", "d", "g", "h", "ms", "s")
 the smaller, as the first design's ``min(metric_type)`` did."""
 _NO_TYPE = len(_TYPES)
 
-WINDOW_COLUMNS = (
-    "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "count", "sum",
-    "min", "max", "last", *QUANTILE_COLUMNS, "distinct_count", "sketch", "hdr_histogram",
-)  # fmt: skip
+WINDOW_SCHEMA = pa.schema([
+    ("metric", pa.string()), ("tags", pa.string()), ("metric_type", pa.string()),
+    ("window_start_ms", pa.int64()), ("window_end_ms", pa.int64()), ("count", pa.int64()),
+    ("sum", pa.float64()), ("min", pa.float64()), ("max", pa.float64()),
+    ("last", pa.float64()), *((name, pa.float64()) for name in QUANTILE_COLUMNS),
+    ("distinct_count", pa.float64()), ("sketch", pa.binary()), ("hdr_histogram", pa.string()),
+])  # fmt: skip
 """The columns of :meth:`OpenWindows.windows` (``results.to_result_rows`` takes them), besides
 the HDR buckets it returns apart."""
 
@@ -115,7 +118,6 @@ class _PaneTable:
     hdr: hc.HdrColumns = field(default_factory=lambda: hc.HdrColumns.empty(0))
     hll_rows: list[IntArray] = field(default_factory=list)
     hll_images: list[pa.Array] = field(default_factory=list)
-    _row_of: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -247,7 +249,7 @@ class _Partials:
 
 @dataclass(frozen=True)
 class Windows:
-    """Windows made of panes: one row per (series, window), in ``WINDOW_COLUMNS``, and their
+    """Windows made of panes: one row per (series, window), in ``WINDOW_SCHEMA``, and their
     HDR buckets (row ``i``'s in ``hdr``)."""
 
     table: pa.Table
@@ -494,16 +496,9 @@ class OpenWindows:
         encoded = encode_v2(self._layout, hdr.offsets, hdr.buckets, hdr.counts)
         return pc.if_else(pa.array(is_sketched), encoded, pa.nulls(len(hdr), pa.string()))
 
-    def _no_windows(self) -> Windows:
-        fields = {
-            "metric": pa.string(), "tags": pa.string(), "metric_type": pa.string(),
-            "window_start_ms": pa.int64(), "window_end_ms": pa.int64(), "count": pa.int64(),
-            "sum": pa.float64(), "min": pa.float64(), "max": pa.float64(),
-            "last": pa.float64(), **dict.fromkeys(QUANTILE_COLUMNS, pa.float64()),
-            "distinct_count": pa.float64(), "sketch": pa.binary(), "hdr_histogram": pa.string(),
-        }  # fmt: skip
-        table = pa.table({name: pa.array([], kind) for name, kind in fields.items()})
-        return Windows(table, hc.HdrColumns.empty(0))
+    @staticmethod
+    def _no_windows() -> Windows:
+        return Windows(WINDOW_SCHEMA.empty_table(), hc.HdrColumns.empty(0))
 
 
 @dataclass(frozen=True)
