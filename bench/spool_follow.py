@@ -36,7 +36,7 @@ from streamgauge.ingest.log import (
     segment_name,
     segments_after,
 )
-from streamgauge.windows.source import RowFilter, SpoolStreamReader
+from streamgauge.windows.source import SpoolStreamReader
 
 NEW = 10
 LINKS_PER_FILE = 50_000  # below the file system's link limit (65k on ext4)
@@ -72,7 +72,7 @@ def measure(root: Path, segments: int, repeat: int) -> tuple[float, float, float
     after = segments - NEW - 1
     listing = timed(lambda: list_segments(root, "udp-0", after=after), repeat)
     asking = timed(lambda: segments_after(root, "udp-0", after), repeat)
-    reader = SpoolStreamReader(root, 64, RowFilter("native"))
+    reader = SpoolStreamReader(root, 64)
     start = {"receivers": {"udp-0": {"seq": after, "heartbeat_ms": 1_000 * (after + 1),
                                      "closed": False}}}  # fmt: skip
     whole = timed(lambda: reader.partitions(start, reader.latestOffset(start, None)), repeat)

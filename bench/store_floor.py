@@ -50,7 +50,6 @@ from streamgauge.sinks.store import Finalization, ResultStore
 T0 = 1_700_000_000_000
 SIZE_MS = 10_000
 LATENESS_MS = 2_000
-LANE = ("c", "g", "s")
 COLUMNS = (
     "config_name", "window_name", "metric", "tags", "window_start", "window_end", "metric_type",
     "count", "sum", "revision", "is_final", "late_events", "emitted_at",
@@ -117,11 +116,11 @@ class StorePaths:
             rows.schema.get_field_index("window_name"), "window_name",
             pa.array([window] * rows.num_rows),
         )  # fmt: skip
-        fin = Finalization("bench", window, watermark_ms, LATENESS_MS, LANE)
+        fin = Finalization("bench", window, watermark_ms, LATENESS_MS)
         began = time.perf_counter()
         self.store.commit_batch(
             f"bench.{window}", self.batch, rows.slice(0, 0) if fresh else rows, [fin],
-            revision=self.batch, hold_after={("bench", window): watermark_ms}, lane_types=LANE,
+            revision=self.batch, hold_after={("bench", window): watermark_ms},
             fresh=rows if fresh else None,
         )  # fmt: skip
         return time.perf_counter() - began

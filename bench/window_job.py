@@ -3,6 +3,7 @@
     .venv/bin/python bench/window_job.py --series 100000 --types ms --seconds 150 --warmup 60
     .venv/bin/python bench/window_job.py --series 100000 --types c:40,ms:40,g:10,s:10
     .venv/bin/python bench/window_job.py --series 100000 --types ms --compare e1f16d3 --pairs 2
+    .venv/bin/python bench/window_job.py --kind session --series 10000 --types ms --compare e1f16d3
 
 A writer thread appends one segment per second to a live spool, holding one pane partial per
 active series (what ingest writes at 1 s panes: timers carry a t-digest and HDR buckets of 10
@@ -65,7 +66,13 @@ WINDOWS = {
     "tumbling": "{name: w, kind: tumbling, size: SIZE, watermark_delay: 1s, allowed_lateness: 2s}",
     "hopping": "{name: w, kind: hopping, size: SIZE, hop: HOP, watermark_delay: 1s, "
     "allowed_lateness: 2s}",
+    "sliding": "{name: w, kind: sliding, size: SIZE, watermark_delay: 1s, allowed_lateness: 2s}",
+    "session": "{name: w, kind: session, gap: 3s, key: user, watermark_delay: 1s, "
+    "allowed_lateness: 2s}",
 }
+SESSION_ON_S, SESSION_CYCLE_S = 5, 10
+"""With ``--kind session`` a series sends in 5 seconds of every 10 (staggered by series), so
+its sessions close (gap 3 s) and new ones open all the time."""
 HERE = Path(__file__).resolve().parent
 
 
@@ -83,7 +90,7 @@ def type_batch(names: pa.Array, metric_type: str, rng: np.random.Generator) -> p
         if metric_type == "ms":
             samples = rng.lognormal(3.0, 0.8, (n, 10)).round(3)
             for key, row in zip(keys, samples, strict=True):
-                sketches.add_values(key, row)
+                sketches.add_values(key, row, np.ones(len(row), np.int64))
             count[:] = 10
             values = samples.sum(axis=1)
         else:
@@ -120,7 +127,9 @@ def parse_types(text: str, series: int) -> dict[str, int]:
 class Writer(threading.Thread):
     """One segment per second; records when each heartbeat was written (wall ms)."""
 
-    def __init__(self, spool: Path, types: dict[str, int], seconds: int) -> None:
+    def __init__(
+        self, spool: Path, types: dict[str, int], seconds: int, sessions: bool = False
+    ) -> None:
         super().__init__(daemon=True)
         rng = np.random.default_rng(7)
         batches = [
@@ -130,12 +139,17 @@ class Writer(threading.Thread):
         self.panes = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
         self.writer = SegmentWriter(spool, "r0", fsync=False)
         self.seconds = seconds
+        self.sessions = sessions
         self.heartbeats: list[tuple[int, int]] = []  # (heartbeat ms, wall ms when written)
 
     def run(self) -> None:
         for _ in range(self.seconds):
             now = time.time_ns() // 1_000_000
-            self.writer.append(moved_to_pane(self.panes, now - now % 1000), Heartbeat(now, False))
+            panes = self.panes
+            if self.sessions:
+                phase = (np.arange(panes.num_rows) + now // 1000) % SESSION_CYCLE_S
+                panes = panes.filter(pa.array(phase < SESSION_ON_S))
+            self.writer.append(moved_to_pane(panes, now - now % 1000), Heartbeat(now, False))
             self.heartbeats.append((now, time.time_ns() // 1_000_000))
             time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
 
@@ -222,7 +236,7 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
             trigger_interval=args.trigger,
         )  # fmt: skip
         types = parse_types(args.types, args.series)
-        writer = Writer(paths.spool, types, args.seconds)
+        writer = Writer(paths.spool, types, args.seconds, sessions=args.kind == "session")
         measured_from = time.time_ns() // 1_000_000 + args.warmup * 1000
         writer.start()
         time.sleep(args.warmup)
@@ -240,8 +254,9 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         batch_span = (batches[-1][0] + batches[-1][1] * 1000 - batches[0][0]
                       - batches[0][1] * 1000) / 1000 if len(batches) > 1 else 0.0  # fmt: skip
         half = len(lags) // 2
+        share = SESSION_ON_S / SESSION_CYCLE_S if args.kind == "session" else 1.0
         result = {
-            "offered": sum(types.values()),
+            "offered": sum(types.values()) * share,
             "taken": taken / batch_span if batch_span else 0.0,
             "batch_s": [s for _, s, _ in batches],
             "freshness_s": lags,
@@ -273,6 +288,8 @@ def run_previous(revision: str, args: argparse.Namespace) -> dict[str, Any]:
     ]  # fmt: skip
     if metric_type == "c" and args.kind == "tumbling":
         command += ["--sets", "separate"]
+    if args.kind == "session":
+        command += ["--duty", f"{SESSION_ON_S}/{SESSION_CYCLE_S}"]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(command, cwd=tree / "bench", env=env, capture_output=True, text=True,
                          timeout=args.seconds + 900).stdout  # fmt: skip

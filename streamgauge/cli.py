@@ -1,16 +1,15 @@
-"""``streamgauge``: run | ingest | process | validate | send | query | replay | grafana | status.
+"""``streamgauge``: run | ingest | process | validate | send | query | replay | grafana | status
+| top.
 
 ``run`` is the whole daemon on one machine: an embedded PostgreSQL (unless ``--postgres-url``),
 receiver processes writing the segment log, and the Spark window job in this process (see
 ``daemon.py``). ``ingest`` and ``process`` run the two halves alone, for several hosts sharing
-one spool.
+one spool. ``status``, ``top`` and the terminal of ``run`` are in ``streamgauge.operator``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import decimal
 import json
 import logging
 import os
@@ -21,9 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamgauge.clock import SystemClock
+from streamgauge.operator.snapshot import first_line as _first_line
+from streamgauge.operator.snapshot import json_value
 
 if TYPE_CHECKING:  # the daemon pulls in PySpark: imported only by the commands that run it
     from streamgauge.daemon import WindowJob
+    from streamgauge.operator.jvm_logs import JvmLogs
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 DEFAULT_DATA_DIR = "streamgauge-data"
@@ -35,12 +37,12 @@ log = logging.getLogger("streamgauge")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    daemon = args.command in ("run", "ingest", "process")
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(grafana=not words or words[0] not in QUICK_COMMANDS)
+    args = parser.parse_args(words)
+    # `run` replaces this with its terminal (operator.terminal) once its data dir exists.
     logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else
-        logging.INFO if daemon else logging.WARNING,
+        level=_log_level(args),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -49,7 +51,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(handler(args))
 
 
-def build_parser() -> argparse.ArgumentParser:
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _log_level(args: argparse.Namespace) -> int:
+    """``--log-level``, else DEBUG with ``-v``, else INFO for the daemons, WARNING otherwise."""
+    named = getattr(args, "log_level", None)
+    if named:
+        return int(getattr(logging, named.upper()))
+    if getattr(args, "verbose", False):
+        return logging.DEBUG
+    return logging.INFO if args.command in ("run", "ingest", "process") else logging.WARNING
+
+
+#: Commands a person runs while the daemon keeps the cores busy: their parser leaves out the
+#: ``grafana`` commands, whose package imports the Grafana SDK and pydantic (a third of a
+#: second idle, a second on a loaded machine) before any of them runs.
+QUICK_COMMANDS = frozenset({"status", "top", "query", "send"})
+
+
+def build_parser(*, grafana: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; ``grafana=False`` has a ``grafana`` command that only names
+    itself (for ``QUICK_COMMANDS``, which never reach it)."""
     parser = argparse.ArgumentParser(prog="streamgauge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -58,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--config", default=DEFAULT_CONFIG, help="window config YAML")
         p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, type=Path,
                        help="segment log, checkpoints, embedded PostgreSQL (default ./%(default)s)")
-        p.add_argument("-v", "--verbose", action="store_true")
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="debug logging; with run, Spark's and the JVM's output on the "
+                       "terminal too (it always goes to DATA_DIR/logs/)")
+        p.add_argument("--log-level", choices=LOG_LEVELS,
+                       help="streamgauge's own messages (default info for run, ingest and "
+                       "process)")
 
     run = commands.add_parser("run", help="the whole daemon: receivers, Spark job, store")
     common(run)
@@ -72,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--pg-port", type=int, help="TCP port of the embedded PostgreSQL")
     run.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
     run.add_argument("--trigger", default="0.5 seconds", help="micro-batch interval")
+    run.add_argument("--status-every", type=float, metavar="SECONDS",
+                     help="how often the status line is drawn (default 1 on a terminal, where "
+                     "it is redrawn in place; 30 otherwise, as a line of its own)")
     retention_flags(run)
     spool_flag(run)
     spool_quota_flag(run)
@@ -133,14 +164,35 @@ def build_parser() -> argparse.ArgumentParser:
     spool_flag(replay)
     replay.set_defaults(handler=cmd_replay)
 
-    from streamgauge.grafana.commands import register as register_grafana
+    if grafana:
+        from streamgauge.grafana.commands import register as register_grafana
 
-    register_grafana(commands)
+        register_grafana(commands)
+    else:
+        commands.add_parser("grafana", help="Grafana dashboards and alert rules")
 
     status = commands.add_parser("status", help="what a running daemon is doing")
     status.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
+    status.add_argument("--json", action="store_true",
+                        help="the whole status as one JSON document (docs/self-metrics.md)")
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until Ctrl-C; with --json one "
+                        "document per line")
     spool_flag(status)
     status.set_defaults(handler=cmd_status)
+
+    top = commands.add_parser("top", help="the heaviest metrics and series right now")
+    top.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
+    spool_flag(top)
+    top.add_argument("--seconds", type=float, default=10.0,
+                     help="how much of the segment log to read, back from now "
+                     "(default %(default)s)")
+    top.add_argument("--limit", type=int, default=15, metavar="N",
+                     help="metrics and series shown (default %(default)s)")
+    top.add_argument("--json", action="store_true", help="one JSON document")
+    top.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                     help="redraw every SECONDS (default 2) until Ctrl-C")
+    top.set_defaults(handler=cmd_top)
     return parser
 
 
@@ -315,7 +367,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _window_job(args: argparse.Namespace, config: Any, data_dir: Path, url: str) -> WindowJob:
+def _window_job(
+    args: argparse.Namespace, config: Any, data_dir: Path, url: str, jvm_logs: JvmLogs | None = None
+) -> WindowJob:
     from streamgauge.configs import parse_duration_ms
     from streamgauge.daemon import WindowJob
     from streamgauge.ingest.process import parse_byte_size
@@ -325,7 +379,7 @@ def _window_job(args: argparse.Namespace, config: Any, data_dir: Path, url: str)
         retain_log_ms=parse_duration_ms(args.retain_log),
         retain_results_ms=parse_duration_ms(args.retain_results),
         spool_quota_bytes=parse_byte_size(getattr(args, "spool_quota", "0"), "--spool-quota"),
-        spool=_spool_location(args),
+        spool=_spool_location(args), jvm_logs=jvm_logs,
     )  # fmt: skip
 
 
@@ -383,6 +437,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         terminate_with_parent,
         write_private_json,
     )
+    from streamgauge.ingest.guard import CardinalityLimits
     from streamgauge.ingest.process import (
         IngestChildren,
         bind_receivers,
@@ -390,6 +445,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         udp_address,
     )
     from streamgauge.ingest.transports import parse_listen_spec
+    from streamgauge.operator.jvm_logs import JvmLogs
+    from streamgauge.operator.snapshot import STATUS_LINE_FILE, read_ingest, window_status
+    from streamgauge.operator.terminal import (
+        LiveStatus,
+        SparkErrors,
+        Terminal,
+        banner,
+        configure_daemon_logging,
+        forward_lines,
+        stop_summary,
+    )
     from streamgauge.redaction import redact_url
 
     config = _load_config_or_exit(args.config)
@@ -398,6 +464,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     run_file = data_dir / "run.json"
     run_file.unlink(missing_ok=True)
+    status_line = data_dir / STATUS_LINE_FILE  # what `status` shows as the daemon's last line
+    status_line.unlink(missing_ok=True)
+    # The terminal shows streamgauge's words only; Spark's and the JVM's go to logs/ (-v: both).
+    # A stream of its own on the terminal: while the JVM starts, fd 1 and 2 point at jvm.log
+    # (jvm_logs), and what the receivers or our log say meanwhile must still reach the screen.
+    screen = open(os.dup(sys.stdout.fileno()), "w", buffering=1,  # noqa: SIM115 - ours until exit
+                  encoding=sys.stdout.encoding, errors="replace")  # fmt: skip
+    terminal = Terminal(screen, live=screen.isatty() and not args.verbose)
+    logs_dir = data_dir / "logs"
+    configure_daemon_logging(terminal, logs_dir, _log_level(args), verbose=args.verbose)
+    jvm_logs = JvmLogs(logs_dir, echo=args.verbose)
+    spark_errors = None if args.verbose else SparkErrors(jvm_logs.errors_log, jvm_logs.spark_log)
+    # The receivers say only what goes wrong unless asked (the banner says where they listen).
+    child_level = args.log_level or ("debug" if args.verbose else "warning")
     stop = StopRequested()
     # bound here so a busy port fails before anything starts; one socket list per child
     try:
@@ -413,23 +493,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     ingest: Any = None  # IngestChildren: supervised like one Popen
     job: WindowJob | None = None
     failure: str | None = None
+    live: LiveStatus | None = None
     try:
         ingest = IngestChildren([
             subprocess.Popen(
                 [sys.executable, "-m", "streamgauge", "ingest", "--config", str(args.config),
                  "--data-dir", str(data_dir), "--spool", spool, "--receiver", f"udp-{index}",
-                 "--spool-quota", args.spool_quota, *_receiver_args(args),
+                 "--spool-quota", args.spool_quota, "--log-level", child_level,
+                 *_receiver_args(args),
                  *[arg for sock in sockets for arg in ("--inherit-fd", str(sock.fileno()))]],
                 pass_fds=[sock.fileno() for sock in sockets],
                 preexec_fn=terminate_with_parent,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             )
             for index, sockets in enumerate(groups)
         ])
+        for child in ingest.children:
+            forward_lines(child.stdout, terminal)
         for sockets in groups:
             for sock in sockets:
                 sock.close()  # the children own them now (and remove Unix socket files)
-        job = _window_job(args, config, data_dir, url)
+        job = _window_job(args, config, data_dir, url, jvm_logs)
         stop.install()
+        limits = CardinalityLimits()
         info = {
             "udp": udp,
             "postgres_url": url,
@@ -440,25 +526,48 @@ def cmd_run(args: argparse.Namespace) -> int:
             "pid": os.getpid(),
             "ingest_pid": ingest.pid,
             "ingest_pids": ingest.pids,
-        }
-        print(
-            f"streamgauge {config.name}: udp {udp} | postgres {redact_url(url)} | "
-            f"spark ui {job.ui_url} | data {data_dir}\n"
-            f"  send:  streamgauge send 'api.requests:1|c' --to {udp}\n"
-            f"  query: streamgauge query --data-dir {data_dir} 'select * from window_results'",
-            flush=True,
-        )
+            "logs": str(logs_dir),
+            # per receiver, as its guard applies them (``top`` compares the series with them)
+            "cardinality": {
+                "max_series": limits.max_series if args.max_series is None else args.max_series,
+                "max_series_per_metric": limits.max_series_per_metric
+                if args.max_series_per_metric is None else args.max_series_per_metric,
+            },
+        }  # fmt: skip
+        terminal.line(banner(
+            config_name=config.name, config_path=str(args.config),
+            windows=[w.name for w in config.windows],
+            listen=[text for text in args.listen or [] if not _is_udp(text, udp)],
+            udp=udp, store=redact_url(url), spark_ui=job.ui_url, data_dir=data_dir,
+            logs_dir=logs_dir,
+        ))  # fmt: skip
         # run.json last: whoever waits for it (scripts, the e2e tests) finds the banner
         # printed already (written after it, the banner lost that race in one CI run)
         write_private_json(run_file, info)
+        every = args.status_every or (1.0 if terminal.live else 30.0)
+        live = LiveStatus(terminal, data_dir, url, every, spark_errors)
+        live.start()
         failure = supervise(stop, job, ingest)
     finally:
-        failure = shutdown(ingest, job, server, failure) or failure
+        if live is not None:
+            live.stop()
+
+        def summary() -> None:
+            if failure is None and job is not None:
+                terminal.line(stop_summary(read_ingest(data_dir), window_status(url)))
+
+        failure = shutdown(ingest, job, server, failure, before_store_stops=summary) or failure
         run_file.unlink(missing_ok=True)
+        status_line.unlink(missing_ok=True)
     if failure:
         log.error("%s", failure)
         return 1
     return 0
+
+
+def _is_udp(listen: str, udp: str) -> bool:
+    """Whether ``--listen`` text names the UDP address the banner already shows."""
+    return listen.removeprefix("udp://") == udp
 
 
 # -- send / query / status ----------------------------------------------------------------------
@@ -509,17 +618,31 @@ def cmd_query(args: argparse.Namespace) -> int:
             server.stop()
     if args.json:
         for row in rows:
-            print(json.dumps(dict(zip(columns, row, strict=True)), default=_json_value))
+            print(json.dumps(dict(zip(columns, row, strict=True)), default=json_value))
         return 0
-    if columns:
-        print("\t".join(columns))
-    for row in rows:
-        print("\t".join("" if v is None else str(_json_value(v)) for v in row))
+    from streamgauge.operator.table import aligned, tsv
+
+    cells = [[_query_cell(v) for v in row] for row in rows]
+    if sys.stdout.isatty():  # a person reads it: aligned, and how many rows
+        if columns:
+            print(aligned(columns, cells))
+        print(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+    elif columns or cells:  # a program reads it: one row per line, tab-separated
+        print(tsv(columns, cells))
     return 0
+
+
+def _query_cell(value: Any) -> str | None:
+    """A store value as one cell: JSON for jsonb (tags), ISO-8601 UTC for timestamps."""
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return None if value is None else str(json_value(value))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Recompute final windows overlapping [--from, --to) with their late partials."""
+    from streamgauge.operator.jvm_logs import JvmLogs
+    from streamgauge.operator.progress import SparkProgress
     from streamgauge.sinks.store import ResultStore
     from streamgauge.windows.replay import parse_time_ms, replay
     from streamgauge.windows.session import build_spark_session
@@ -531,16 +654,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"replay: {error}", file=sys.stderr)
         return 2
     url, server = _query_store(args)
+    # Spark's and the JVM's output to the data directory's logs/, as under `run`; progress
+    # on stderr, the result on stdout
+    data_dir = args.data_dir.resolve()
+    jvm_logs = JvmLogs(data_dir / "logs") if data_dir.is_dir() else None
     try:
         store = ResultStore(url)
         store.ensure_schema()
-        spark = build_spark_session(args.master, app_name="streamgauge-replay")
+        spark = build_spark_session(args.master, app_name="streamgauge-replay",
+                                    jvm_logs=jvm_logs)  # fmt: skip
+        progress = SparkProgress(spark.sparkContext, "replay", sys.stderr)
+        progress.start()
         try:
             report = replay(
                 spark, config, _spool_location(args), store, SystemClock(),
                 from_ms=from_ms, to_ms=to_ms,
             )  # fmt: skip
         finally:
+            progress.stop()
             spark.stop()
             store.close()
     finally:
@@ -565,10 +696,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
 def _query_store(args: argparse.Namespace) -> tuple[str, Any]:
     """The URL to query, and an embedded server started for it (None if one is running)."""
     if args.postgres_url:
@@ -588,69 +715,79 @@ def _query_store(args: argparse.Namespace) -> tuple[str, Any]:
     return server.start(), server
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).isoformat()
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True) if not isinstance(value, dict) else value
-    return value
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    from streamgauge.ingest.log import describe_spool
-    from streamgauge.redaction import redact_url
+    """A table for a person, ``--json`` for programs; ``--watch`` redraws it. Reads files
+    and one query (``operator.snapshot``): no PySpark, so it answers while Spark is busy."""
+    from streamgauge.operator.snapshot import json_value, status_document
 
     data_dir = args.data_dir.resolve()
-    report: dict[str, Any] = {"data_dir": str(data_dir)}
-    run_file = data_dir / "run.json"
-    if run_file.exists():
-        running = json.loads(run_file.read_text())
-        report["windows"] = _window_status(running["postgres_url"])
-        running["postgres_url"] = redact_url(running["postgres_url"])
-        report["running"] = running
-    report["spool"] = describe_spool(_spool_location(args))
-    ingest_dir = data_dir / "ingest"
-    if ingest_dir.exists():
-        report["ingest"] = {
-            p.stem: json.loads(p.read_text()) for p in sorted(ingest_dir.glob("*.json"))
-        }
-    print(json.dumps(report, indent=2, default=_json_value))
-    return 0
+    spool = _spool_location(args)
+    if args.watch is None:
+        document = status_document(data_dir, spool)
+        if args.json:
+            print(json.dumps(document, indent=2, default=json_value))
+        else:
+            from streamgauge.operator.status_table import render
+
+            print(render(document), end="")
+        return 0
+    return _watch_status(data_dir, spool, args.watch, as_json=args.json)
 
 
-_WINDOW_STATUS_SQL = """
-WITH w AS (
-    SELECT config_name, substr(key, length('watermark_ms:') + 1) AS window_name, value_ms
-    FROM pipeline_state WHERE key LIKE 'watermark_ms:%'
-)
-SELECT w.config_name, w.window_name, w.value_ms AS watermark_ms,
-       (extract(epoch from now()) * 1000)::bigint - w.value_ms AS watermark_lag_ms,
-       (SELECT count(*) FROM window_results r
-        WHERE (r.config_name, r.window_name) = (w.config_name, w.window_name)) AS windows_emitted,
-       -- what the view shows as pending: window_pending's rows (and any the first design
-       -- left in window_panes or window_held); windows the job holds in memory are not there
-       (SELECT count(*) FROM window_latest p
-        WHERE (p.config_name, p.window_name) = (w.config_name, w.window_name)
-          AND p.status = 'pending') AS windows_pending,
-       (SELECT coalesce(sum(count), 0)::bigint FROM late_events l
-        WHERE (l.config_name, l.window_name) = (w.config_name, w.window_name)) AS late_samples
-FROM w ORDER BY 1, 2
-"""
+def _watch_status(data_dir: Path, spool: str, every_s: float, *, as_json: bool) -> int:
+    """Every ``every_s``: the table redrawn from the top of the terminal (plain repeats when
+    not a terminal), or one JSON document per line. Ctrl-C ends it."""
+    import time
 
+    from streamgauge.operator.snapshot import json_value, status_document
+    from streamgauge.operator.status_table import render
 
-def _window_status(url: str) -> list[dict[str, Any]] | str:
-    """Per window: the watermark, how far it is behind now, and what is emitted or waiting."""
-    import psycopg
-
-    from streamgauge.sinks.store import run_sql
-
+    earlier: dict[str, Any] | None = None
     try:
-        columns, rows = run_sql(url, _WINDOW_STATUS_SQL, ())
-    except psycopg.Error as error:
-        return f"store unavailable: {_first_line(error)}"
-    return [dict(zip(columns, row, strict=True)) for row in rows]
+        while True:
+            started = time.monotonic()
+            document = status_document(data_dir, spool)
+            if as_json:
+                print(json.dumps(document, default=json_value), flush=True)
+            else:
+                text = render(document, earlier=earlier, interval_s=every_s)
+                if sys.stdout.isatty():
+                    text = "\x1b[H\x1b[2J" + text  # home, clear: the table in place
+                stamp = time.strftime("%H:%M:%S")
+                print(f"{text}\n{stamp}  every {every_s:g} s, Ctrl-C to stop", flush=True)
+            earlier = document
+            time.sleep(max(0.0, every_s - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """Per metric and series, from the last ``--seconds`` of the log (``operator.top``)."""
+    import time
+
+    from streamgauge.operator.top import collect, render
+
+    if args.seconds <= 0 or args.limit <= 0:
+        print("streamgauge top: --seconds and --limit must be positive", file=sys.stderr)
+        return 2
+    data_dir = args.data_dir.resolve()
+    spool = _spool_location(args)
+    try:
+        while True:
+            report = collect(data_dir, spool, args.seconds)
+            if args.json:
+                print(json.dumps(report.to_json(args.limit), indent=None if args.watch else 2),
+                      flush=True)  # fmt: skip
+            else:
+                text = render(report, args.limit)
+                if args.watch and sys.stdout.isatty():
+                    text = "\x1b[H\x1b[2J" + text  # home, clear: the table in place
+                print(text, end="", flush=True)
+            if args.watch is None:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,6 +23,7 @@ from streamgauge.clock import Clock, SystemClock
 from streamgauge.configs import PipelineConfig
 from streamgauge.ingest.log import SPOOL_RESCAN_MS, spool_bytes
 from streamgauge.ingest.spool_fs import resolve_spool
+from streamgauge.operator.jvm_logs import JvmLogs
 from streamgauge.retention import QUOTA_HIGH_WATER, prune_spool
 from streamgauge.sinks.query_stores import QueryStores
 from streamgauge.sinks.store import ResultStore, RetryPolicy
@@ -57,16 +59,16 @@ class WindowJob:
     def __init__(
         self, config: PipelineConfig, data_dir: Path, url: str, *, master: str,
         trigger: str, retain_log_ms: int, retain_results_ms: int, spool_quota_bytes: int = 0,
-        clock: Clock | None = None, spool: str | None = None,
+        clock: Clock | None = None, spool: str | None = None, jvm_logs: JvmLogs | None = None,
     ) -> None:  # fmt: skip
         """``spool``: a directory or a ``pyarrow.fs`` URI (``--spool``); default
         ``data_dir/spool``. Checkpoints stay under ``data_dir`` (Spark's own, on the job's
-        host)."""
+        host). ``jvm_logs``: where Spark's and the JVM's output goes (None: the terminal)."""
         clock = clock or SystemClock()
         store = ResultStore(url)
         store.ensure_schema()
         store.close()
-        self.spark = build_spark_session(master)
+        self.spark = build_spark_session(master, jvm_logs=jvm_logs)
         paths = JobPaths(spool=spool or data_dir / "spool", checkpoints=data_dir / "checkpoints")
         resolve_spool(paths.spool).create()
         self._janitor = Janitor(paths, config, url, retain_log_ms, retain_results_ms,
@@ -271,10 +273,12 @@ def supervise(
 
 
 def shutdown(
-    ingest: subprocess.Popen[bytes] | None, job: WindowJob | None, server: Any, failure: str | None
+    ingest: subprocess.Popen[bytes] | None, job: WindowJob | None, server: Any, failure: str | None,
+    before_store_stops: Callable[[], None] | None = None,
 ) -> str | None:
     """Stop in data-path order so what was received reaches the store: receivers flush their
-    last segment, the job processes what is in the spool, then the store stops."""
+    last segment, the job processes what is in the spool, then the store stops.
+    ``before_store_stops`` runs while the store still answers (the terminal's summary)."""
     problem = None
     if ingest is not None and ingest.poll() is None:
         ingest.send_signal(signal.SIGTERM)
@@ -288,6 +292,11 @@ def shutdown(
             job.stop(drain=failure is None)
         except Exception as error:  # noqa: BLE001 - report, then still stop the store
             problem = f"stopping the Spark job failed: {error}"
+    if before_store_stops is not None:
+        try:
+            before_store_stops()
+        except Exception as error:  # noqa: BLE001 - a summary must not keep the store running
+            log.warning("stop summary: %s", str(error).splitlines()[0])
     if server is not None:
         server.stop()
     return problem

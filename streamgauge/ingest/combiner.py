@@ -14,6 +14,11 @@ timer      count, sum, min, max, a t-digest and HDR histogram buckets of the val
 set        count of samples, an HLL_8 sketch of the members
 =========  ===============================================================
 
+A timer, histogram or distribution sample sent at ``@rate`` stands for ``w =
+protocol.sample_weight`` values (``1 / rate`` truncated): it adds ``w`` to the count, ``w *
+value`` to the sum and weight ``w`` to the t-digest, HDR buckets and KLL, as ``w`` samples
+of that value would (min, max and last are the value's own).
+
 Sketches are built once per partial when the combiner is drained, from the raw values kept
 beside the partials (``_SketchValues``): the lanes below never see them, so moving a partial
 between lanes never touches a sketch, and the receive loop pays one list append (general lane)
@@ -38,10 +43,11 @@ import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, FastValues, PaneSketches
-from streamgauge.ingest.protocol import Sample
+from streamgauge.ingest.protocol import Sample, sample_weight
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
+FastSketched = tuple[int, np.ndarray, np.ndarray, np.ndarray]  # pane, slots, values, weights
 
 
 @dataclass(slots=True)
@@ -105,9 +111,9 @@ class PaneCombiner:
             raise ValueError(f"pane_ms must be positive, got {pane_ms}")
         self._pane_ms = pane_ms
         self._sketches = PaneSketches(sketches or compile_accuracy(), kll_k)
-        # Fast-lane values of sketched series, (pane, slots, values) per wake-up, grouped by
-        # series only when needed (drain, or before a slot is freed).
-        self._fast_sketched: list[tuple[int, np.ndarray, np.ndarray]] = []
+        # Fast-lane values of sketched series, (pane, slots, values, weights) per wake-up,
+        # grouped by series only when needed (drain, or before a slot is freed).
+        self._fast_sketched: list[FastSketched] = []
         self._partials: dict[tuple[SeriesKey, int], Partial] = {}
         # Gauges keep their value across panes (StatsD semantics: "+3" moves the current value).
         self._gauges: dict[SeriesKey, float] = {}
@@ -317,6 +323,7 @@ class PaneCombiner:
             self.in_dict[slot] = True
         elif pane_start == self._sealed_pane and self.sealed_row[slot] >= 0:
             self._unseal(slot)
+        weight = 1
         if sample.metric_type == "c":
             value = sample.value / sample.sample_rate
         elif sample.metric_type == "g":
@@ -330,15 +337,16 @@ class PaneCombiner:
             if sample.metric_type == "s":
                 self._sketches.add_member((key, pane_start), sample.member)
             else:
-                self._sketches.add_value((key, pane_start), value)
+                weight = sample_weight(sample.metric_type, sample.sample_rate)
+                self._sketches.add_value((key, pane_start), value, weight)
         partial = self._partials.get((key, pane_start))
         if partial is None:
             self._partials[(key, pane_start)] = Partial(
-                1, value, value, value, value, event_ms, recv_ms, recv_ms
+                weight, value * weight, value, value, value, event_ms, recv_ms, recv_ms
             )
             return slot
-        partial.count += 1
-        partial.total += value
+        partial.count += weight
+        partial.total += value * weight
         if value < partial.minimum:
             partial.minimum = value
         if value > partial.maximum:
@@ -349,33 +357,42 @@ class PaneCombiner:
         partial.last_recv_ms = recv_ms
         return slot
 
-    def add_fast(self, slots: np.ndarray, values: np.ndarray, recv_ms: int) -> None:
+    def add_fast(
+        self, slots: np.ndarray, values: np.ndarray, recv_ms: int,
+        weights: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
         """Combine plain samples of known series received at ``recv_ms``, in line order.
 
         ``slots``: each sample's series slot; ``values``: already scaled by 1/sample rate for
-        counters; gauges are absolute values (no deltas), never -0.0. Event time is
-        ``recv_ms`` for all of them. Equivalent to ``add`` called once per sample in order.
+        counters; gauges are absolute values (no deltas), never -0.0. ``weights``: the values
+        each sample stands for (``protocol.sample_weight`` of its type and rate, int64; None:
+        all 1). Event time is ``recv_ms`` for all of them. Equivalent to ``add`` called once
+        per sample in order.
         """
         if not len(slots):
             return
+        if weights is None:
+            weights = np.ones(len(slots), dtype=np.int64)
         pane = recv_ms - recv_ms % self._pane_ms
         if pane != self.fast_pane:
             self._set_fast_pane(pane)
         sketched = self.sketched[slots]
         if sketched.any():
-            self._fast_sketched.append((pane, slots[sketched], values[sketched]))
+            self._fast_sketched.append(
+                (pane, slots[sketched], values[sketched], weights[sketched]))
         pulled = self.in_dict[slots]
         if pulled.any():
             for slot in np.unique(slots[pulled]).tolist():
                 self._from_dict(slot)
         used = self.slots_used
         count_before = self.f_count[:used].copy()
-        np.add.at(self.f_count, slots, 1)
+        np.add.at(self.f_count, slots, weights)
         touched = np.flatnonzero(self.f_count[:used] != count_before)
         fresh = touched[count_before[touched] == 0]
         self._n_fast += len(fresh)
         self.f_first_recv[fresh] = recv_ms
-        np.add.at(self.f_total, slots, values)
+        # value * weight as add computes it (x * 1 is x, -0.0 included)
+        np.add.at(self.f_total, slots, values * weights)
         # Python's "if value < minimum" keeps -0.0 against 0.0; np.minimum would not.
         min_neg_zero = touched[(self.f_min[touched] == 0) & np.signbit(self.f_min[touched])]
         max_neg_zero = touched[(self.f_max[touched] == 0) & np.signbit(self.f_max[touched])]
@@ -462,7 +479,7 @@ class PaneDrain:
     slots: np.ndarray
     panes: np.ndarray
     lanes: dict[str, np.ndarray]
-    fast_sketched: list[tuple[int, np.ndarray, np.ndarray]]
+    fast_sketched: list[FastSketched]
     sketches: PaneSketches
 
     def __len__(self) -> int:
@@ -476,11 +493,14 @@ class PaneDrain:
         if not self.fast_sketched:
             return None
         batches, self.fast_sketched = self.fast_sketched, []
-        panes = np.concatenate([np.full(len(s), pane, dtype=np.int64) for pane, s, _ in batches])
-        slots = np.concatenate([s for _, s, _ in batches])
-        values = np.concatenate([v for _, _, v in batches])
+        panes = np.concatenate([np.full(len(s), pane, dtype=np.int64)
+                                for pane, s, _, _ in batches])  # fmt: skip
+        slots = np.concatenate([s for _, s, _, _ in batches])
+        values = np.concatenate([v for _, _, v, _ in batches])
+        weights = np.concatenate([w for _, _, _, w in batches])
         order = np.lexsort((slots, panes))  # stable: values keep their line order in a group
-        slots, panes, values = slots[order], panes[order], values[order]
+        slots, panes = slots[order], panes[order]
+        values, weights = values[order], weights[order]
         bounds = np.flatnonzero((slots[1:] != slots[:-1]) | (panes[1:] != panes[:-1])) + 1
         starts = np.concatenate([[0], bounds]).astype(np.int64)
         ends = np.concatenate([bounds, [len(slots)]]).astype(np.int64)
@@ -501,8 +521,9 @@ class PaneDrain:
             key = self.slot_keys[int(group_slots[group])]
             assert key is not None
             self.sketches.add_values(
-                (key, int(group_panes[group])), values[starts[group] : ends[group]])
-        return FastValues(first_fast_row + at[found], starts[found], ends[found], values)
+                (key, int(group_panes[group])), values[starts[group] : ends[group]],
+                weights[starts[group] : ends[group]])
+        return FastValues(first_fast_row + at[found], starts[found], ends[found], values, weights)
 
     def build(self) -> pa.RecordBatch:
         """The segment's record batch, ordered by (pane, metric, type, tags)."""
@@ -553,23 +574,24 @@ class PaneDrain:
 
 
 def resolve_fast_sketched(
-    fast_sketched: list[tuple[int, np.ndarray, np.ndarray]],
+    fast_sketched: list[FastSketched],
     slot_keys: list[SeriesKey | None],
     sketches: PaneSketches,
 ) -> None:
-    """Hand the fast lane's buffered values, (pane, slots, values) per wake-up, to
+    """Hand the fast lane's buffered values, (pane, slots, values, weights) per wake-up, to
     ``sketches`` under their series keys: one array per (series, pane), in line order."""
-    by_pane: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for pane, slots, values in fast_sketched:
-        by_pane.setdefault(pane, []).append((slots, values))
+    by_pane: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for pane, slots, values, weights in fast_sketched:
+        by_pane.setdefault(pane, []).append((slots, values, weights))
     for pane, parts in by_pane.items():
         slots = np.concatenate([p[0] for p in parts])
         values = np.concatenate([p[1] for p in parts])
+        weights = np.concatenate([p[2] for p in parts])
         order = np.argsort(slots, kind="stable")  # stable: values keep their line order
-        slots, values = slots[order], values[order]
+        slots, values, weights = slots[order], values[order], weights[order]
         unique, starts = np.unique(slots, return_index=True)
         ends = [*starts[1:].tolist(), len(slots)]
         for slot, start, end in zip(unique.tolist(), starts.tolist(), ends, strict=True):
             key = slot_keys[slot]
             assert key is not None
-            sketches.add_values((key, pane), values[start:end])
+            sketches.add_values((key, pane), values[start:end], weights[start:end])

@@ -33,7 +33,10 @@ only the general path does), so what the cache says about a key — its series, 
 type — is what ``parse_line`` says about any line with that key and a plain value: the name
 and every field but the value are in the key. A set line never takes the fast path (its member
 is text, ``users:user:42|s`` included), nor does a multi-value one (``d:1:2:|d``): a ``:`` in
-the value is no plain decimal.
+the value is no plain decimal. The key's rate gives each fast line what the general path would:
+a counter's value scaled by ``1 / rate`` (``Split.fast_values``), and the number of values a
+timer, histogram or distribution sample stands for (``Split.fast_weights``,
+``protocol.sample_weight``).
 
 A key whose line the receiver rejected as a ``type_conflict`` (its name has another type, so
 every line with that key is one) is cached too, as ``CONFLICT``: its lines come back in
@@ -60,6 +63,7 @@ import numpy as np
 
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.intrinsics import address_of, as_int64, load_i64, load_u64, trailing_zeros
+from streamgauge.ingest.protocol import MAX_SAMPLE_WEIGHT
 
 MAX_VALUE_BYTES = 16
 MAX_DIGITS = 15  # < 2**53: the mantissa is exact in a double
@@ -67,7 +71,9 @@ _POW10 = np.array([10.0**k for k in range(MAX_DIGITS + 1)])
 _NL, _CR, _COLON, _PIPE, _DOT, _MINUS, _ZERO, _NINE = 10, 13, 58, 124, 46, 45, 48, 57
 _COUNTER = 0
 _GAUGE = 1
+_TIMER, _DISTRIBUTION = 2, 4  # combiner.TYPE_CODES: "ms" 2, "h" 3, "d" 4 are weighted by rate
 _SET = 5  # combiner.TYPE_CODES["s"]
+_MAX_WEIGHT = MAX_SAMPLE_WEIGHT
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a table slot from the top bits
 _HASH_SEED = np.uint64(0xCBF29CE484222325)
 _HASH_MUL = np.uint64(0x100000001B3)  # FNV's prime: odd, so (h ^ word) * it loses nothing
@@ -129,6 +135,7 @@ class Split:
     fast: np.ndarray  # indices of fast lines, in order
     fast_slots: np.ndarray
     fast_values: np.ndarray  # counters already scaled by 1/rate
+    fast_weights: np.ndarray  # values each stands for: protocol.sample_weight (int64)
     conflicts: np.ndarray  # indices of lines whose key is a type conflict, in order
 
     def lines(self, indices: np.ndarray) -> list[bytes]:
@@ -288,7 +295,7 @@ class FastPath:
         # Counted in numba: bytes.count took ~25 ns per line (20 lines per datagram).
         data = np.frombuffer(buffer if len(buffer) >= WORD else buffer.ljust(WORD, b"\0"),
                              dtype=np.uint8)  # fmt: skip
-        starts, ends, slow, fast, slots, values, conflicts = _scan(
+        starts, ends, slow, fast, slots, values, weights, conflicts = _scan(
             data, _count_lines(data), self._max_line_bytes,
             self._table, self._shift, self._key_offsets, self._key_bytes,
             self._key_slot, self._key_gen, self._key_rate,
@@ -302,7 +309,7 @@ class FastPath:
         return Split(
             buffer, starts.view(np.int64), ends.view(np.int64), slow.view(np.int64),
             fast.view(np.int64), slots.view(np.int64), values.view(np.float64),
-            conflicts.view(np.int64),
+            weights.view(np.int64), conflicts.view(np.int64),
         )
 
 
@@ -314,9 +321,9 @@ def _scan(
     slot_type: np.ndarray, slot_gen: np.ndarray, admitted: np.ndarray, seen_ms: np.ndarray,
     seen_after: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-           np.ndarray]:
+           np.ndarray, np.ndarray]:
     """``FastPath.split``'s arrays: (starts, ends, slow, fast, fast slots, fast values,
-    conflicts) of the
+    fast weights, conflicts) of the
     ``n_lines`` lines of ``data`` (each ends in ``\\n``, the count of which is ``n_lines``:
     no search goes past the last one, so none checks for the end; ``data`` holds at least
     ``WORD`` bytes)."""
@@ -326,6 +333,7 @@ def _scan(
     fast = np.empty(n_lines, dtype=np.int64)
     fast_slots = np.empty(n_lines, dtype=np.int64)
     fast_values = np.empty(n_lines, dtype=np.float64)
+    fast_weights = np.empty(n_lines, dtype=np.int64)
     conflicts = np.empty(n_lines, dtype=np.int64)
     n_slow = n_fast = n_conflicts = 0
     base, key_base = address_of(data), address_of(key_bytes)
@@ -377,13 +385,20 @@ def _scan(
                         fast[n_fast] = line
                         fast_slots[n_fast] = slot
                         fast_values[n_fast] = value / key_rate[key] if kind == _COUNTER else value
+                        # protocol.sample_weight, the same float operations
+                        weight = np.int64(1)
+                        if _TIMER <= kind <= _DISTRIBUTION:
+                            inverse = 1.0 / key_rate[key]
+                            weight = np.int64(inverse) if inverse < _MAX_WEIGHT else np.int64(
+                                _MAX_WEIGHT)
+                        fast_weights[n_fast] = weight
                         n_fast += 1
                         continue
         slow[n_slow] = line
         n_slow += 1
     return (
         starts, ends, slow[:n_slow], fast[:n_fast], fast_slots[:n_fast], fast_values[:n_fast],
-        conflicts[:n_conflicts],
+        fast_weights[:n_fast], conflicts[:n_conflicts],
     )
 
 

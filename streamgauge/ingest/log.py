@@ -40,8 +40,10 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("metric_type", pa.string()),
         pa.field("tags", pa.string()),  # canonical JSON object, sorted keys
         pa.field("pane_start_ms", pa.int64()),
-        pa.field("count", pa.int64()),  # samples received (not scaled)
-        pa.field("sum", pa.float64()),  # counters: scaled by 1/sample rate
+        # samples received; ms/h/d: the values they stand for (protocol.sample_weight: a
+        # value sent at @0.5 counts 2), which the sketches below weigh the same
+        pa.field("count", pa.int64()),
+        pa.field("sum", pa.float64()),  # counters: scaled by 1/sample rate; ms/h/d: weighted
         pa.field("min", pa.float64()),
         pa.field("max", pa.float64()),
         pa.field("last", pa.float64()),  # gauges: value after the pane

@@ -19,7 +19,10 @@ does (``docs/conformance.md`` lists the differences that remain):
 - an empty entry in a tag list is skipped (``#,k:v``, ``#k:v,``, ``#a,,b``);
 - a field this parser does not know (``|f:future``, ``|zz``) is ignored, and the line counted
   under the adjustment ``unknown_field``; DogStatsD ``|e:<external data>`` and
-  ``|card:<cardinality>`` are known and ignored, uncounted.
+  ``|card:<cardinality>`` are known and ignored, uncounted;
+- ``@rate`` scales a counter's value by ``1 / rate``, and a timer, histogram or distribution
+  value stands for ``1 / rate`` values, truncated to a whole number (``sample_weight``):
+  ``lat:5|h|@0.5`` is two values of 5, ``lat:5|h|@0.3`` three. Gauges and sets ignore it.
 
 A bad line is never an exception that reaches the receiver loop: it becomes a ``Reject`` with
 a stable reason from ``REJECT_REASONS`` so that it can be counted and sampled, and the rest of
@@ -65,6 +68,15 @@ REJECT_REASONS = (
 #: a new series beyond the cardinality limit is folded into the metric's overflow series; a
 #: line with fields this parser does not know is kept without them.
 ADJUSTMENT_REASONS = ("timestamp_out_of_range", "cardinality_limited", "unknown_field")
+
+#: Types whose sampled values are weighted: one value sent at ``@rate`` stands for ``1 / rate``
+#: values in the count, the sum and every sketch (counters scale the value itself instead).
+WEIGHTED_TYPES = frozenset({"ms", "h", "d"})
+
+#: The most values one sample stands for. ``@1e-300`` is a valid rate whose ``1 / rate``
+#: overflows an int64 count after a few lines (``@5e-324``: infinity): capped here, a window's
+#: count stays exact in int64 for 2**32 such lines.
+MAX_SAMPLE_WEIGHT = 1 << 31
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-/]+", re.ASCII)
 _TAG_KEY_RE = re.compile(r"[A-Za-z0-9_.\-/]+", re.ASCII)
@@ -312,6 +324,22 @@ def parse_line(
         # "x:|c", "d::|d": no value at all
         return Reject("invalid_value", line)
     return samples
+
+
+def sample_weight(metric_type: str, sample_rate: float) -> int:
+    """How many values one sample of ``metric_type`` sent at ``sample_rate`` stands for.
+
+    ``1 / rate`` truncated to an integer, at most ``MAX_SAMPLE_WEIGHT``, for timers,
+    histograms and distributions (1 for every other type): the Datadog agent's
+    ``int64(1 / rate)`` (``pkg/metrics/histogram.go`` ``addSample``; its distributions use the
+    same truncated count, ``pkg/quantile/agent.go`` ``Insert``) and statsd_exporter's
+    ``int(1 / samplingFactor)`` observations (``pkg/line/line.go``). A whole number, so the
+    count, the HDR buckets and the t-digest's and KLL's weights all hold the same total. The
+    compiled fast path (``fastpath._scan``) computes the same expression."""
+    if metric_type not in WEIGHTED_TYPES:
+        return 1
+    inverse = 1.0 / sample_rate
+    return int(inverse) if inverse < MAX_SAMPLE_WEIGHT else MAX_SAMPLE_WEIGHT
 
 
 def _parse_value(text: str) -> float | str:

@@ -94,6 +94,7 @@ from streamgauge.ingest.protocol import (
     Reject,
     Sample,
     parse_datagram,
+    sample_weight,
 )
 from streamgauge.ingest.read_ahead import (
     COALESCE_DATAGRAMS,
@@ -138,7 +139,10 @@ class IngestStats:
     tcp_connections: int = 0  # accepted
     lines: int = 0
     metric_lines: int = 0  # lines aggregated (possibly into an overflow series)
-    samples: int = 0  # values aggregated ("a:1:2:3|d" is one line, three samples)
+    # values aggregated ("a:1:2:3|d" is one line, three samples), each as many as it stands
+    # for ("a:1|d|@0.5" is two: protocol.sample_weight): what the logged partials' counts add
+    # up to
+    samples: int = 0
     events: int = 0
     service_checks: int = 0
     segments: int = 0
@@ -463,6 +467,7 @@ class Receiver:
             return
         split = self._fast.split(buffer, recv_ms)
         fast, slots, values = split.fast, split.fast_slots, split.fast_values
+        weights = split.fast_weights
         slow, conflicts = split.slow, split.conflicts
         if len(slow):
             if not len(fast) and not len(conflicts):
@@ -483,6 +488,7 @@ class Receiver:
                     moved = np.isin(slots, demote)
                     slow = np.sort(np.concatenate([slow, fast[moved]]))
                     fast, slots, values = fast[~moved], slots[~moved], values[~moved]
+                    weights = weights[~moved]
                     result = parse_datagram(b"\n".join(split.lines(slow)), self._limits)
         if len(conflicts):
             self._count_type_conflicts(split.lines(conflicts[-REJECT_SAMPLE_SIZE:]),
@@ -491,7 +497,7 @@ class Receiver:
             self._sync_guard()
             self._account(result, recv_ms)
         if len(fast):
-            self._combiner.add_fast(slots, values, recv_ms)
+            self._combiner.add_fast(slots, values, recv_ms, weights)
             self._combiner.seen_ms[slots] = recv_ms
             n = len(fast)
             self.fast_lines += n
@@ -500,8 +506,9 @@ class Receiver:
             pending.lines += n
             stats.metric_lines += n
             pending.metric_lines += n
-            stats.samples += n
-            pending.samples += n
+            weighed = int(weights.sum())
+            stats.samples += weighed
+            pending.samples += weighed
 
     def _count_type_conflicts(self, last_lines: list[bytes], count: int) -> None:
         """``count`` lines the fast path found to be type conflicts, the last of them
@@ -668,7 +675,7 @@ class Receiver:
                 if first.timestamp_ms is None and not first.unknown_fields:
                     self._fast.remember(line, slot, first.sample_rate)
             metric_lines += 1
-            samples_added += len(samples)
+            samples_added += sum(sample_weight(s.metric_type, s.sample_rate) for s in samples)
         stats.metric_lines += metric_lines
         pending.metric_lines += metric_lines
         stats.samples += samples_added
@@ -751,15 +758,14 @@ class Receiver:
         """Segment lag: how old the oldest segment of this stream is that the window job has
         not committed yet (0 when every query read everything), every LAG_POLL_MS.
 
-        The window job runs several queries over the stream (one per tumbling or hopping
-        window; a session, sliding or ``quantiles: kll`` window's query and, for sessions and
-        sliding windows, its late query; each with its own checkpoint), and a segment is done only
-        once *all* of them committed it: the oldest unread segment is the one after the
-        *smallest* committed sequence (or passed over: ``retention.done_sequences``, an idle
-        lane's segments with nothing for it). Only the running config's checkpoints count
-        (``checkpoints``, from ``all_checkpoints``): one left by an older config stops moving
-        and is not lag. A query that has committed nothing of this stream yet (a new
-        checkpoint rebuilding from the log) has the stream's first segment as its oldest.
+        The window job runs several queries over the stream (one per window, each with its own
+        checkpoint), and a segment is done only once *all* of them committed it: the oldest
+        unread segment is the one after the *smallest* committed sequence (or passed over:
+        ``retention.done_sequences``, an idle query's segments with nothing for it). Only the
+        running config's checkpoints count (``checkpoints``, from ``all_checkpoints``): one
+        left by an older config stops moving and is not lag. A query that has committed
+        nothing of this stream yet (a new checkpoint rebuilding from the log) has the stream's
+        first segment as its oldest.
         """
         if self._checkpoints is None or now_ms < self._next_lag_poll_ms:
             return

@@ -31,7 +31,6 @@ A ``ResultStore`` holds one connection and is not thread-safe: one per writer.
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import logging
 import threading
@@ -53,7 +52,6 @@ from psycopg.conninfo import conninfo_to_dict
 
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.sinks import schema
-from streamgauge.sinks.pg_arrays import PgArray, register_array_dumpers
 from streamgauge.sketches.hll_registers import hll_registers
 
 _logger = logging.getLogger(__name__)
@@ -81,6 +79,13 @@ RESULT_SCHEMA = pa.schema(
         pa.field("distinct_count", pa.float64()),
         pa.field("sketch", pa.binary()),  # t-digest (ms/h/d) or HLL_8 (s), serialized
         pa.field("hdr_histogram", pa.string()),  # HdrHistogram V2 compressed, base64
+        # The same histogram's non-empty buckets (ascending) and their counts, with the
+        # three constants of its layout their bounds follow from (``HDR_COLUMNS``).
+        pa.field("hdr_buckets", pa.list_(pa.int32())),
+        pa.field("hdr_counts", pa.list_(pa.int64())),
+        pa.field("hdr_unit_magnitude", pa.int16()),
+        pa.field("hdr_half_count_magnitude", pa.int16()),
+        pa.field("hdr_value_scale", pa.float64()),
         pa.field("revision", pa.int64(), nullable=False),
         pa.field("is_final", pa.bool_(), nullable=False),
         pa.field("late_events", pa.int64(), nullable=False),
@@ -91,8 +96,18 @@ RESULT_SCHEMA = pa.schema(
 safely, e.g. int32 → int64 or large_string → string; a lossy cast is refused). The columns in
 ``OPTIONAL_RESULT_COLUMNS`` may be left out: they are NULL then."""
 
-OPTIONAL_RESULT_COLUMNS = frozenset({"p999", "sketch", "hdr_histogram"})
-"""Added with the sketches (schema version 4); writers that produce none need not name them."""
+HDR_COLUMNS = (
+    "hdr_buckets", "hdr_counts", "hdr_unit_magnitude", "hdr_half_count_magnitude",
+    "hdr_value_scale",
+)  # fmt: skip
+"""A window's HDR buckets as the store keeps them in its row (schema version 12), unnested by
+the ``window_histograms`` view: bucket indices and counts as arrays (NULL for a window without
+a histogram) and the layout's unit magnitude, sub-bucket half count magnitude and value scale,
+from which SQL computes each bucket's bounds (``streamgauge_hdr_lower_bound``)."""
+
+OPTIONAL_RESULT_COLUMNS = frozenset({"p999", "sketch", "hdr_histogram", *HDR_COLUMNS})
+"""Added with the sketches (schema versions 4 and 12); writers that produce none need not
+name them."""
 
 _STAGED_SCHEMA = RESULT_SCHEMA.append(pa.field("hll_registers", pa.binary()))
 """What is staged: the results plus what the store derives from them, the register array of
@@ -103,10 +118,13 @@ RESULT_COLUMNS: tuple[str, ...] = tuple(RESULT_SCHEMA.names)
 _PG_TYPES = {
     pa.string(): "text",
     pa.binary(): "bytea",
+    pa.int16(): "int2",
     pa.int32(): "int4",
     pa.int64(): "int8",
     pa.float64(): "float8",
     pa.bool_(): "bool",
+    pa.list_(pa.int32()): "int4[]",
+    pa.list_(pa.int64()): "int8[]",
 }
 def _staging_ddl(table: str, schema: pa.Schema) -> str:
     """A per-connection temporary table shaped like ``schema``, emptied at every commit.
@@ -127,7 +145,7 @@ _VALUES = (
     "distinct_count",
 )  # fmt: skip
 """What a reader sees as the window's value: a change here is a correction."""
-_ENCODINGS = ("sketch", "hdr_histogram", "hll_registers")
+_ENCODINGS = ("sketch", "hdr_histogram", "hll_registers", *HDR_COLUMNS)
 """Serialized forms of the same values (they change exactly when the values do)."""
 _VALUE_COLUMNS = (*_VALUES, *_ENCODINGS, "revision", "is_final", "late_events", "emitted_at")
 
@@ -142,20 +160,13 @@ _PRUNE = {
     for table, column in (
         ("window_results", "window_end"),
         ("window_pending", "window_end"),
-        ("window_histograms", "window_end"),
         ("pipeline_metrics", "ts"),
         ("late_events", "window_end"),
         ("sink_batches", "committed_at"),
-        # The first design's holdings (docs/architecture.md §8): the job writes none now, so
-        # rows left from then age out like the rest.
-        ("window_held", "written_at"),
         # Ends listed for rows since deleted (a retracted session, a pruned window).
         ("window_open_ends", "window_end"),
     )
 }
-# Panes of a window no longer running (renamed, removed), or left by the first design's job
-# (docs/architecture.md §8), are never evicted by a batch.
-_PRUNE["window_panes"] = "DELETE FROM window_panes WHERE pane_ms < %(before)s"
 
 
 def _window_key(alias: str) -> str:
@@ -222,15 +233,15 @@ WHERE {table}.revision < excluded.revision
 # Which windows are held back until the watermark passes their end, per (config, window),
 # how often an open one is published early (early_every_ms; NULL: never), and which of them
 # this batch's finalization makes final (final_before_ms: window_end at or before it; NULL:
-# none, or the finalization does not cover all the query's types, ``lane_types``).
+# none).
 _HOLD = "sg_hold"
 _HOLD_DDL = f"""
 CREATE TEMPORARY TABLE IF NOT EXISTS {_HOLD} (
-    config_name text, window_name text, watermark_ms int8, metric_types text[],
-    early_every_ms int8, final_before_ms int8
+    config_name text, window_name text, watermark_ms int8, early_every_ms int8,
+    final_before_ms int8
 ) ON COMMIT DELETE ROWS
 """
-_HOLD_INSERT = f"INSERT INTO {_HOLD} VALUES (%s, %s, %s, %s, %s, %s)"
+_HOLD_INSERT = f"INSERT INTO {_HOLD} VALUES (%s, %s, %s, %s, %s)"
 _UPSERT = _upsert_sql(
     "window_results", "h.watermark_ms IS NULL OR s.window_end_ms <= h.watermark_ms"
 )
@@ -281,7 +292,6 @@ WITH moved AS (
     DELETE FROM window_pending p USING {_HOLD} h
     WHERE p.config_name = h.config_name AND p.window_name = h.window_name
       AND p.window_end <= {_ms_to_ts("h.watermark_ms")}
-      AND (h.metric_types IS NULL OR p.metric_type = ANY(h.metric_types))
     RETURNING p.*, coalesce(p.window_end <= {_ms_to_ts("h.final_before_ms")}, false) AS final
 )
 INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
@@ -329,7 +339,6 @@ CROSS JOIN LATERAL (
     SELECT start.ms + (h.watermark_ms - start.ms) / h.early_every_ms * h.early_every_ms
         AS ms) tick
 WHERE h.early_every_ms IS NOT NULL
-  AND (h.metric_types IS NULL OR p.metric_type = ANY(h.metric_types))
   AND p.window_end > {_ms_to_ts("h.watermark_ms")}
   AND h.watermark_ms - start.ms >= h.early_every_ms
 {_EARLY_REPLACES}"""
@@ -400,9 +409,6 @@ DELETE FROM window_results w USING {_STAGING} s
 WHERE {_CONTAINED_IN_STAGED} AND NOT ({_SAME_KEY_AS_STAGED})""",
     "window_pending": f"""
 DELETE FROM window_pending w USING {_STAGING} s WHERE {_CONTAINED_IN_STAGED}""",
-    "window_histograms": f"""
-DELETE FROM window_histograms w USING {_STAGING} s
-WHERE {_CONTAINED_IN_STAGED} AND NOT ({_SAME_KEY_AS_STAGED})""",
 }
 
 # A stored session with the recomputed one's key: corrected when its values changed or when
@@ -431,205 +437,6 @@ SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
 FROM {_STAGING} s LEFT JOIN {_REPLAY_PRIOR} p USING ({_STAGED_KEY_COLUMNS})
 WHERE NOT EXISTS (SELECT 1 FROM window_results w WHERE {_SAME_KEY_AS_STAGED})
 """
-
-PANE_SCHEMA = pa.schema(
-    [
-        pa.field("config_name", pa.string(), nullable=False),
-        pa.field("window_name", pa.string(), nullable=False),
-        pa.field("metric", pa.string(), nullable=False),
-        pa.field("tags", pa.string(), nullable=False),
-        pa.field("pane_ms", pa.int64(), nullable=False),
-        pa.field("from_start_ms", pa.int64(), nullable=False),
-        pa.field("metric_type", pa.string(), nullable=False),
-        pa.field("count", pa.int64(), nullable=False),
-        pa.field("sum", pa.float64()),
-        pa.field("min", pa.float64()),
-        pa.field("max", pa.float64()),
-        pa.field("last", pa.float64()),
-        pa.field("last_event_ms", pa.int64()),
-        pa.field("sketch", pa.binary()),
-    ]
-)
-"""The Arrow schema of ``PaneBatch.panes``: a hopping window's pane aggregates this batch
-changed, each the whole pane as of the batch, keyed by series, pane and the first window start
-its partials are on time for."""
-
-ASSEMBLED_SCHEMA = pa.schema(
-    [
-        pa.field("metric", pa.string()),
-        pa.field("tags", pa.string()),
-        pa.field("metric_type", pa.string()),
-        pa.field("window_start_ms", pa.int64()),
-        pa.field("window_end_ms", pa.int64()),
-        pa.field("count", pa.int64()),
-        pa.field("sum", pa.float64()),
-        pa.field("min", pa.float64()),
-        pa.field("max", pa.float64()),
-        pa.field("last", pa.float64()),
-        pa.field("set_sketches", pa.list_(pa.binary())),
-    ]
-)
-"""What ``PaneBatch.to_results`` is given: windows merged from their panes (scalars merged in
-SQL; sets' pane HLLs listed, in no particular order, for the caller to union)."""
-
-
-@dataclass(frozen=True)
-class PaneBatch:
-    """A hopping window's micro-batch of pane aggregates (``PANE_SCHEMA``) and how to make
-    window rows of them (``commit_batch(panes=...)``): the store keeps the panes in
-    ``window_panes`` and merges each window from them in SQL.
-
-    The window job does not use this: it holds a hopping window's panes in the driver and
-    publishes whole windows (``docs/architecture.md §4``); ``window_panes`` is a table of the
-    first design (§8). Tested (``tests/sinks/test_window_panes.py``) and benched
-    (``bench/pane_store.py``) as a store-side alternative.
-
-    ``to_results`` turns ``ASSEMBLED_SCHEMA`` rows into ``RESULT_SCHEMA`` rows (the HLL union
-    and the batch's revision and finality are the window job's, not the store's).
-    ``watermark_key`` is the query's ``pipeline_state`` key: its value before this batch is
-    the watermark the previous batch published up to.
-    """
-
-    panes: pa.Table
-    size_ms: int
-    hop_ms: int
-    allowed_lateness_ms: int
-    early_every_ms: int | None
-    config_name: str
-    window_name: str
-    watermark_key: str
-    to_results: Callable[[pa.Table], pa.Table]
-    offset_ms: int = 0
-    """Window starts (and panes) lie on ``offset_ms + n * hop_ms``."""
-    progress_ms: int | None = None
-    """The batch's own watermark (its heartbeats', not raised to the stored one; None: no
-    heartbeat yet): panes whose windows are all final by it leave ``window_panes``."""
-
-
-_PANE_STAGING = "sg_pane_staging"
-_PANE_STAGING_DDL = _staging_ddl(_PANE_STAGING, PANE_SCHEMA)
-_PANE_KEY = "config_name, window_name, metric, tags, pane_ms, from_start_ms"
-_PANE_VALUES = ("metric_type", "count", "sum", "min", "max", "last", "last_event_ms", "sketch")
-_PANE_BATCH = ("size_ms", "hop_ms", "revision", "emitted_at")
-_UPSERT_PANES = f"""
-INSERT INTO window_panes ({_PANE_KEY}, {", ".join((*_PANE_VALUES, *_PANE_BATCH))})
-SELECT {_PANE_KEY}, {", ".join(_PANE_VALUES)}, %(size)s, %(hop)s, %(revision)s,
-       {_ms_to_ts("%(now_ms)s")}
-FROM {_PANE_STAGING}
-ON CONFLICT ({_PANE_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in (*_PANE_VALUES, *_PANE_BATCH))}
-"""
-
-# The windows a pane batch publishes, merged from their panes. Window [s, s + size) holds the
-# panes s, s + hop, ..., s + size - hop, each with the partials on time for it (from_start <=
-# s). W: this batch's watermark; W0: the previous batch's. size 4 s, hop 2 s:
-#
-#     panes       | 0  | 2  | 4  | 6  |
-#     [0, 4)      [=========)              (b) published when W0 < 4 <= W
-#     [2, 6)           [=========)         (a) a pane of it changed, and 6 <= W: corrected
-#     [4, 8)                [=========)    (c) open, early tick k * early_every in (W0, W]
-#
-# (a) a window holding a pane this batch changed (one it is on time for) that is published:
-#     ended (end <= W), or open and past its first early tick (the early upsert decides);
-# (b) a window whose end the watermark passed in this batch (W0 < end <= W);
-# (c) with early_every, an open window an early tick of which falls in (W0, W].
-# What (a)-(c) leave out cannot change a stored row: unchanged panes, no new tick, not ended.
-# (b) and (c) depend on the start alone: every series' window at those starts (%(starts)s,
-# computed by pane_window_starts), read by pane range; (a) are the changed panes' own windows
-# at other starts (usually none: stragglers).
-_PANES_OF = """JOIN window_panes p
-  ON p.config_name = %(config)s AND p.window_name = %(window)s
- AND p.pane_ms >= {start} AND p.pane_ms < {start} + %(size)s AND p.from_start_ms <= {start}"""
-_PANE_PARTS = "p.metric_type, p.count, p.sum, p.min, p.max, p.last, p.last_event_ms, p.sketch"
-_ASSEMBLE_WINDOWS = f"""
-WITH touched AS (
-    SELECT DISTINCT s.metric, s.tags, st.ms
-    FROM {_PANE_STAGING} s
-    CROSS JOIN LATERAL generate_series(
-        greatest(s.from_start_ms, s.pane_ms - %(size)s + %(hop)s), s.pane_ms, %(hop)s) AS st(ms)
-    WHERE (st.ms + %(size)s <= %(w)s
-           OR (%(early)s::int8 IS NOT NULL AND %(w)s - st.ms >= %(early)s))
-      AND st.ms <> ALL(%(starts)s::int8[])
-), parts AS (
-    SELECT p.metric, p.tags, st.ms AS start_ms, {_PANE_PARTS}
-    FROM unnest(%(starts)s::int8[]) AS st(ms) {_PANES_OF.format(start="st.ms")}
-  UNION ALL
-    SELECT p.metric, p.tags, t.ms, {_PANE_PARTS}
-    FROM touched t {_PANES_OF.format(start="t.ms")} AND p.metric = t.metric AND p.tags = t.tags
-)
-SELECT metric, tags, min(metric_type), start_ms, start_ms + %(size)s, sum(count)::int8,
-       sum(sum), min(min), max(max),
-       (array_agg(last ORDER BY last_event_ms DESC NULLS LAST, last DESC)
-            FILTER (WHERE metric_type = 'g'))[1],
-       coalesce(array_agg(sketch) FILTER (WHERE sketch IS NOT NULL), '{{}}')
-FROM parts
-GROUP BY metric, tags, start_ms
-"""
-
-
-def pane_window_starts(
-    previous_ms: int | None, watermark_ms: int, size_ms: int, hop_ms: int, offset_ms: int,
-    early_every_ms: int | None, oldest_pane_ms: int | None,
-) -> list[int]:  # fmt: skip
-    """Window starts whose windows a pane batch publishes whatever its panes: (b) those whose
-    end the watermark passed in this batch, ``previous < end <= watermark`` (with no previous
-    watermark, every ended window from the oldest kept pane's on), and (c) with
-    ``early_every``, open windows an early tick of which falls in ``(previous, watermark]``
-    (see ``_ASSEMBLE_WINDOWS``). Starts lie on the grid ``offset + n * hop``."""
-
-    def first_on_grid_after(ms: int) -> int:
-        return ms - (ms - offset_ms) % hop_ms + hop_ms
-
-    if previous_ms is None:
-        if oldest_pane_ms is None:
-            return []
-        low = oldest_pane_ms - size_ms  # the oldest window holding it starts a hop later
-    else:
-        low = previous_ms - size_ms
-    starts = list(range(first_on_grid_after(low), watermark_ms - size_ms + 1, hop_ms))
-    if early_every_ms is not None:
-        for start in range(first_on_grid_after(watermark_ms - size_ms),
-                           watermark_ms - early_every_ms + 1, hop_ms):  # fmt: skip
-            tick = start + (watermark_ms - start) // early_every_ms * early_every_ms
-            if previous_ms is None or tick > previous_ms:
-                starts.append(start)
-    return starts
-
-
-_OLDEST_PANE = """
-SELECT min(pane_ms) FROM window_panes
-WHERE config_name = %(config)s AND window_name = %(window)s
-"""
-_PREVIOUS_WATERMARK = "SELECT value_ms FROM pipeline_state WHERE config_name = %s AND key = %s"
-
-# Once every window holding a pane is final (its newest, [pane, pane + size), included) by the
-# log's own progress, no on-time partial can reach the pane again (a partial is late for a
-# window final before its segment: job.assign_windows), and no window made of it is published
-# again. By the batch's own watermark, not the stored one it is raised to: a new checkpoint
-# rebuilds old panes under a later stored watermark, and a window's panes may come in several
-# of its batches.
-_EVICT_PANES = """
-DELETE FROM window_panes
-WHERE config_name = %(config)s AND window_name = %(window)s
-  AND pane_ms <= %(progress)s - %(size)s - %(lateness)s
-"""
-
-# A pane-made window the watermark has not passed: published early, on the same terms as
-# _EARLY publishes a window_pending row (at a later tick, and only if a value changed).
-_EARLY_STAGED = f"""
-INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)}, early_as_of)
-SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
-       {_STAGED_VALUES}, s.revision, false, {_LATE_SAMPLES_OF_STAGED},
-       {_ms_to_ts("s.emitted_at_ms")}, {_ms_to_ts("tick.ms")}
-FROM {_STAGING} s JOIN {_HOLD} h USING (config_name, window_name)
-CROSS JOIN LATERAL (
-    SELECT s.window_start_ms + (h.watermark_ms - s.window_start_ms) / h.early_every_ms
-        * h.early_every_ms AS ms) tick
-WHERE h.early_every_ms IS NOT NULL
-  AND s.window_end_ms > h.watermark_ms
-  AND h.watermark_ms - s.window_start_ms >= h.early_every_ms
-{_EARLY_REPLACES}"""
 
 _MARK_LATE_IDS_REPLAYED = f"""
 UPDATE late_events SET replayed_at = {_ms_to_ts("%(now_ms)s")}
@@ -693,7 +500,6 @@ ON CONFLICT DO NOTHING
 # far (sink_batches).
 _ENDS_TO_FINALIZE = f"""
 e.config_name = %(config_name)s AND e.window_name = %(window_name)s
-  AND (%(metric_types)s::text[] IS NULL OR e.metric_type = ANY(%(metric_types)s::text[]))
   AND e.window_end <= {_ms_to_ts("%(final_before_ms)s")}"""
 _FINALIZE = f"""
 UPDATE window_results w
@@ -796,8 +602,8 @@ _WINDOW_KEY_FIELDS = [
 ]
 RETRACTION_SCHEMA = pa.schema(_WINDOW_KEY_FIELDS)
 """The Arrow schema of ``commit_batch(retractions=...)``: windows superseded by this batch
-(a session that grew or merged), deleted from ``window_results`` and ``window_pending``, and
-their bucket rows from ``window_histograms``."""
+(a session that grew or merged), deleted from ``window_results`` and ``window_pending`` (their
+buckets with them)."""
 
 _RETRACT_STAGING = "sg_retract_staging"
 _RETRACT_STAGING_DDL = _staging_ddl(_RETRACT_STAGING, RETRACTION_SCHEMA)
@@ -811,61 +617,8 @@ WHERE {_window_key("w")} = {_staged_window_key("r")}
 """
 _RETRACT_FROM = {
     table: _RETRACT.format(table=table)
-    for table in ("window_results", "window_pending", "window_histograms")
+    for table in ("window_results", "window_pending")
 }
-
-
-HISTOGRAM_SCHEMA = pa.schema(
-    [
-        *_WINDOW_KEY_FIELDS,
-        pa.field("bucket", pa.int32(), nullable=False),
-        pa.field("lower_bound", pa.float64(), nullable=False),
-        pa.field("upper_bound", pa.float64(), nullable=False),
-        pa.field("count", pa.int64(), nullable=False),
-        pa.field("revision", pa.int64(), nullable=False),
-    ]
-)
-"""The Arrow schema of ``commit_batch(histograms=...)``: one row per non-empty HDR bucket of a
-window, all of the window's buckets at the batch's revision."""
-
-_HISTOGRAM_STAGING = "sg_histogram_staging"
-_HISTOGRAM_STAGING_DDL = _staging_ddl(_HISTOGRAM_STAGING, HISTOGRAM_SCHEMA)
-_HISTOGRAM_KEY = _window_key("h")
-_STAGED_WINDOW = _staged_window_key("s")
-
-def _histogram_replacement(revision: str, join: str = "") -> tuple[str, str]:
-    """DELETE and INSERT that replace staged windows' bucket sets, as one set per window.
-
-    A window's stored rows go when ``revision`` (the staged set's own, or the corrected
-    window row's with ``join``) is above theirs; the staged rows go in unless a set at least
-    that new is stored (never in practice for batches: sink_batches stops replays).
-    """
-    delete = f"""
-DELETE FROM window_histograms h
-USING (SELECT DISTINCT config_name, window_name, metric, tags, window_start_ms, window_end_ms,
-              revision FROM {_HISTOGRAM_STAGING}) s {join}
-WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW}
-  AND h.revision < {revision}
-"""
-    insert = f"""
-INSERT INTO window_histograms (config_name, window_name, metric, tags, window_start,
-    window_end, bucket, lower_bound, upper_bound, count, revision)
-SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
-       s.bucket, s.lower_bound, s.upper_bound, s.count, {revision}
-FROM {_HISTOGRAM_STAGING} s {join}
-WHERE NOT EXISTS (SELECT 1 FROM window_histograms h
-                  WHERE {_HISTOGRAM_KEY} = {_STAGED_WINDOW} AND h.revision >= {revision})
-"""
-    return delete, insert
-
-
-_REPLACE_HISTOGRAMS, _INSERT_HISTOGRAMS = _histogram_replacement("s.revision")
-# Replay: the staged sets carry no revision; a corrected window's set takes the window row's.
-_REPLACE_REPLAYED_HISTOGRAMS, _INSERT_REPLAYED_HISTOGRAMS = _histogram_replacement(
-    "w.revision",
-    f"JOIN window_results w ON {_window_key('w')} = {_STAGED_WINDOW}",
-)
 
 
 @dataclass(frozen=True)
@@ -946,78 +699,12 @@ class Finalization:
     window_name: str
     watermark_ms: int
     allowed_lateness_ms: int
-    metric_types: tuple[str, ...] | None = None
-    """Only rows of these types (a query that writes only some of the window's types,
-    ``commit_batch(lane_types=...)``); None: every row of the window."""
 
     @property
     def final_before_ms(self) -> int:
         """Windows ending at or before this are final (``_FINALIZE``; ``_PROMOTE`` moves
         them in final)."""
         return self.watermark_ms - self.allowed_lateness_ms
-
-
-@dataclass(frozen=True)
-class HeldSnapshot:
-    """The open windows a query holds after a batch, stored in the batch's transaction
-    (``window_held``): the holding never runs ahead of, or behind, the results the same batch
-    published.
-
-    The window job passes none: it rebuilds its open windows from the log after a restart
-    (``docs/architecture.md`` D4); ``window_held`` is a table of the first design (§8)."""
-
-    config_name: str
-    window_name: str
-    windows: int
-    samples: int
-    snapshot: bytes
-    arrays: Mapping[str, PgArray]
-    """``window_held``'s value arrays by column, in PostgreSQL's binary format
-    (``pg_arrays``)."""
-    released_before_ms: int | None = None
-    """The snapshot's windows ending at or before this are published, kept only to add a
-    straggler to; None: every window in it is held."""
-
-
-HELD_ARRAYS = {
-    "metrics": ("metric", "text[]"), "tags": ("tags", "text[]"),
-    "metric_types": ("metric_type", "text[]"), "window_starts": ("window_start_ms", "int8[]"),
-    "window_ends": ("window_end_ms", "int8[]"), "counts": ("count", "int8[]"),
-    "sums": ("sum", "float8[]"), "mins": ("min", "float8[]"), "maxs": ("max", "float8[]"),
-    "lasts": ("last", "float8[]"), "distinct_counts": ("distinct_count", "float8[]"),
-}  # fmt: skip
-"""``window_held``'s value arrays: each array's name, the held windows' column it holds and its
-type (what ``window_held_rows`` unnests)."""
-_HELD_COLUMNS = ("config_name", "window_name", "batch_id", "revision", "windows", "samples",
-                 "snapshot")  # fmt: skip
-_WRITE_HELD = f"""
-INSERT INTO window_held (query_name, {", ".join((*_HELD_COLUMNS, *HELD_ARRAYS))}, written_at)
-VALUES (%(query_name)s, {", ".join(f"%({c})s" for c in _HELD_COLUMNS)},
-    {", ".join(f"%({a})b" for a in HELD_ARRAYS)},
-    {_ms_to_ts("%(now_ms)s")})
-ON CONFLICT (query_name) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in (*_HELD_COLUMNS, *HELD_ARRAYS, "written_at"))},
-    released_before_ms = %(released_before_ms)s
-"""
-# Windows released ahead of their batch (``publish_released``): marked, not cut out (schema
-# version 11). The counts shrink; the snapshot, the arrays and the rest of the row (batch,
-# revision, written_at: what the remaining windows' values are as of) stay.
-_RELEASE_HELD = """
-UPDATE window_held SET windows = %(windows)s, samples = %(samples)s,
-    released_before_ms = greatest(released_before_ms, %(released_before_ms)s)
-WHERE query_name = %(query_name)s
-"""
-
-
-@dataclass(frozen=True)
-class StoredHolding:
-    """A query's ``window_held`` row, as ``read_held`` reads it back."""
-
-    snapshot: bytes
-    """The holding its last batch wrote (``HeldSnapshot.snapshot``)."""
-    released_before_ms: int | None
-    """Its windows ending at or before this were published since (``publish_released``):
-    no longer held. None: none."""
 
 
 @dataclass(frozen=True)
@@ -1089,93 +776,6 @@ def _late_samples_params(table: pa.Table) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class PreparedRelease:
-    """Held windows copied into ``window_results`` by a transaction left open
-    (``ResultStore.prepare_release``): no reader sees them until ``commit``, which makes them
-    visible at once, as ``publish_released`` does.
-
-    Why: at 100k series the copy that makes a closing window's rows visible is most of a
-    window's freshness, while its values are known about a second before the watermark passes
-    its end. Copied then and committed when it passes, only the COMMIT is left on the path.
-    Written for the first design's held windows (``window_held``, ``docs/architecture.md §8``);
-    the window job does not use it.
-
-    One connection of its own, not in autocommit. Until ``commit`` or ``abort`` the rows'
-    keys are taken by an uncommitted insert: any other write of one of those windows would
-    wait for this transaction, so the writer resolves it (``commit`` or ``abort``) before it
-    publishes any of them another way. ``cancel`` stops a copy still running, from another
-    thread.
-    """
-
-    def __init__(self, url: str, query_name: str, lock_name: str) -> None:
-        self.query_name = query_name
-        self._url = url
-        self._lock_name = lock_name
-        #: Opened by ``copy`` (not here: the writer creates this under its lock, and a
-        #: connection is a TCP connect and an authentication).
-        self._conn: psycopg.Connection[Any] | None = None
-        self._cancelled = False
-        self.rows = 0
-        self._late_params: dict[str, Any] = {}
-
-    def copy(self, results: pa.Table) -> None:
-        """Copy ``results`` (``RESULT_SCHEMA``, with rows) into ``window_results``,
-        uncommitted. Raises ``psycopg.Error`` if one is stored already (``UniqueViolation``),
-        was cancelled or the store is down: the transaction is then rolled back."""
-        table = _with_hll_registers(_conform(results))
-        try:
-            self._conn = psycopg.connect(
-                self._url, connect_timeout=10, application_name="streamgauge prepared release"
-            )
-            if self._cancelled:  # while it connected: no query to cancel then
-                raise pgerrors.QueryCanceled("the prepared release was cancelled")
-            with self._conn.cursor() as cur:
-                _copy_arrow(cur, "window_results", _as_window_results(table), _FRESH_ENCODERS)
-        except BaseException:
-            self.abort()
-            raise
-        self._late_params = _late_samples_params(table)
-        self.rows = table.num_rows
-
-    def commit(self, *, released_before_ms: int, windows: int, samples: int) -> int:
-        """Make the rows visible; ``publish_released``'s mark in the stored holding and the
-        windows' ``late_events`` (late rows recorded since the copy) in the same transaction.
-        The rows committed; raises ``psycopg.Error`` (the transaction rolled back, unless the
-        COMMIT itself was cut off: a retry through ``publish_released`` is then a no-op)."""
-        if self._conn is None:
-            raise RuntimeError("commit of a prepared release that copied nothing")
-        try:
-            with self._conn.cursor() as cur:
-                cur.execute(_LOCK_WINDOW, (self._lock_name,))
-                cur.execute(_LATE_SAMPLES_ON_FRESH, self._late_params)
-                cur.execute(
-                    _RELEASE_HELD,
-                    {"query_name": self.query_name, "windows": windows, "samples": samples,
-                     "released_before_ms": released_before_ms},
-                )  # fmt: skip
-                if cur.rowcount != 1:
-                    raise RuntimeError(f"{self.query_name!r} releases windows it never stored")
-            self._conn.commit()
-        finally:
-            self.abort()  # rolls back what did not commit; closes the connection
-        return self.rows
-
-    def cancel(self) -> None:
-        """Stop a ``copy`` under way (another thread's): it raises and rolls back."""
-        self._cancelled = True
-        conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                conn.cancel_safe()
-
-    def abort(self) -> None:
-        """Roll back (if not committed) and close; idempotent."""
-        conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-
-
 class ResultStore:
     """The PostgreSQL result store of one writer (see the module docstring)."""
 
@@ -1224,11 +824,7 @@ class ResultStore:
         retractions: pa.Table | None = None,
         late: pa.Table | None = None,
         late_query_name: str | None = None,
-        lane_types: Sequence[str] | None = None,
-        histograms: pa.Table | None = None,
         early_every: Mapping[tuple[str, str], int] = _NO_STATE,
-        panes: PaneBatch | None = None,
-        held: HeldSnapshot | None = None,
         fresh: pa.Table | None = None,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
@@ -1239,31 +835,20 @@ class ResultStore:
         ``pipeline_state`` in the same transaction, so state never runs ahead of results.
 
         ``retractions`` (``RETRACTION_SCHEMA``): windows this batch supersedes (a session that
-        grew or merged), deleted from ``window_results`` and ``window_pending`` (and their
-        ``window_histograms`` rows) before the upsert, so no reader ever sees both the old and
-        the new session. ``late``
-        (``LATE_SCHEMA``): late partials the window query found itself (a partial reaching
-        into a final session), recorded in ``late_events`` under ``late_query_name``.
+        grew or merged), deleted from ``window_results`` and ``window_pending`` (their HDR
+        buckets with them) before the upsert, so no reader ever sees both the old and the new
+        session. ``late`` (``LATE_SCHEMA``): late partials the window query found itself (a
+        partial reaching into a final session), recorded in ``late_events`` under
+        ``late_query_name``.
 
         ``hold_after`` maps ``(config_name, window_name)`` to the batch's watermark: that
         window's rows ending after it wait in ``window_pending`` (those it passed are
         published, with the pending rows it passed); rows of windows not in it are published
-        as they come. ``lane_types``: the metric types this query writes of its windows, when
-        it writes only some (its ``_PROMOTE`` and finalization touch only those); None: every
-        type.
+        as they come.
 
         ``early_every`` maps ``(config_name, window_name)`` of a held window (``hold_after``)
-        to its ``early_every`` in ms: its open windows of the query's types are published
-        early (``early_as_of``, see ``_EARLY``) once the watermark is that far past their start.
-
-        ``panes`` (``PaneBatch``, with ``results`` empty and ``hold_after`` giving the batch's
-        watermark): the panes are kept in ``window_panes`` and the windows this batch
-        publishes are merged from them (``_ASSEMBLE_WINDOWS``), instead of open windows
-        waiting in ``window_pending``.
-
-        ``held`` (``HeldSnapshot``): the open windows the query holds after this batch (its
-        ``results`` are then only the windows the watermark passed); replaces the query's
-        ``window_held`` row. The window job passes neither ``panes`` nor ``held``.
+        to its ``early_every`` in ms: its open windows are published early (``early_as_of``,
+        see ``_EARLY``) once the watermark is that far past their start.
 
         ``fresh`` (``RESULT_SCHEMA``, like ``results``): windows the caller publishes for the
         first time, each past the batch's watermark, inserted as they are (``_insert_fresh``).
@@ -1273,9 +858,8 @@ class ResultStore:
         table = _with_hll_registers(_conform(results))
         retracted_rows = None if retractions is None else _conform(retractions, RETRACTION_SCHEMA)
         late_rows = None if late is None else _conform(late, LATE_SCHEMA)
-        histogram_rows = None if histograms is None else _conform(histograms, HISTOGRAM_SCHEMA)
         fresh_rows = None if fresh is None else _with_hll_registers(_conform(fresh))
-        final_before = _final_before(finalizations, lane_types)
+        final_before = _final_before(finalizations)
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
@@ -1289,8 +873,8 @@ class ResultStore:
                 if hold_after:
                     cur.executemany(
                         _HOLD_INSERT,
-                        [(cfg, win, int(ms), None if lane_types is None else list(lane_types),
-                          early_every.get((cfg, win)), final_before.get((cfg, win)))
+                        [(cfg, win, int(ms), early_every.get((cfg, win)),
+                          final_before.get((cfg, win)))
                          for (cfg, win), ms in hold_after.items()],  # fmt: skip
                     )
                 retracted = 0
@@ -1299,8 +883,6 @@ class ResultStore:
                     for target in ("window_results", "window_pending"):
                         cur.execute(_RETRACT_FROM[target], {"revision": revision})
                         retracted += max(cur.rowcount, 0)
-                    # Their buckets too (counted as rows of no window: not in ``retracted``).
-                    cur.execute(_RETRACT_FROM["window_histograms"], {"revision": revision})
                 recorded = 0
                 if late_rows is not None and late_rows.num_rows:
                     _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, late_rows)
@@ -1310,22 +892,12 @@ class ResultStore:
                     recorded = max(cur.rowcount, 0)
                     cur.execute(_COUNT_LATE_ON_WINDOWS)
                 early = 0
-                if panes is not None:
-                    watermark = hold_after[(panes.config_name, panes.window_name)]
-                    upserted, early = self._commit_panes(
-                        cur, panes, int(watermark), revision, now_ms
-                    )
-                else:
-                    upserted = self._upsert(cur, table) if table.num_rows else 0
+                upserted = self._upsert(cur, table) if table.num_rows else 0
                 stored_until = None
                 if fresh_rows is not None and fresh_rows.num_rows:
                     inserted, stored_until = self._insert_fresh(conn, cur, fresh_rows)
                     upserted += inserted
-                if histogram_rows is not None and histogram_rows.num_rows:
-                    _copy_into(cur, _HISTOGRAM_STAGING_DDL, _HISTOGRAM_STAGING, histogram_rows)
-                    cur.execute(_REPLACE_HISTOGRAMS)
-                    cur.execute(_INSERT_HISTOGRAMS)
-                if hold_after and panes is None:
+                if hold_after:
                     cur.execute(_PROMOTE, {"revision": revision, "now_ms": now_ms})
                     upserted += max(cur.rowcount, 0)
                     if early_every:
@@ -1340,23 +912,10 @@ class ResultStore:
                         "config_name": fin.config_name,
                         "window_name": fin.window_name,
                         "final_before_ms": fin.final_before_ms,
-                        "metric_types": (
-                            None if fin.metric_types is None else list(fin.metric_types)
-                        ),
                     }
                     cur.execute(_FINALIZE, params)
                     finalized += max(cur.rowcount, 0)
                     cur.execute(_FORGET_FINAL_ENDS, params)
-                if held is not None:
-                    cur.execute(
-                        _WRITE_HELD,
-                        {"query_name": query_name, "config_name": held.config_name,
-                         "window_name": held.window_name, "batch_id": batch_id,
-                         "revision": revision, "windows": held.windows,
-                         "samples": held.samples, "snapshot": held.snapshot,
-                         "released_before_ms": held.released_before_ms,
-                         "now_ms": now_ms, **held.arrays},
-                    )  # fmt: skip
                 if state:
                     cur.executemany(
                         _UPSERT_STATE,
@@ -1377,56 +936,6 @@ class ResultStore:
         self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
         self._recorded = collections.Counter()
         return outcome
-
-    def publish_released(
-        self,
-        query_name: str,
-        results: pa.Table,
-        fresh: pa.Table | None,
-        *,
-        released_before_ms: int,
-        windows: int,
-        samples: int,
-        lock_name: str | None = None,
-    ) -> int:
-        """Publish held windows ahead of their batch's ``commit_batch``; the rows upserted.
-
-        ``results`` and ``fresh`` as in ``commit_batch``: the windows the coming batch's
-        watermark passes, which none of its rows can change, every held window ending at or
-        before ``released_before_ms``. The query's ``window_held`` row marks them published
-        in the same transaction (``windows`` and ``samples``: what it holds without them),
-        under the batch and revision it was stored with (the rest are still as that batch
-        left them). So the rows are never both held and published, and a restart before the
-        batch commits loads a holding that no longer has them (``read_held``). The batch
-        claims nothing here: Spark runs it again after a crash, and its ``commit_batch`` is
-        what makes it count. For ``HeldSnapshot`` holdings; the window job does not use it.
-        """
-        table = _with_hll_registers(_conform(results))
-        fresh_rows = None if fresh is None else _with_hll_registers(_conform(fresh))
-
-        def work(conn: psycopg.Connection[Any]) -> int:
-            with conn.transaction(), conn.cursor() as cur:
-                cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
-                cur.execute(_HOLD_DDL)  # empty: every staged row goes to window_results
-                upserted = self._upsert(cur, table) if table.num_rows else 0
-                if fresh_rows is not None and fresh_rows.num_rows:
-                    upserted += self._insert_fresh(conn, cur, fresh_rows)[0]
-                cur.execute(
-                    _RELEASE_HELD,
-                    {"query_name": query_name, "windows": windows, "samples": samples,
-                     "released_before_ms": released_before_ms},
-                )  # fmt: skip
-                if cur.rowcount != 1:
-                    raise RuntimeError(f"{query_name!r} releases windows it never stored")
-            return upserted
-
-        return self._with_retry(f"publish the windows {query_name!r} released", work)
-
-    def prepare_release(self, query_name: str, *, lock_name: str | None = None) -> PreparedRelease:
-        """A ``PreparedRelease`` of ``query_name``'s windows, on a connection of its own
-        that its ``copy`` opens (nothing copied yet: ``copy`` them, then ``commit`` or
-        ``abort``)."""
-        return PreparedRelease(self._url, query_name, lock_name or query_name)
 
     def commit_late_batch(
         self, query_name: str, batch_id: int, late: pa.Table, lock_name: str | None = None
@@ -1469,7 +978,6 @@ class ResultStore:
         self,
         results: pa.Table,
         lock_name: str,
-        histograms: pa.Table | None = None,
         *,
         supersede: bool = False,
         late_ids: Sequence[int] | None = None,
@@ -1482,18 +990,15 @@ class ResultStore:
         is a recomputed window's or, given ``late_ids``, exactly those ``late_events`` ids.
         ``rows_upserted`` is the number of windows corrected or inserted, ``rows_finalized``
         the late partials marked, ``rows_retracted`` the superseded rows deleted.
-        ``histograms``: the recomputed windows' bucket rows (their ``revision`` is ignored); a
-        corrected window's set replaces the stored one at the window's new revision.
 
         ``supersede`` (session windows): a recomputed window also replaces every stored row of
         its series (metric, tags) that lies inside it, in ``window_results`` and
-        ``window_pending``, with their ``window_histograms`` rows: the sessions a late partial
-        extended or bridged. Its revision is one above the highest it replaces and its
-        ``corrections`` one above the most any of them had; it is written even when a stored
-        row with its own key holds the same values, as long as it supersedes others.
+        ``window_pending``: the sessions a late partial extended or bridged. Its revision is
+        one above the highest it replaces and its ``corrections`` one above the most any of
+        them had; it is written even when a stored row with its own key holds the same
+        values, as long as it supersedes others.
         """
         table = _with_hll_registers(_conform(results))
-        histogram_rows = None if histograms is None else _conform(histograms, HISTOGRAM_SCHEMA)
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
@@ -1506,10 +1011,9 @@ class ResultStore:
                 if supersede:
                     cur.execute(_REPLAY_PRIOR_DDL)
                     cur.execute(_FIND_SUPERSEDED)
-                    for target, statement in _DELETE_SUPERSEDED.items():
+                    for statement in _DELETE_SUPERSEDED.values():
                         cur.execute(statement)
-                        if target != "window_histograms":  # bucket rows are not windows
-                            retracted += max(cur.rowcount, 0)
+                        retracted += max(cur.rowcount, 0)
                     cur.execute(_UPDATE_SUPERSEDING)
                     corrected = max(cur.rowcount, 0)
                     cur.execute(_INSERT_SUPERSEDING)
@@ -1517,10 +1021,6 @@ class ResultStore:
                 else:
                     cur.execute(_PUBLISH_CORRECTIONS)
                     corrected = max(cur.rowcount, 0)
-                if histogram_rows is not None and histogram_rows.num_rows:
-                    _copy_into(cur, _HISTOGRAM_STAGING_DDL, _HISTOGRAM_STAGING, histogram_rows)
-                    cur.execute(_REPLACE_REPLAYED_HISTOGRAMS)
-                    cur.execute(_INSERT_REPLAYED_HISTOGRAMS)
                 if late_ids is None:
                     cur.execute(_MARK_LATE_REPLAYED, {"now_ms": now_ms})
                 else:
@@ -1562,8 +1062,7 @@ class ResultStore:
 
     def start_checkpoint(
         self, config_name: str, window_name: str, query_names: Sequence[str],
-        *, forget_panes: bool = False, forget_held: bool = False,
-        late_reread: LateRowsReread | None = None,
+        *, late_reread: LateRowsReread | None = None,
     ) -> int:
         """A query starts on a fresh checkpoint: forget its old batch ids, return the highest
         revision stored for the window (its new revisions must start above it).
@@ -1571,10 +1070,6 @@ class ResultStore:
         Spark numbers a new checkpoint's micro-batches from 0 again. Without this, the new
         batches would be skipped as "already committed" under the same query name, and
         their rows would carry revisions below the stored ones (and lose the upsert).
-        ``forget_panes``: the window's ``window_panes`` rows go too, and ``forget_held``: the
-        queries' ``window_held`` rows (both tables of the first design, ``docs/architecture.md
-        §8``), as the new checkpoint rebuilds its open windows from the log (perhaps at
-        another size or hop) and must not find an older holding of them.
         ``late_reread`` (the query records the window's late rows): the window's late rows
         from the segments the new checkpoint reads again go, and the counts on its windows
         with them (``LateRowsReread``).
@@ -1587,22 +1082,11 @@ class ResultStore:
                 )
                 if late_reread is not None:
                     self._forget_late_rows(conn, config_name, window_name, late_reread)
-                if forget_panes:
-                    conn.execute(
-                        "DELETE FROM window_panes WHERE config_name = %s AND window_name = %s",
-                        (config_name, window_name),
-                    )
-                if forget_held:
-                    conn.execute(
-                        "DELETE FROM window_held WHERE query_name = ANY(%s)", (list(query_names),)
-                    )
                 row = conn.execute(
                     "SELECT greatest("
                     " (SELECT max(revision) FROM window_results"
                     "  WHERE config_name = %(c)s AND window_name = %(w)s),"
                     " (SELECT max(revision) FROM window_pending"
-                    "  WHERE config_name = %(c)s AND window_name = %(w)s),"
-                    " (SELECT max(revision) FROM window_held"  # shown in window_held_rows
                     "  WHERE config_name = %(c)s AND window_name = %(w)s))",
                     {"c": config_name, "w": window_name},
                 ).fetchone()
@@ -1624,19 +1108,6 @@ class ResultStore:
             return  # the generation's other query forgot them already
         conn.execute(_RECOUNT_WITHOUT_FORGOTTEN_LATE, params)
         conn.execute(_FORGET_LATE, params)
-
-    def read_held(self, query_name: str) -> StoredHolding | None:
-        """The open windows ``query_name`` held after its last committed batch
-        (``window_held``), or None if it holds none."""
-
-        def work(conn: psycopg.Connection[Any]) -> StoredHolding | None:
-            row = conn.execute(
-                "SELECT snapshot, released_before_ms FROM window_held WHERE query_name = %s",
-                (query_name,),
-            ).fetchone()
-            return None if row is None else StoredHolding(bytes(row[0]), row[1])
-
-        return self._with_retry(f"read the windows {query_name!r} holds", work)
 
     def read_state(self, config_name: str, key: str) -> int | None:
         """A value of ``pipeline_state`` (e.g. a window's watermark), or None if never set."""
@@ -1731,54 +1202,6 @@ class ResultStore:
         cur.execute(_LATE_SAMPLES_ON_FRESH, _late_samples_params(table))
         return table.num_rows, None
 
-    def _commit_panes(
-        self, cur: psycopg.Cursor[Any], panes: PaneBatch, watermark_ms: int, revision: int,
-        now_ms: int,
-    ) -> tuple[int, int]:
-        """Keep ``panes``, publish the windows they make (``_ASSEMBLE_WINDOWS``), forget
-        panes of final windows; (windows upserted, of which early)."""
-        cur.execute(_PREVIOUS_WATERMARK, (panes.config_name, panes.watermark_key))
-        row = cur.fetchone()
-        previous = None if row is None else int(row[0])
-        params: dict[str, Any] = {
-            "config": panes.config_name, "window": panes.window_name, "size": panes.size_ms,
-            "hop": panes.hop_ms, "lateness": panes.allowed_lateness_ms, "w": watermark_ms,
-            "early": panes.early_every_ms, "revision": revision, "now_ms": now_ms,
-        }  # fmt: skip
-        if panes.panes.num_rows:
-            _copy_into(cur, _PANE_STAGING_DDL, _PANE_STAGING, _conform(panes.panes, PANE_SCHEMA))
-            cur.execute(_UPSERT_PANES, params)
-        else:
-            cur.execute(_PANE_STAGING_DDL)  # the assembly reads it
-        oldest = None
-        if previous is None:
-            cur.execute(_OLDEST_PANE, params)
-            found = cur.fetchone()
-            oldest = None if found is None or found[0] is None else int(found[0])
-        params["starts"] = pane_window_starts(
-            previous, watermark_ms, panes.size_ms, panes.hop_ms, panes.offset_ms,
-            panes.early_every_ms, oldest,
-        )  # fmt: skip
-        cur.execute(_ASSEMBLE_WINDOWS, params)
-        fetched = cur.fetchall()
-        assembled = pa.table(
-            [pa.array([row[i] for row in fetched], field.type)
-             for i, field in enumerate(ASSEMBLED_SCHEMA)],
-            schema=ASSEMBLED_SCHEMA,
-        )  # fmt: skip
-        upserted = early = 0
-        if assembled.num_rows:
-            table = _with_hll_registers(_conform(panes.to_results(assembled)))
-            _copy_into(cur, _STAGING_DDL, _STAGING, table)
-            cur.execute(_UPSERT)
-            upserted = max(cur.rowcount, 0)
-            if panes.early_every_ms is not None:
-                cur.execute(_EARLY_STAGED)
-                early = max(cur.rowcount, 0)
-        if panes.progress_ms is not None:
-            cur.execute(_EVICT_PANES, {**params, "progress": panes.progress_ms})
-        return upserted + early, early
-
     def _connection(self) -> psycopg.Connection[Any]:
         if self._retired:
             raise RuntimeError(f"the result store of {self._target} was retired")
@@ -1787,7 +1210,6 @@ class ResultStore:
             self._conn = psycopg.connect(
                 self._url, autocommit=True, connect_timeout=10, application_name="streamgauge"
             )
-            register_array_dumpers(self._conn.adapters)
         return self._conn
 
     def _with_retry(self, what: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
@@ -1816,21 +1238,12 @@ class ResultStore:
                 self._sleep(delay)
 
 
-def _final_before(
-    finalizations: Sequence[Finalization], lane_types: Sequence[str] | None
-) -> dict[tuple[str, str], int]:
+def _final_before(finalizations: Sequence[Finalization]) -> dict[tuple[str, str], int]:
     """Per (config, window): the window end at or before which this batch's finalization
-    makes every row of the query's types (``lane_types``) final, for ``_PROMOTE`` to insert
-    such rows final.
-
-    Only finalizations that cover every type the query promotes count (``metric_types`` None,
-    or all of ``lane_types``); the latest such end when several apply."""
-    lane = None if lane_types is None else set(lane_types)
+    makes every row final, for ``_PROMOTE`` to insert such rows final (the latest such end
+    when several apply)."""
     ends: dict[tuple[str, str], int] = {}
     for fin in finalizations:
-        covers = fin.metric_types is None or (lane is not None and lane <= set(fin.metric_types))
-        if not covers:
-            continue
         key = (fin.config_name, fin.window_name)
         ends[key] = max(fin.final_before_ms, ends.get(key, fin.final_before_ms))
     return ends

@@ -71,6 +71,44 @@ class _Cache:
 
 
 @dataclass(frozen=True)
+class SeriesSelector:
+    """Which partials a window spec takes (its metric globs) and the series each belongs to
+    (its tags projected on the spec's series keys); both decided once per distinct string."""
+
+    metrics: tuple[str, ...]
+    group_by: tuple[str, ...]
+    _cache: _Cache = field(default_factory=_Cache, compare=False, repr=False)
+
+    def wanted(self, metric: pa.ChunkedArray) -> pa.Array:
+        """Whether each row's metric matches the spec's globs (decided once per name)."""
+        if "*" in self.metrics:
+            return pa.array(np.ones(len(metric), dtype=bool))
+        encoded = metric.combine_chunks().dictionary_encode()
+        names = encoded.dictionary.to_pylist()
+        kept = self._cache.kept
+        for name in names:
+            if name not in kept:
+                kept[name] = any(fnmatch.fnmatchcase(name, glob) for glob in self.metrics)
+        decision = np.array([kept[name] for name in names], dtype=bool)
+        return pa.array(decision[encoded.indices.to_numpy(zero_copy_only=False)])
+
+    def project(self, tags: pa.ChunkedArray) -> pa.Array:
+        """The tags with only the ``group_by`` keys, in the sorted order ingest wrote them
+        (projected once per distinct tag set)."""
+        if not self.group_by:
+            return pa.array(np.full(len(tags), "{}", dtype=object), pa.string())
+        encoded = tags.combine_chunks().dictionary_encode()
+        values = encoded.dictionary.to_pylist()
+        projected = self._cache.projected
+        for value in values:
+            if value not in projected:
+                kept = {k: v for k, v in json.loads(value).items() if k in self.group_by}
+                projected[value] = json.dumps(kept, separators=(",", ":"))
+        dictionary = pa.array([projected[value] for value in values], pa.string())
+        return pc.take(dictionary, encoded.indices)
+
+
+@dataclass(frozen=True)
 class PaneAssigner:
     """The assignment rules of one tumbling or hopping window spec (module docstring)."""
 
@@ -79,9 +117,7 @@ class PaneAssigner:
     offset_ms: int
     watermark_delay_ms: int
     allowed_lateness_ms: int
-    metrics: tuple[str, ...]
-    group_by: tuple[str, ...]
-    _cache: _Cache = field(default_factory=_Cache, compare=False, repr=False)
+    select: SeriesSelector
 
     @classmethod
     def of(cls, window: WindowSpec) -> PaneAssigner:
@@ -93,7 +129,19 @@ class PaneAssigner:
         hop = window.hop_ms if window.kind == "hopping" and window.hop_ms else window.size_ms
         return cls(
             window.size_ms, hop, window.offset_ms, window.watermark_delay_ms,
-            window.allowed_lateness_ms, tuple(window.metrics), tuple(window.group_by),
+            window.allowed_lateness_ms, SeriesSelector(tuple(window.metrics),
+                                                        tuple(window.group_by)),
+        )  # fmt: skip
+
+    @classmethod
+    def sliding(cls, window: WindowSpec, pane_ms: int) -> PaneAssigner:
+        """A sliding window's (``kind: sliding``) candidate windows: every ``size``-wide window
+        starting on a pane; ``SlidingWindowLogic`` keeps those its series' panes define."""
+        if window.kind != "sliding" or window.size_ms is None:
+            raise ValueError(f"window {window.name!r} is not a sliding window")
+        return cls(
+            window.size_ms, pane_ms, 0, window.watermark_delay_ms, window.allowed_lateness_ms,
+            SeriesSelector(tuple(window.metrics), tuple(window.group_by)),
         )  # fmt: skip
 
     @property
@@ -114,7 +162,7 @@ class PaneAssigner:
         segment has no prior heartbeat): the partial is late for it too, and its
         ``prior_heartbeat_ms`` (the late row's ``closed_by_ms``) says what closed it.
         """
-        rows = partials.filter(self._wanted(partials.column("metric")))
+        rows = partials.filter(self.select.wanted(partials.column("metric")))
         event = np.minimum(
             _int64(rows.column("pane_start_ms")), _int64(rows.column("segment_heartbeat_ms"))
         )
@@ -133,7 +181,7 @@ class PaneAssigner:
             np.floor_divide(threshold - oldest, self.hop_ms) + 1, 0, self.panes_per_window
         )
         from_start = oldest + late_windows * self.hop_ms
-        tags = self._project(rows.column("tags"))
+        tags = self.select.project(rows.column("tags"))
         on_time = late_windows < self.panes_per_window
         keep = pa.array(on_time)
         placed = pa.table(
@@ -154,46 +202,40 @@ class PaneAssigner:
     ) -> pa.Table:  # fmt: skip
         """One row per (late partial, window it is late for), oldest window first."""
         index = np.repeat(np.arange(rows.num_rows), late_windows)
-        if index.size == 0:
-            return pa.table({name: pa.array([], _LATE_TYPES[name]) for name in LATE_COLUMNS})
         first = np.cumsum(late_windows) - late_windows
         nth = np.arange(index.size) - np.repeat(first, late_windows)
         start = oldest[index] + nth * self.hop_ms
         take = pa.array(index, pa.int64())
-        columns = {name: rows.column(name).take(take) for name in LATE_COLUMNS
-                   if name not in ("tags", "window_start_ms", "window_end_ms")}  # fmt: skip
-        columns["tags"] = pc.take(tags, take)
-        columns["window_start_ms"] = pa.array(start, pa.int64())
-        columns["window_end_ms"] = pa.array(start + self.size_ms, pa.int64())
-        return pa.table({name: columns[name] for name in LATE_COLUMNS})
+        late = late_table(rows.take(take), start, start + self.size_ms, pc.take(tags, take))
+        # Which windows of the partial's pane were on time (``from_start_ms``, above the pane:
+        # none), for a sliding window's choice of late rows.
+        pane = oldest + (self.size_ms - self.hop_ms)
+        late = late.append_column("event_pane_ms", pa.array(pane[index], pa.int64()))
+        return late.append_column(
+            "from_start_ms", pa.array((oldest + late_windows * self.hop_ms)[index], pa.int64())
+        )
 
-    def _wanted(self, metric: pa.ChunkedArray) -> pa.Array:
-        """Whether each row's metric matches the spec's globs (decided once per name)."""
-        if "*" in self.metrics:
-            return pa.array(np.ones(len(metric), dtype=bool))
-        encoded = metric.combine_chunks().dictionary_encode()
-        names = encoded.dictionary.to_pylist()
-        kept = self._cache.kept
-        for name in names:
-            if name not in kept:
-                kept[name] = any(fnmatch.fnmatchcase(name, glob) for glob in self.metrics)
-        decision = np.array([kept[name] for name in names], dtype=bool)
-        return pa.array(decision[encoded.indices.to_numpy(zero_copy_only=False)])
 
-    def _project(self, tags: pa.ChunkedArray) -> pa.Array:
-        """The tags with only the ``group_by`` keys, in the sorted order ingest wrote them
-        (projected once per distinct tag set)."""
-        if not self.group_by:
-            return pa.array(np.full(len(tags), "{}", dtype=object), pa.string())
-        encoded = tags.combine_chunks().dictionary_encode()
-        values = encoded.dictionary.to_pylist()
-        projected = self._cache.projected
-        for value in values:
-            if value not in projected:
-                kept = {k: v for k, v in json.loads(value).items() if k in self.group_by}
-                projected[value] = json.dumps(kept, separators=(",", ":"))
-        dictionary = pa.array([projected[value] for value in values], pa.string())
-        return pc.take(dictionary, encoded.indices)
+
+
+def late_table(
+    rows: pa.Table, starts: np.ndarray, ends: np.ndarray, tags: pa.Array | pa.ChunkedArray
+) -> pa.Table:
+    """A late row (``LATE_COLUMNS``) per partial of ``rows`` (segment rows with their stream
+    columns, ``prior_heartbeat_ms`` the heartbeat that closed the window), for the window
+    ``[starts[i], ends[i])``, with the projected ``tags``."""
+    if rows.num_rows == 0:
+        return no_late_rows()
+    columns = {name: rows.column(name) for name in LATE_COLUMNS
+               if name not in ("tags", "window_start_ms", "window_end_ms")}  # fmt: skip
+    columns["tags"] = tags
+    columns["window_start_ms"] = pa.array(starts, pa.int64())
+    columns["window_end_ms"] = pa.array(ends, pa.int64())
+    return pa.table({name: columns[name] for name in LATE_COLUMNS})
+
+
+def no_late_rows() -> pa.Table:
+    return pa.table({name: pa.array([], _LATE_TYPES[name]) for name in LATE_COLUMNS})
 
 
 def _int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

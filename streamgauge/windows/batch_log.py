@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA, read_heartbeat, segment_at
@@ -75,3 +76,23 @@ def empty_partials() -> pa.Table:
     schema = SEGMENT_SCHEMA.append(pa.field("receiver", pa.string()))
     schema = schema.append(pa.field("segment_heartbeat_ms", pa.int64()))
     return schema.append(pa.field("prior_heartbeat_ms", pa.int64())).empty_table()
+
+
+def segment_ranges(rows: pa.Table) -> list[tuple[int, int]]:
+    """Row ranges of the segments a batch's partials come from, in order (a segment's rows
+    share receiver and heartbeats)."""
+    n = rows.num_rows
+    if n == 0:
+        return []
+    receiver = np.asarray(rows.column("receiver").combine_chunks().dictionary_encode().indices)
+    beat = _ints(rows, "segment_heartbeat_ms")
+    prior = _ints(rows, "prior_heartbeat_ms")
+    change = np.flatnonzero(
+        (receiver[1:] != receiver[:-1]) | (beat[1:] != beat[:-1]) | (prior[1:] != prior[:-1])
+    ) + 1
+    bounds = np.concatenate([[0], change, [n]])
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+
+
+def _ints(rows: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(rows.column(name).combine_chunks().to_numpy(zero_copy_only=False), np.int64)

@@ -21,8 +21,8 @@ from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 LANE_LAYOUT = 4
 """Bumped when a query's shape changes, so a checkpoint of an older shape is not resumed (see
-checkpoint_dir). 4: a tumbling or hopping window is one stateless query whose driver holds
-the open windows (``pane_writer``)."""
+checkpoint_dir). 4: every window but ``quantiles: kll`` is one stateless query whose driver
+holds the open windows (``pane_writer``)."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,10 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
         window.allowed_lateness_ms, list(window.metrics), list(window.group_by),
     ]  # fmt: skip
     if window.kind == "session":  # appended only here: other kinds keep their checkpoints
-        shape += [window.gap_ms, window.key]
-    elif window.kind != "sliding":
+        shape += [window.gap_ms, window.key, LANE_LAYOUT]
+    elif window.kind == "sliding":
+        shape += [LANE_LAYOUT]
+    else:
         if window.uses_kll:  # appended only here: tdigest windows keep their checkpoints
             shape += [3, "kll", sketch_params(config).kll_k]
         else:
@@ -55,13 +57,11 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
 
 
 def all_checkpoints(paths: JobPaths, config: PipelineConfig) -> list[Path]:
-    """Every checkpoint the running queries of ``config`` use (window and late queries)."""
+    """Every checkpoint the running queries of ``config`` use (one per window)."""
     found = []
     for window in config.windows:
         checkpoint = checkpoint_dir(paths, config, window)
         found.append(checkpoint)
-        if window.kind in ("session", "sliding"):
-            found.append(checkpoint.with_name(checkpoint.name + ".late"))
     return found
 
 

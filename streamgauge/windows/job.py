@@ -7,13 +7,12 @@ base (``results.revision_base``); the watermark is ``W = min over open receivers
 - watermark_delay`` from the batch's offsets; a window ``[start, end)`` is final once
 ``end + allowed_lateness <= W``.
 
-- **Tumbling and hopping windows** (``pane_writer``): one stateless query per window whose
-  ``foreachBatch`` reads the batch's segments itself and holds the open windows in the
-  driver (``open_windows``); every metric type takes that one path. While no segment brings
-  rows and every window seen is final, the query runs no batch (``quiet_lane``).
-- **Session and sliding windows** run one query of their own stateful operator for every type
-  (``session_windows``, ``sliding_windows``; sketches by ``window_sketches``), plus a
-  stateless query recording their late partials.
+- **Tumbling, hopping, sliding and session windows** (``pane_writer``): one stateless query
+  per window whose ``foreachBatch`` reads the batch's segments itself and holds the open
+  windows in the driver (``open_windows``, ``open_sessions``; the logic objects
+  ``pane_logic``, ``sliding_logic``, ``session_logic``); every metric type takes that one
+  path. While no segment brings rows and every window seen is final, the query runs no batch
+  (``quiet_lane``).
 - **``quantiles: kll`` windows** aggregate every type natively, the pane partials' KLL
   sketches with Spark's ``kll_merge_agg_double`` (p50 and p90 from the merge; p99/p999 NULL:
   KLL's ±1.33 % rank error makes a p99 anywhere in p97.7..p100), their late rows in the same
@@ -50,8 +49,6 @@ from streamgauge.sinks.store import (
     Finalization,
     ResultStore,
 )
-from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
-from streamgauge.sketches.hdr import HdrLayout
 
 # The checkpoint paths live in a Spark-free module (the receivers need them); re-exported.
 from streamgauge.windows.checkpoints import JobPaths as JobPaths
@@ -64,19 +61,10 @@ from streamgauge.windows.results import LateRowsOrigin as LateRowsOrigin
 from streamgauge.windows.results import late_query_name as late_query_name
 from streamgauge.windows.results import query_name as query_name
 from streamgauge.windows.results import revision_base as revision_base
-from streamgauge.windows.results import to_histogram_rows as to_histogram_rows
 from streamgauge.windows.results import to_late_rows as to_late_rows
 from streamgauge.windows.results import to_result_rows as to_result_rows
-from streamgauge.windows.session_windows import (
-    OUTPUT_DDL,
-    STATE_DDL,
-    session_horizon_ms,
-    session_state_function,
-)
-from streamgauge.windows.sliding_windows import slid_partials, sliding_late_partials
 from streamgauge.windows.source import (
     QuietLane,
-    RowFilter,
     batch_heartbeats,
     receivers_heartbeat_ms,
     register_source_for_query,
@@ -96,14 +84,6 @@ def metric_filter(globs: tuple[str, ...]) -> Column:
         return F.lit(True)
     pattern = "|".join(f"(?:{fnmatch.translate(g)})" for g in globs)
     return F.col("metric").rlike(pattern)
-
-
-def series_keys(window: WindowSpec) -> tuple[str, ...]:
-    """The tag keys that identify a series of ``window``: ``group_by``, plus a session's
-    ``key`` (a series without that tag is one series of its own, not dropped)."""
-    if window.kind == "session" and window.key and window.key not in window.group_by:
-        return (*window.group_by, window.key)
-    return window.group_by
 
 
 def series_tags(group_by: tuple[str, ...]) -> Column:
@@ -135,33 +115,13 @@ def assign_windows(source: DataFrame, window: WindowSpec, suffix: str = "") -> D
                            [10 s .......... 20 s)
 
     Here each partial is copied into its size/hop windows (one output row per window): what
-    ``late_partials`` and ``quantiles: kll`` windows use. The other tumbling and hopping
-    windows place a partial once in its hop-wide pane (``assign.PaneAssigner``: the same
-    per-window late rule, computed once per partial).
-
-    Session windows (``gap``): the row's own possible session ``[t, t + gap)``, with the
-    same late rule on that end (see ``session_windows``, which merges them per series)::
-
-        t = 4 s, gap 3 s      [4 s ..... 7 s)~~ lateness ~~|  <= prior heartbeat - delay: late
+    ``quantiles: kll`` windows use. The other windows place a partial once in its hop-wide
+    pane (``assign.PaneAssigner``: the same per-window late rule, computed once per
+    partial).
     """
-    if window.kind == "session":
-        assert window.gap_ms is not None
-        event = F.least(F.col("pane_start_ms"), F.col("segment_heartbeat_ms"))
-        closes_at = event + F.lit(window.gap_ms + window.allowed_lateness_ms)
-        late = (closes_at <= F.col("prior_heartbeat_ms") - F.lit(window.watermark_delay_ms)) & (
-            metric_filter(window.metrics)
-        )
-        return (
-            source.withColumn(f"window_start_ms{suffix}", event)
-            .withColumn(f"window_end_ms{suffix}", event + F.lit(window.gap_ms))
-            .withColumn(f"tags{suffix}", series_tags(series_keys(window)))
-            .withColumn(f"late{suffix}", late)
-        )
     if window.kind not in ("tumbling", "hopping"):
-        raise NotImplementedError(
-            f"window {window.name!r}: kind {window.kind!r} is not implemented yet; "
-            "tumbling, hopping and session windows run in this build"
-        )
+        raise ValueError(f"window {window.name!r}: only tumbling and hopping windows take "
+                         f"quantiles: kll, not {window.kind}")
     assert window.size_ms is not None
     size, offset = window.size_ms, window.offset_ms
     step = window.hop_ms if window.kind == "hopping" and window.hop_ms else size
@@ -204,40 +164,6 @@ _LATE_COLUMNS = (
     "pane_start_ms", "count", "sum", "min", "max", "last", "first_recv_ms", "last_recv_ms",
     "prior_heartbeat_ms",
 )  # fmt: skip
-
-
-_SESSION_INPUT = (
-    "metric", "tags", "metric_type", "event_ms", "event_ts", "count", "sum", "min", "max", "last",
-    "last_event_ms", "first_recv_ms", "last_recv_ms", "receiver", "pane_start_ms",
-    "segment_heartbeat_ms", "prior_heartbeat_ms", "sketch", "hdr_bucket", "hdr_count",
-)  # fmt: skip
-
-
-def sessionized_partials(
-    source: DataFrame, window: WindowSpec, params: SketchParams | None = None
-) -> DataFrame:
-    """On-time partials of ``window`` → session changes per series (``session_windows``).
-
-    Output rows have a ``change`` column: ``upsert`` (a session created or changed, with its
-    quantiles, distinct count and sketches: ``window_sketches``), ``retract`` (a session
-    superseded by a longer or merged one) or ``late`` (a partial that reaches into a session
-    already final). ``params``: the config's sketch accuracy (the defaults when None).
-    """
-    on_time = (
-        assign_windows(source, window)
-        .where(metric_filter(window.metrics) & ~F.col("late"))
-        .withColumnRenamed("window_start_ms", "event_ms")
-        .withColumn("event_ts", F.timestamp_millis("event_ms"))
-        .withWatermark("event_ts", f"{session_horizon_ms(window)} milliseconds")
-        .select(*_SESSION_INPUT)
-    )
-    return on_time.groupBy("metric", "tags").applyInPandasWithState(
-        session_state_function(window, params or compile_accuracy()),
-        OUTPUT_DDL,
-        STATE_DDL,
-        "Update",
-        "EventTimeTimeout",
-    )
 
 
 def aggregate_windows(assigned: DataFrame, kll_k: int | None = None) -> DataFrame:
@@ -342,52 +268,12 @@ def kll_lane_with_late_rows(source: DataFrame, window: WindowSpec, kll_k: int) -
 
 
 def late_partials(source: DataFrame, window: WindowSpec) -> DataFrame:
-    """Rows that are late for ``window``: a stateless query, so nothing is dropped on the way.
-
-    Session and sliding windows run them as a query of their own, whose checkpoint sits
-    beside the window's: both restart together when the window's definition changes (a
-    ``quantiles: kll`` window's ride in its one query; the other tumbling and hopping
-    windows find theirs in ``assign.PaneAssigner``).
-    """
+    """Rows that are late for a ``quantiles: kll`` window (stateless, so nothing is dropped
+    on the way); they ride in its one query (``kll_lane_with_late_rows``)."""
     return assign_windows(source, window).where(
         # A partial can only be late if it is older than the heartbeat before its segment.
         (F.col("pane_start_ms") < F.col("prior_heartbeat_ms")) & F.col("late")
     )
-
-
-class LateBatchWriter:
-    """The ``foreachBatch`` function of a window's late-events query."""
-
-    def __init__(
-        self,
-        config: PipelineConfig,
-        window: WindowSpec,
-        store: ResultStore,
-        checkpoint: Path | None = None,
-        *,
-        late_rows: LateRowsOrigin | None = None,
-    ) -> None:
-        self._config = config
-        self._window = window
-        self._store = store
-        self._checkpoint = checkpoint
-        self._late_rows = late_rows
-        self.name = late_query_name(config, window)
-        store.error_labels = {"config": config.name, "query": self.name}
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        if self._checkpoint is not None:  # a fresh checkpoint forgets the old batch ids
-            revision_base(self._checkpoint, self._store, self._config, self._window, [self.name],
-                          late_rows=self._late_rows)  # fmt: skip
-            self._checkpoint = None
-        rows = to_late_rows(batch.toArrow(), self._config, self._window)
-        lock_name = query_name(self._config, self._window)  # the window query's
-        outcome = self._store.commit_late_batch(self.name, batch_id, rows, lock_name)
-        if outcome.rows_upserted:
-            log.warning(
-                "%s batch %d: %d late partial(s) recorded in late_events",
-                self.name, batch_id, outcome.rows_upserted,
-            )  # fmt: skip
 
 
 _KLL_RESULT_COLUMNS = (
@@ -458,7 +344,6 @@ class WindowBatchWriter:
         *,
         retractions: pa.Table | None = None,
         late: pa.Table | None = None,
-        histograms: pa.Table | None = None,
     ) -> None:
         watermark_ms = self.watermark_ms(batch_id)
         revision = self.revision(batch_id)
@@ -482,14 +367,14 @@ class WindowBatchWriter:
             self._name, batch_id, rows, finalizations, revision=revision, state=state,
             lock_name=self._name, hold_after={key: watermark_ms or 0}, retractions=retractions,
             late=late, late_query_name=late_query_name(self._config, self._window),
-            histograms=histograms, early_every=early,
+            early_every=early,
         )  # fmt: skip
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
 
 
 class KllBatchWriter(WindowBatchWriter):
     """``foreachBatch`` of a ``quantiles: kll`` window: its only query, every metric type,
-    upserts and late partials in one commit; no histogram rows."""
+    upserts and late partials in one commit; no HDR buckets."""
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
@@ -503,65 +388,6 @@ class KllBatchWriter(WindowBatchWriter):
                 "%s batch %d: %d late partial(s) recorded in late_events",
                 self._name, batch_id, late_rows.num_rows,
             )  # fmt: skip
-
-
-class SessionBatchWriter(WindowBatchWriter):
-    """``foreachBatch`` of a session (or sliding) query: upserts, retractions and late
-    partials, one commit.
-
-    One query covers every metric type of a session window.
-
-    The operator's rows are split by ``change``; retractions of superseded sessions are
-    deleted in the same transaction that writes the sessions replacing them, with their
-    ``window_histograms`` rows, so the tables never show overlapping sessions of a series nor
-    buckets of a session that no longer exists. Upserted windows of timers, histograms and
-    distributions bring their bucket rows (``to_histogram_rows``), replaced as a set per
-    window.
-    """
-
-    def __init__(
-        self,
-        config: PipelineConfig,
-        window: WindowSpec,
-        store: ResultStore,
-        checkpoint: Path,
-        clock: Clock,
-        *,
-        late_rows: LateRowsOrigin | None = None,
-    ) -> None:
-        super().__init__(config, window, store, checkpoint, clock, late_rows=late_rows)
-        self._layout = HdrLayout.from_params(sketch_params(config))
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        table = batch.toArrow()
-        change = table.column("change")
-        upserts = table.filter(pc.equal(change, "upsert"))
-        retracted = table.filter(pc.equal(change, "retract"))
-        late = table.filter(pc.equal(change, "late"))
-        retractions = None
-        if retracted.num_rows:
-            n = retracted.num_rows
-            retractions = pa.table(
-                {
-                    "config_name": pa.array([self._config.name] * n, pa.string()),
-                    "window_name": pa.array([self._window.name] * n, pa.string()),
-                    **{name: retracted.column(name) for name in
-                       ("metric", "tags", "window_start_ms", "window_end_ms")},
-                }
-            )  # fmt: skip
-        late_rows = to_late_rows(late, self._config, self._window) if late.num_rows else None
-        histograms = to_histogram_rows(
-            upserts, self._config, self._window, revision=self.revision(batch_id),
-            layout=self._layout,
-        )
-        result_columns = ("metric", "tags", "metric_type", "window_start_ms", "window_end_ms",
-                          "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999",
-                          "distinct_count", "sketch",
-                          "hdr_histogram")  # fmt: skip
-        self._commit(
-            upserts.select(list(result_columns)), batch_id, retractions=retractions,
-            late=late_rows, histograms=histograms,
-        )  # fmt: skip
 
 
 def start_window_queries(
@@ -579,103 +405,61 @@ def start_window_queries(
     Each query gets its own store connection: Spark may run two queries' ``foreachBatch``
     at once, and one connection's transactions must not interleave. ``trigger_interval=None``
     processes what is in the spool now and stops (Spark's ``availableNow``).
-    ``pane_writers``: given, the tumbling and hopping windows' writers are added to it (a
-    clean stop parks their open windows, ``PaneWindowsWriter.park``).
+    ``pane_writers``: given, the driver-held windows' writers are added to it (a clean stop
+    parks their open windows, ``PaneWindowsWriter.park``).
     """
     queries: list[StreamingQuery] = []
     for window in config.windows:
         checkpoint = checkpoint_dir(paths, config, window)
-        late_margin_ms = window.watermark_delay_ms + window.allowed_lateness_ms
-        # The queries recording the window's late rows (LateRowsOrigin), one generation per
-        # definition: a kll window's only query; a session or sliding window's query and its
-        # .late one, both named after the window's checkpoint; a pane window's one query.
-        late_rows = LateRowsOrigin(paths.spool, checkpoint.name)
-        if window.kind in ("session", "sliding") or window.uses_kll:
-            log = _read_spool(spark, paths, query_name(config, window), RowFilter("all"))
-        if window.kind == "session":
-            writer: WindowBatchWriter = SessionBatchWriter(
-                config, window, store_factory(), checkpoint, clock, late_rows=late_rows
-            )
-            changes = sessionized_partials(log, window, sketch_params(config))
-        elif window.kind == "sliding":
-            writer = SessionBatchWriter(
-                config, window, store_factory(), checkpoint, clock, late_rows=late_rows
-            )
-            changes = slid_partials(
-                log, window, pane_ms=config.pane_ms, params=sketch_params(config)
-            )
-        elif window.uses_kll:
+        name = query_name(config, window)
+        if window.uses_kll:
+            # Its late rows ride in its one query (kll_lane_with_late_rows), recorded under
+            # the checkpoint's generation (LateRowsOrigin).
             writer = KllBatchWriter(
-                config, window, store_factory(), checkpoint, clock, late_rows=late_rows
-            )
-            kll_k = sketch_params(config).kll_k
-            changes = kll_lane_with_late_rows(log, window, kll_k)
-        else:
-            pane_writer = PaneWindowsWriter(
-                config, window, store_factory(), checkpoint, clock, paths.spool,
-                sketch_params(config),
+                config, window, store_factory(), checkpoint, clock,
+                late_rows=LateRowsOrigin(paths.spool, checkpoint.name),
             )  # fmt: skip
-            if pane_writers is not None:
-                pane_writers.append(pane_writer)
-            # While no segment has rows and every window seen is final, no batch runs
-            # (live only: availableNow takes the whole log).
-            quiet = None if trigger_interval is None else quiet_lane(config, window, checkpoint)
-            name = query_name(config, window)
-            source = _read_spool(spark, paths, name, RowFilter("all"), quiet)
-            queries.append(
-                _start(source, name, checkpoint, pane_writer, trigger_interval,
-                       output_mode="append")  # fmt: skip
-            )
+            log = _read_spool(spark, paths, name)
+            changes = kll_lane_with_late_rows(log, window, sketch_params(config).kll_k)
+            queries.append(_start(changes, name, checkpoint, writer, trigger_interval,
+                                  output_mode="update"))  # fmt: skip
             continue
-        queries.append(_start(changes, query_name(config, window), checkpoint, writer,
-                              trigger_interval, output_mode="update"))  # fmt: skip
-        if window.kind not in ("session", "sliding"):
-            continue  # a kll window's late rows ride in its query (kll_lane_with_late_rows)
-        late_checkpoint = checkpoint.with_name(checkpoint.name + ".late")  # see all_checkpoints
-        late_source = _read_spool(
-            spark, paths, late_query_name(config, window), RowFilter("none", late_margin_ms),
-            # Stateless, no window of its own to close: a batch only for rows that may be late.
-            None if trigger_interval is None else QuietLane(
-                span_ms=0, passed_over=str(late_checkpoint / PASSED_OVER_FILE)),
+        pane_writer = PaneWindowsWriter(
+            config, window, store_factory(), checkpoint, clock, paths.spool,
+            sketch_params(config),
         )  # fmt: skip
-        queries.append(
-            _start(
-                sliding_late_partials(late_source, window, pane_ms=config.pane_ms)
-                if window.kind == "sliding"
-                else late_partials(late_source, window),
-                late_query_name(config, window),
-                late_checkpoint,
-                LateBatchWriter(config, window, store_factory(), late_checkpoint,
-                                late_rows=late_rows),  # fmt: skip
-                trigger_interval,
-                output_mode="append",
-            )
-        )
+        if pane_writers is not None:
+            pane_writers.append(pane_writer)
+        # While no segment has rows and every window seen is final, no batch runs (live
+        # only: availableNow takes the whole log).
+        quiet = None if trigger_interval is None else quiet_lane(config, window, checkpoint)
+        source = _read_spool(spark, paths, name, quiet)
+        queries.append(_start(source, name, checkpoint, pane_writer, trigger_interval,
+                              output_mode="append"))  # fmt: skip
     return queries
 
 
 def _read_spool(
-    spark: SparkSession,
-    paths: JobPaths,
-    query: str,
-    rows: RowFilter,
-    quiet: QuietLane | None = None,
+    spark: SparkSession, paths: JobPaths, query: str, quiet: QuietLane | None = None
 ) -> DataFrame:
-    """The log as a stream of the rows ``query`` can use (``RowFilter``), read through
-    ``query``'s own registration of the source (see `register_source_for_query` for the
-    Spark race that one shared one loses); with ``quiet``, batches only when it has
-    something to do."""
+    """The log as a stream of all its rows, read through ``query``'s own registration of the
+    source (see `register_source_for_query` for the Spark race that one shared one loses);
+    with ``quiet``, batches only when it has something to do."""
     source = register_source_for_query(spark, query)
     reader = spark.readStream.format(source).option("path", str(paths.spool))
-    return reader.options(**rows.options(), **(quiet.options() if quiet else {})).load()
+    return reader.options(**(quiet.options() if quiet else {})).load()
 
 
 def quiet_lane(config: PipelineConfig, window: WindowSpec, checkpoint: Path) -> QuietLane:
-    """A tumbling or hopping window's query (checkpoint ``checkpoint``) runs no batch while
-    no new segment has rows and every window of the rows it took is final: an idle daemon
-    then costs one batch per ``QuietLane.every_ms``, not one per heartbeat segment."""
-    assert window.size_ms is not None
-    span_ms = (config.pane_ms + window.size_ms + window.watermark_delay_ms
+    """A driver-held window's query (checkpoint ``checkpoint``) runs no batch while no new
+    segment has rows and every window of the rows it took is final: an idle daemon then
+    costs one batch per ``QuietLane.every_ms``, not one per heartbeat segment. A window
+    holding a partial ends at most ``size`` (a session: ``gap``) after it."""
+    reach_ms = window.gap_ms if window.kind == "session" else window.size_ms
+    assert reach_ms is not None
+    if window.kind == "sliding":
+        reach_ms += config.pane_ms  # a pane's right window ends a pane later
+    span_ms = (config.pane_ms + reach_ms + window.watermark_delay_ms
                + window.allowed_lateness_ms)  # fmt: skip
     return QuietLane(span_ms, passed_over=str(checkpoint / PASSED_OVER_FILE))
 

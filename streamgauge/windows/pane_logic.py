@@ -19,15 +19,17 @@ partials and the watermarks, so a batch run again gives the same rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.windows.assign import PaneAssigner
-from streamgauge.windows.open_windows import OpenWindows, Windows
+from streamgauge.windows.open_windows import OpenWindows
+from streamgauge.windows.window_rows import Windows
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,36 @@ class Step:
     publish: Windows
     late: pa.Table
     watermark_ms: int | None
+    retracted: pa.Table | None = None
+    """Stored windows the published ones replace (a session that grew or merged): ``metric``,
+    ``tags``, ``window_start_ms``, ``window_end_ms``."""
+
+
+def passed_starts(
+    open_windows: OpenWindows, previous_ms: int | None, watermark_ms: int | None
+) -> dict[int, pa.Array | None]:
+    """The trigger "watermark passed": the starts of the held windows whose end the batch's
+    watermark passed since the previous one's, every series of each (``None``)."""
+    if watermark_ms is None:
+        return {}
+    return dict.fromkeys(open_windows.window_starts(previous_ms, watermark_ms))
+
+
+def revisable(
+    window: WindowSpec, size_ms: int, previous_ms: int | None, passed: dict[int, Any]
+) -> Callable[[int], bool]:
+    """The triggers "straggler" and "early": whether the batch publishes again the series a
+    batch changed in the window starting at a time: one published already (ending by the
+    previous watermark), or any held window with ``early_every``; not those ``passed``
+    publishes whole anyway."""
+
+    def again(start: int) -> bool:
+        if start in passed:
+            return False
+        published = previous_ms is not None and start + size_ms <= previous_ms
+        return published or window.early_every_ms is not None
+
+    return again
 
 
 class PaneWindowLogic:
@@ -55,17 +87,8 @@ class PaneWindowLogic:
         previous = self.watermark_ms
         assigned = assigner.assign(partials, previous)
         self.open.absorb(assigned.on_time)
-        starts: dict[int, pa.Array | None] = {}
-        if watermark_ms is not None:
-            starts.update(dict.fromkeys(self.open.window_starts(previous, watermark_ms)))
-
-        def again(start: int) -> bool:
-            """Published already (a straggler revises it), or held for early rows."""
-            if start in starts:
-                return False
-            published = previous is not None and start + assigner.size_ms <= previous
-            return published or self.window.early_every_ms is not None
-
+        starts = passed_starts(self.open, previous, watermark_ms)
+        again = revisable(self.window, assigner.size_ms, previous, starts)
         starts.update(self.open.starts_touched(assigned.on_time, again))
         publish = self.open.windows(starts)
         if watermark_ms is not None:
@@ -83,11 +106,21 @@ class PaneWindowLogic:
         if watermark_ms is not None:
             self.open.evict(watermark_ms - self.window.allowed_lateness_ms)
 
-    def rebuild_from_ms(self, watermark_ms: int | None) -> int | None:
+    def resume_from_ms(self) -> int | None:
         """The earliest heartbeat of a segment that may hold a partial of a window not final
-        at ``watermark_ms`` (None: every segment): the oldest such window starts after
-        ``W - allowed_lateness - size``, and a partial's event time is at most its
-        segment's heartbeat."""
-        if watermark_ms is None:
+        at the last batch's watermark (None: every segment), what a restart reads again:
+        the oldest such window starts after ``W - allowed_lateness - size``, and a partial's
+        event time is at most its segment's heartbeat."""
+        if self.watermark_ms is None:
             return None
-        return watermark_ms - self.window.allowed_lateness_ms - self.open.assigner.size_ms
+        return self.watermark_ms - self.window.allowed_lateness_ms - self.open.assigner.size_ms
+
+    def unpublished(self, watermark_ms: int) -> Windows:
+        """The open windows the watermark has not passed (to park them in the store)."""
+        latest = max((pane for pane, _ in self.open.panes()), default=None)
+        if latest is None:
+            return self.open.windows({})
+        size = self.open.assigner.size_ms
+        return self.open.windows(
+            dict.fromkeys(self.open.window_starts(watermark_ms, latest + size))
+        )

@@ -1,24 +1,27 @@
-"""The ``foreachBatch`` of a tumbling or hopping window's query: read, step, publish.
+"""The ``foreachBatch`` of a window's query (tumbling, hopping, session): read, step, publish.
 
 Per micro-batch (``docs/architecture.md`` §3–§5):
 
 1. the segments between the previous batch's offsets and this one's are read as Arrow
    (``batch_log``; the batch's DataFrame is never collected, so no row enters the JVM);
-2. the window's logic (``PaneWindowLogic``) places them in its open windows and says which
-   windows to publish and which partials are late;
+2. the window's logic (``PaneWindowLogic``, ``SessionWindowLogic``) places them in its open
+   windows and says which windows to publish, which stored ones they replace, and which
+   partials are late;
 3. the store takes them in one transaction with the batch's id (a batch Spark runs again
    after a crash changes nothing), its revision, its watermark and the finalization.
 
 The open windows live only in this process. A new writer (a start, or a restart after a
-failure) rebuilds them from the log before its first batch: the segments that may hold
-partials of windows not final at the watermark the store committed last (decision D4).
+failure) rebuilds them from the log before its first batch: the segments from the heartbeat
+the last committed batch stored (``resume_from_ms``: those that may hold partials of windows
+not final at its watermark; decision D4).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,22 +33,48 @@ from streamgauge.sinks.store import Finalization, ResultStore
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.batch_log import batch_offsets, partials_since, read_partials
-from streamgauge.windows.pane_logic import PaneWindowLogic
+from streamgauge.windows.pane_logic import PaneWindowLogic, Step
 from streamgauge.windows.results import (
     LateRowsOrigin,
-    histogram_rows,
     late_query_name,
     query_name,
     revision_base,
     to_late_rows,
     to_result_rows,
+    with_hdr_buckets,
 )
+from streamgauge.windows.session_logic import SessionWindowLogic
+from streamgauge.windows.sliding_logic import SlidingWindowLogic
 from streamgauge.windows.source import receivers_heartbeat_ms
+from streamgauge.windows.window_rows import Windows
 
 log = logging.getLogger(__name__)
 
 NO_WATERMARK_MS = 0
 """Before any heartbeat: every window is held (all event times are after the epoch)."""
+
+
+class WindowLogic(Protocol):
+    """A window spec's logic object: its open windows across batches and their triggers."""
+
+    watermark_ms: int | None
+
+    def step(self, partials: pa.Table, watermark_ms: int | None) -> Step: ...
+
+    def rebuild(self, partials: Iterable[pa.Table], watermark_ms: int | None) -> None: ...
+
+    def resume_from_ms(self) -> int | None: ...
+
+    def unpublished(self, watermark_ms: int) -> Windows: ...
+
+
+def window_logic(window: WindowSpec, params: SketchParams, pane_ms: int) -> WindowLogic:
+    """The logic object a window spec compiles into (``pane_ms``: the config's pane)."""
+    if window.kind == "session":
+        return SessionWindowLogic(window, params)
+    if window.kind == "sliding":
+        return SlidingWindowLogic(window, params, pane_ms)
+    return PaneWindowLogic(window, params)
 
 
 class PaneWindowsWriter:
@@ -71,7 +100,8 @@ class PaneWindowsWriter:
         self._layout = HdrLayout.from_params(params)
         self.name = query_name(config, window)
         self._state_key = f"watermark_ms:{window.name}"
-        self._logic: PaneWindowLogic | None = None
+        self._resume_key = f"resume_from_ms:{window.name}"
+        self._logic: WindowLogic | None = None
         self._revision_base: int | None = None
         self._last_revision: int | None = None
         self._parked = False
@@ -82,11 +112,8 @@ class PaneWindowsWriter:
         """Strictly increasing across batches and checkpoints; the same when a batch runs
         again (``results.revision_base``)."""
         if self._revision_base is None:
-            # A new checkpoint also forgets what the first design kept in the store for the
-            # window (its held snapshot and panes): the log rebuilds the open windows here.
             self._revision_base = revision_base(
                 self._checkpoint, self._store, self._config, self._window, [self.name],
-                forget_panes=True, forget_held=True,
                 late_rows=LateRowsOrigin(self._spool, self._checkpoint.name),
             )  # fmt: skip
         return self._revision_base + batch_id + 1
@@ -115,12 +142,17 @@ class PaneWindowsWriter:
             step.publish.table, config, window, revision=revision, watermark_ms=watermark,
             emitted_at_ms=self._clock.now_ms(),
         )  # fmt: skip
+        rows = with_hdr_buckets(rows, step.publish.hdr, self._layout)
         rows, fresh = self._split_fresh(rows, previous, watermark)
-        histograms = histogram_rows(
-            step.publish.table, step.publish.hdr, config, window, revision=revision,
-            layout=self._layout,
-        )  # fmt: skip
         every_stream_closed = bool(end) and all(p.get("closed") for p in end.values())
+        retractions = None
+        if step.retracted is not None and step.retracted.num_rows:
+            n = step.retracted.num_rows
+            retractions = pa.table({
+                "config_name": pa.array([config.name] * n, pa.string()),
+                "window_name": pa.array([window.name] * n, pa.string()),
+                **{name: step.retracted.column(name) for name in step.retracted.column_names},
+            })  # fmt: skip
         if partials.num_rows and not every_stream_closed:
             self._parked = False
         elif not self._parked and watermark is not None:
@@ -129,8 +161,7 @@ class PaneWindowsWriter:
             # the job; once per lull.
             parked = self._open_rows(logic, revision, watermark)
             if parked is not None:
-                rows = pa.concat_tables([rows, parked[0]])
-                histograms = pa.concat_tables([histograms, parked[1]])
+                rows = pa.concat_tables([rows, parked])
             self._parked = True
         late = to_late_rows(step.late, config, window) if step.late.num_rows else None
         key = (config.name, window.name)
@@ -141,12 +172,15 @@ class PaneWindowsWriter:
                 Finalization(config.name, window.name, watermark, window.allowed_lateness_ms)
             )
             state[(config.name, self._state_key)] = watermark
+        resume = logic.resume_from_ms()
+        if resume is not None:
+            state[(config.name, self._resume_key)] = resume
         early = {} if window.early_every_ms is None else {key: window.early_every_ms}
         outcome = self._store.commit_batch(
             self.name, batch_id, rows, finalizations, revision=revision, state=state,
             lock_name=self.name, hold_after={key: watermark or NO_WATERMARK_MS},
-            late=late, late_query_name=late_query_name(config, window), histograms=histograms,
-            early_every=early, fresh=fresh,
+            late=late, late_query_name=late_query_name(config, window),
+            early_every=early, fresh=fresh, retractions=retractions,
         )  # fmt: skip
         self._logic = logic
         self._last_revision = revision
@@ -167,26 +201,19 @@ class PaneWindowsWriter:
         parked = self._open_rows(logic, revision, logic.watermark_ms)
         if parked is None:
             return 0
-        rows, histograms = parked
         config, window = self._config, self._window
         self._store.commit_batch(
-            f"{self.name}.parked", revision, rows, [], revision=revision, lock_name=self.name,
-            hold_after={(config.name, window.name): logic.watermark_ms}, histograms=histograms,
+            f"{self.name}.parked", revision, parked, [], revision=revision, lock_name=self.name,
+            hold_after={(config.name, window.name): logic.watermark_ms},
         )  # fmt: skip
         self._parked = True
-        return int(rows.num_rows)
+        return int(parked.num_rows)
 
     def _open_rows(
-        self, logic: PaneWindowLogic, revision: int, watermark: int
-    ) -> tuple[pa.Table, pa.Table] | None:
-        """The windows the watermark has not passed, as result and histogram rows (None:
-        none)."""
-        latest = max((pane for pane, _ in logic.open.panes()), default=None)
-        if latest is None:
-            return None
-        size = logic.open.assigner.size_ms
-        windows = logic.open.windows(dict.fromkeys(logic.open.window_starts(watermark,
-                                                                            latest + size)))
+        self, logic: WindowLogic, revision: int, watermark: int
+    ) -> pa.Table | None:
+        """The windows the watermark has not passed, as result rows (None: none)."""
+        windows = logic.unpublished(watermark)
         if not windows.num_rows:
             return None
         config, window = self._config, self._window
@@ -194,10 +221,7 @@ class PaneWindowsWriter:
             windows.table, config, window, revision=revision, watermark_ms=watermark,
             emitted_at_ms=self._clock.now_ms(),
         )  # fmt: skip
-        histograms = histogram_rows(
-            windows.table, windows.hdr, config, window, revision=revision, layout=self._layout
-        )
-        return rows, histograms
+        return with_hdr_buckets(rows, windows.hdr, self._layout)
 
     def _split_fresh(
         self, rows: pa.Table, previous: int | None, watermark: int | None
@@ -218,14 +242,12 @@ class PaneWindowsWriter:
             return rows, None
         return rows.filter(pc.invert(first)), fresh
 
-    def _rebuilt(self, start: dict[str, dict[str, Any]], committed: int | None) -> PaneWindowLogic:
-        """The open windows as of the batch before this one (``PaneWindowLogic.rebuild``)."""
-        logic = PaneWindowLogic(self._window, self._params)
+    def _rebuilt(self, start: dict[str, dict[str, Any]], committed: int | None) -> WindowLogic:
+        """The open windows as of the batch before this one (the logic's ``rebuild``)."""
+        logic = window_logic(self._window, self._params, self._config.pane_ms)
         if start:
-            logic.rebuild(
-                partials_since(self._spool, start, logic.rebuild_from_ms(committed)), committed
-            )
-            log.info("%s: %d open pane rows rebuilt from the log", self.name,
-                     logic.open.num_rows)  # fmt: skip
+            resume = self._store.read_state(self._config.name, self._resume_key)
+            logic.rebuild(partials_since(self._spool, start, resume), committed)
+            log.info("%s: open windows rebuilt from the log (segments from heartbeat %s)",
+                     self.name, resume)  # fmt: skip
         return logic
-

@@ -9,32 +9,43 @@ Rules (the same as ``streamgauge.windows.job``; see its docstrings):
 
 - event time of a partial = ``min(pane_start, heartbeat of its segment)``;
 - window ``[start, end)`` with ``start = t - (t - offset) mod size``;
-- a partial is late for a window when ``end + allowed_lateness <= prior heartbeat -
-  watermark_delay`` (prior heartbeat = the stream's previous segment's heartbeat, 0 if none);
 - final when ``end + allowed_lateness <= W``, ``W = heartbeat(receivers) - watermark_delay``,
   the heartbeat of the receivers being the minimum over open streams (the latest if all are
-  closed).
+  closed), and never below the ``W`` a feed already committed: a receiver that joins with an
+  older heartbeat lowers the minimum, not the watermark;
+- a partial is late for a window when ``end + allowed_lateness <= max(prior heartbeat -
+  watermark_delay, C)``: prior heartbeat = the stream's previous segment's heartbeat (0 if
+  none), ``C`` = the ``W`` committed before this feed (its micro-batch). The log rule alone
+  would let a receiver's first segment (no prior heartbeat) change a window already published
+  final; ``C`` keeps it final whichever receiver brings the partial. Timeline (tumbling 2 s,
+  delay 1 s, lateness 1 s)::
 
-Session windows (``streamgauge.windows.session_windows`` has the timeline): per series
+      r0  heartbeat 10 s           C = 9 s: [0, 2) final (2 + 1 <= 9)
+      r1  first segment, a partial at 0.5 s, prior heartbeat 0 (log rule: on time)
+          2 + 1 <= max(0 - 1, 9): late for [0, 2); W stays 9 s, r1's heartbeat 6 s or not
+
+Session windows (``streamgauge.windows.open_sessions`` has the timeline): per series
 (metric, ``group_by`` tags and the ``key`` tag), partials in log order (within a segment by
-event time); a partial is late when ``t + gap + allowed_lateness <= prior heartbeat -
-watermark_delay`` (recorded with bounds ``[t, t + gap)``) or when it reaches a session
-already final by that same measure (recorded with that session's bounds); otherwise it
-merges every session ``[start, end)`` with ``start - gap < t < end`` into one.
+event time); with ``W' = max(prior heartbeat - watermark_delay, C)`` as above, a partial is
+late when ``t + gap + allowed_lateness <= W'`` (recorded with bounds ``[t, t + gap)``) or when
+it reaches a session already final by that same measure (recorded with that session's
+bounds); otherwise it merges every session ``[start, end)`` with ``start - gap <= t <= end``
+into one (both ends included: events exactly ``gap`` apart are one session, as Spark draws
+them).
 
-Sliding windows (``streamgauge.windows.sliding_windows`` has the timelines and the Kafka
+Sliding windows (``streamgauge.windows.sliding_logic`` has the timelines and the Kafka
 Streams reference): per series (metric, ``group_by`` tags), partials in the same order as
 sessions. With pane ``p``, a partial at ``t`` is late when ``t + size + allowed_lateness <=
-prior heartbeat - watermark_delay`` (recorded with its left window's bounds ``[t + p - size,
-t + p)``). Otherwise it is kept, and for every window the kept partials define (the left window
-``[u + p - size, u + p)`` of each kept time ``u``, the right window ``[u + p, u + p + size)``
-of each) that holds ``t``: a final one (same measure) records it as late with its bounds, an
+W'`` (recorded with its left window's bounds ``[t + p - size, t + p)``). Otherwise it is
+kept, and for every window the kept partials define (the left window ``[u + p - size, u +
+p)`` of each kept time ``u``, the right window ``[u + p, u + p + size)`` of each) that holds
+``t``: a final one (same measure) records it as late with its bounds, an
 open one is created (from every kept partial inside it) or has it added. Then ``t``'s own
 right window is created if a kept partial lies in it.
 
 Sketches (``window_sketches``): every window also merges its partials' t-digests, HDR buckets
 and HLLs with the operators' own ``SketchMerger``, one partial (or pane, or absorbed session) at
-a time and in the operators' order: within a segment, partials in ``session_windows.LOG_ORDER``
+a time and in the operators' order: within a segment, partials in ``LOG_ORDER``
 (event time, then every other column as a tie-break); a new session starts from its partial and
 absorbs the sessions it touches by start; a sliding pane merges its partials, and a new sliding
 window merges the panes inside it in time order. So for one receiver whose heartbeats strictly
@@ -68,9 +79,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamgauge.configs import PipelineConfig, WindowSpec
-from streamgauge.windows.session_windows import LOG_ORDER
 from streamgauge.windows.source import receivers_heartbeat_ms
 from streamgauge.windows.window_sketches import OUTPUT_COLUMNS, Sketches, SketchMerger
+
+LOG_ORDER = (
+    "prior_heartbeat_ms", "segment_heartbeat_ms", "event_ms", "receiver", "pane_start_ms",
+    "count", "sum", "min", "max", "last", "last_event_ms", "first_recv_ms", "last_recv_ms",
+)  # fmt: skip
+"""The order in which the windower takes a segment's partials: log order as far as the rows
+tell it, then every other column (a total order, so two hosts' partials of one pane, projected
+onto one series, merge the same way every time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +243,7 @@ def merge_session(
 ) -> None:
     """Add an on-time partial at ``t`` to a series' sessions: it opens ``[t, t + gap)`` and
     absorbs, by start (the operator's order), every session it touches."""
-    touched = [s for s in series if s.start - gap < t < s.end]
+    touched = [s for s in series if s.start - gap <= t <= s.end]
     merged = SessionState(t, t + gap, own)
     for session in sorted(touched, key=lambda s: s.start):
         series.remove(session)
@@ -288,6 +306,8 @@ class ReferenceWindower:
     # Every partial, late or not: what `streamgauge replay` recomputes a final window from.
     replayed: dict[WindowKey, WindowState] = field(default_factory=dict)
     _heartbeats: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    # The watermark each window's query committed after the last feed (its floor).
+    _committed: dict[str, int] = field(default_factory=dict)
     # Session windows: the sessions of each (window name, metric, tags), never evicted.
     sessions: dict[tuple[str, str, str], list[SessionState]] = field(default_factory=dict)
     # Sliding windows, per (window name, metric, tags): the kept partials merged per event
@@ -319,6 +339,7 @@ class ReferenceWindower:
             self.feed(segment)
 
     def feed(self, segment: Segment) -> None:
+        """One micro-batch: ``segment``'s partials, then its heartbeat."""
         prior_ms, _ = self._heartbeats.get(segment.receiver, (0, False))
         for partial in segment.partials:
             for window in self.config.windows:
@@ -341,6 +362,7 @@ class ReferenceWindower:
                     if window.matches(partial.metric):
                         self._slide(window, segment, prior_ms, partial)
         self._heartbeats[segment.receiver] = (segment.heartbeat_ms, segment.closed)
+        self._commit_watermarks()
         if self.track_emissions:
             self.emissions.append(self._publish())
 
@@ -392,7 +414,7 @@ class ReferenceWindower:
         self.replayed.setdefault(key, WindowState(partial.metric_type)).merge(
             WindowState.of(partial, self.merger), self.merger
         )
-        if end + window.allowed_lateness_ms <= prior_ms - window.watermark_delay_ms:
+        if end + window.allowed_lateness_ms <= self._closed_before(window, prior_ms):
             self.late.append(
                 LatePartial(
                     window.name, partial.metric, tags, start, end, segment.receiver,
@@ -410,7 +432,7 @@ class ReferenceWindower:
     ) -> None:
         assert window.gap_ms is not None
         gap, lateness = window.gap_ms, window.allowed_lateness_ms
-        closed_before = prior_ms - window.watermark_delay_ms
+        closed_before = self._closed_before(window, prior_ms)
         t = min(partial.pane_start_ms, segment.heartbeat_ms)
         tags = project_tags(partial.tags, series_keys(window))
         series = self.sessions.setdefault((window.name, partial.metric, tags), [])
@@ -424,7 +446,7 @@ class ReferenceWindower:
         if t + gap + lateness <= closed_before:
             late(t, t + gap)  # its own session would already be final
             return
-        touched = [s for s in series if s.start - gap < t < s.end]
+        touched = [s for s in series if s.start - gap <= t <= s.end]
         final = [s for s in touched if s.end + lateness <= closed_before]
         if final:
             first = min(final, key=lambda s: s.start)
@@ -437,7 +459,7 @@ class ReferenceWindower:
     ) -> None:
         assert window.size_ms is not None
         size, pane = window.size_ms, self.config.pane_ms
-        deadline = prior_ms - window.watermark_delay_ms - window.allowed_lateness_ms
+        deadline = self._closed_before(window, prior_ms) - window.allowed_lateness_ms
         t = min(partial.pane_start_ms, segment.heartbeat_ms)
         tags = project_tags(partial.tags, window.group_by)
         series = (window.name, partial.metric, tags)
@@ -515,11 +537,30 @@ class ReferenceWindower:
                     states[(*series, start, end)] = state
 
     def watermark_ms(self, window: WindowSpec) -> int | None:
+        """``window``'s watermark as committed by the last feed (None before any heartbeat)."""
+        return self._committed.get(window.name)
+
+    def _commit_watermarks(self) -> None:
+        """After a feed: each window's ``W`` from the receivers' heartbeats, never below the
+        one committed before (the job's ``pipeline_state`` floor)."""
         heartbeat = receivers_heartbeat_ms(
             {r: {"heartbeat_ms": hb, "closed": closed} for r, (hb, closed) in
              self._heartbeats.items()}
         )  # fmt: skip
-        return None if heartbeat is None else heartbeat - window.watermark_delay_ms
+        if heartbeat is None:
+            return
+        for window in self.config.windows:
+            watermark = heartbeat - window.watermark_delay_ms
+            before = self._committed.get(window.name)
+            self._committed[window.name] = watermark if before is None else max(before, watermark)
+
+    def _closed_before(self, window: WindowSpec, prior_ms: int) -> int:
+        """Windows (sessions, sliding windows) with ``end + allowed_lateness`` at or before
+        this were final before the partial's segment came: by its own stream's log (``prior
+        heartbeat - delay``) or by the watermark already committed, whichever says more."""
+        closed = prior_ms - window.watermark_delay_ms
+        committed = self._committed.get(window.name)
+        return closed if committed is None else max(closed, committed)
 
     def stored(self, *, after_replay: bool = False) -> dict[WindowKey, StoredWindow]:
         """The final state of ``window_results``, as the job stores it (NULLs by type).

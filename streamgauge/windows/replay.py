@@ -6,15 +6,14 @@ window assignment and aggregation code as the streaming job but **without** the 
 cut, so late partials are included, and writes every window that changed with the next
 revision (``ResultStore.publish_corrections``).
 
-Session and sliding windows are recomputed per series by their streaming operator's own
-function (``session_state_function`` / ``sliding_state_function``), called once per series
-in a batch ``groupBy(metric, tags).applyInPandas`` over **every** retained partial of the
-series (a session can chain across any span of time, so no range of the log is enough), with
-the lateness cut disabled and nothing evicted; the operator sorts them in ``LOG_ORDER``, so
-the merge order (and the sketch bytes) are the streaming job's for the same partials. Only
-series with rows in ``late_events`` are recomputed (the others cannot differ), and of their
-recomputed windows only the final ones that intersect ``[from, to)`` and that the late
-partials affect are published:
+Every window kind but ``quantiles: kll`` is recomputed with the streaming job's own logic
+objects (``OpenWindows``, ``OpenSessions``, ``SlidingWindowLogic``) over the log read again
+by the driver, every partial on time. Only metrics with rows in ``late_events`` are
+recomputed (the others cannot differ), and of their recomputed windows only the final ones
+that intersect ``[from, to)`` and that the late partials affect are published. Sessions read
+**every** retained segment (a session can chain across any span of time, so no range of the
+log is enough); the other kinds the segments from ``size`` (sliding: ``2 size``) before
+``from``. Per kind:
 
 - a **session** holding a late partial (``pane_start`` inside it). It replaces every stored
   session of its series inside it (``publish_corrections(supersede=True)``): a late partial
@@ -36,10 +35,10 @@ partials affect are published:
 The late partials inside a published window are marked ``replayed_at`` (by id, as read
 before the log). ``late_events`` of a published row counts, as for every row, the late
 partials recorded against its exact bounds: a session merged by replay starts from 0.
-Replaying again recomputes the same bytes, so it changes nothing.
+Replaying again recomputes the same values, so it changes nothing.
 
 A ``quantiles: kll`` window is recomputed like its streaming query: one native aggregation of
-every type, p50/p90 from the merged KLL (``aggregate_windows(..., kll_k)``), no histogram rows.
+every type, p50/p90 from the merged KLL (``aggregate_windows(..., kll_k)``), no HDR buckets.
 
 Only final windows are replayed (``window_end + allowed_lateness <= watermark`` of the query
 that computes the window, its lane's, as stored in ``pipeline_state``): open windows still
@@ -48,20 +47,17 @@ belong to the streaming job, whose revisions must keep increasing.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from streamgauge.clock import Clock
@@ -75,19 +71,15 @@ from streamgauge.windows.job import (
     assign_windows,
     metric_filter,
     query_name,
-    series_keys,
-    series_tags,
     sketch_params,
-    to_histogram_rows,
     to_result_rows,
 )
-from streamgauge.windows.open_windows import OpenWindows, take_hdr
-from streamgauge.windows.results import histogram_rows
-from streamgauge.windows.session_windows import LOG_ORDER, session_state_function
-from streamgauge.windows.session_windows import OUTPUT_COLUMNS as SERIES_OUTPUT_COLUMNS
-from streamgauge.windows.session_windows import OUTPUT_DDL as SERIES_OUTPUT_DDL
-from streamgauge.windows.sliding_windows import sliding_state_function
+from streamgauge.windows.open_sessions import OpenSessions
+from streamgauge.windows.open_windows import OpenWindows
+from streamgauge.windows.results import with_hdr_buckets
+from streamgauge.windows.sliding_logic import SlidingWindowLogic
 from streamgauge.windows.source import SOURCE_NAME, admitted_offset
+from streamgauge.windows.window_rows import take_hdr
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +135,8 @@ def replay(
     for window in config.windows:
         if window.kind in ("session", "sliding"):
             report.append(
-                replay_series_windows(
-                    log_rows, config, window, store, clock, from_ms=from_ms, to_ms=to_ms
-                )
+                replay_series_window(config, window, spool, store, clock, from_ms=from_ms,
+                                     to_ms=to_ms)  # fmt: skip
             )
             continue
         if not window.uses_kll:
@@ -209,13 +200,7 @@ def replay_pane_window(
     params = sketch_params(config)
     windows = OpenWindows(PaneAssigner.of(window), params)
     metrics = pa.array(sorted({record.metric for record in late}), pa.string())
-    everything = admitted_offset(spool, {}, hold_back=False)["receivers"]
-    for table in partials_since(spool, everything, from_ms - window.size_ms):
-        table = table.filter(pc.is_in(table.column("metric"), value_set=metrics))
-        never_late = pa.array(np.zeros(table.num_rows, np.int64))
-        table = table.set_column(
-            table.schema.get_field_index("prior_heartbeat_ms"), "prior_heartbeat_ms", never_late
-        )
+    for table in _never_late(spool, metrics, from_ms - window.size_ms):
         windows.absorb(windows.assigner.assign(table).on_time)
     last_end = watermark_ms - window.allowed_lateness_ms  # final windows only
     starts = [s for s in windows.window_starts(None, last_end)
@@ -227,12 +212,12 @@ def replay_pane_window(
         chosen, config, window, revision=1, watermark_ms=watermark_ms,
         emitted_at_ms=clock.now_ms(),
     )  # fmt: skip
-    histograms = histogram_rows(
-        chosen, take_hdr(recomputed.hdr, np.asarray(keep.to_numpy(), np.int64)), config,
-        window, revision=0, layout=HdrLayout.from_params(params),
+    rows = with_hdr_buckets(
+        rows, take_hdr(recomputed.hdr, np.asarray(keep.to_numpy(), np.int64)),
+        HdrLayout.from_params(params),
     )  # fmt: skip
     outcome = store.publish_corrections(
-        rows, lock_name=query_name(config, window), histograms=histograms, late_ids=applied
+        rows, lock_name=query_name(config, window), late_ids=applied
     )
     return ReplayedWindow(
         window.name, watermark_ms, rows.num_rows, outcome.rows_upserted, outcome.rows_finalized
@@ -257,114 +242,75 @@ def _final_in(window: WindowSpec, lane_watermark_ms: int | None) -> Column:
     return ends <= F.lit(lane_watermark_ms)
 
 
-_NEVER_LATE_MS = 2**62
-"""Allowed lateness that makes no window final for the operator's own late test (replay)."""
-_NOTHING_EVICTED_MS = -(2**62)
-
-_SERIES_INPUT = (*LOG_ORDER, "metric", "tags", "metric_type", "sketch", "hdr_bucket",
-                 "hdr_count")  # fmt: skip
-_RESULT_COLUMNS = (
-    "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "count", "sum", "min",
-    "max", "last", "p50", "p90", "p99", "p999", "distinct_count", "sketch", "hdr_histogram",
-)  # fmt: skip
-
-
-class _OneCall:
-    """Spark's ``GroupState`` for one call of a streaming operator's function over a whole
-    series: no prior state, no timeout, a watermark that evicts nothing, nothing kept."""
-
-    exists = False
-    hasTimedOut = False
-
-    def getCurrentWatermarkMs(self) -> int:  # noqa: N802 (Spark's name)
-        return _NOTHING_EVICTED_MS
-
-    def update(self, value: Any) -> None:
-        pass
-
-    def setTimeoutTimestamp(self, timestamp_ms: int) -> None:  # noqa: N802 (Spark's name)
-        pass
-
-    def remove(self) -> None:
-        pass
-
-
-def recompute_series(
-    window: WindowSpec, pane_ms: int, config: PipelineConfig
-) -> Callable[[tuple[str, str], pd.DataFrame], pd.DataFrame]:
-    """The ``applyInPandas`` function that recomputes a series' session or sliding windows:
-    the streaming operator's function, called once with all the series' partials and the
-    lateness cut off, so every partial is merged (``upsert`` rows: every window, no
-    ``retract`` or ``late`` row, since nothing was stored before and nothing is final)."""
-    unbounded = dataclasses.replace(window, allowed_lateness_ms=_NEVER_LATE_MS)
-    params = sketch_params(config)
-    update: Callable[..., Iterator[pd.DataFrame]] = (
-        session_state_function(unbounded, params)
-        if window.kind == "session"
-        else sliding_state_function(unbounded, pane_ms, params)
-    )
-
-    def recompute(key: tuple[str, str], rows: pd.DataFrame) -> pd.DataFrame:
-        frames = list(update(key, iter([rows]), _OneCall()))
-        if not frames:
-            return pd.DataFrame(columns=list(SERIES_OUTPUT_COLUMNS))
-        return pd.concat(frames, ignore_index=True)
-
-    return recompute
-
-
-def replay_series_windows(
-    log_rows: DataFrame,
+def replay_series_window(
     config: PipelineConfig,
     window: WindowSpec,
+    spool: Path | str,
     store: ResultStore,
     clock: Clock,
     *,
     from_ms: int,
     to_ms: int,
 ) -> ReplayedWindow:
-    """Recompute and publish the session or sliding windows of ``window`` that its late
+    """Recompute and publish the final session or sliding windows of ``window`` that its late
     partials affect (see the module docstring)."""
     watermark_ms = store.read_state(config.name, f"watermark_ms:{window.name}")
     if watermark_ms is None:
         return ReplayedWindow(window.name, None, 0, 0, 0)
-    # Read before the log: every late row seen here has its partial in what Spark reads.
+    # Read before the log: every late row seen here has its partial in what is read next.
     late = store.read_late_partials(config.name, window.name)
     if not late:
         return ReplayedWindow(window.name, watermark_ms, 0, 0, 0)
-    metrics = sorted({record.metric for record in late})
-    partials = (
-        log_rows.where(metric_filter(window.metrics) & F.col("metric").isin(metrics))
-        .withColumn("event_ms", F.least(F.col("pane_start_ms"), F.col("segment_heartbeat_ms")))
-        .withColumn("tags", series_tags(series_keys(window)))
-        .select(*_SERIES_INPUT)
-    )
-    final = F.col("window_end_ms") + F.lit(window.allowed_lateness_ms) <= F.lit(watermark_ms)
-    recomputed = (
-        partials.groupBy("metric", "tags")
-        .applyInPandas(recompute_series(window, config.pane_ms, config), SERIES_OUTPUT_DDL)
-        .where(
-            (F.col("change") == F.lit("upsert")) & final
-            & (F.col("window_start_ms") < F.lit(to_ms)) & (F.col("window_end_ms") > F.lit(from_ms))
-        )
-        .toArrow()
+    params = sketch_params(config)
+    metrics = pa.array(sorted({record.metric for record in late}), pa.string())
+    final_through = watermark_ms - window.allowed_lateness_ms
+    if window.kind == "session":
+        sessions = OpenSessions(window, params)
+        for table in _never_late(spool, metrics, None):
+            sessions.absorb(table, None)
+        rows = np.flatnonzero((sessions.end <= final_through) & (sessions.start < to_ms)
+                              & (sessions.end > from_ms))  # fmt: skip
+        recomputed = sessions.windows(rows)
+    else:
+        sliding = SlidingWindowLogic(window, params, config.pane_ms)
+        size = sliding.size_ms
+        for table in _never_late(spool, metrics, from_ms - 2 * size):
+            sliding.open.absorb(sliding.open.assigner.assign(table).on_time)
+        starts = [s for s in sliding.open.window_starts(None, final_through)
+                  if s < to_ms and s + size > from_ms]  # fmt: skip
+        recomputed = sliding.open.windows(dict.fromkeys(starts), sliding.exists)
+    chosen, applied = affected_windows(recomputed.table, late, window, config.pane_ms)
+    keep = np.asarray(_rows_of(recomputed.table, chosen), np.int64)
+    rows_out = to_result_rows(
+        chosen, config, window, revision=1, watermark_ms=watermark_ms,
+        emitted_at_ms=clock.now_ms(),
     )  # fmt: skip
-    chosen, applied = affected_windows(recomputed, late, window, config.pane_ms)
-    rows = to_result_rows(
-        chosen.select(list(_RESULT_COLUMNS)), config, window, revision=1,
-        watermark_ms=watermark_ms, emitted_at_ms=clock.now_ms(),
-    )  # fmt: skip
-    histograms = to_histogram_rows(
-        chosen, config, window, revision=0, layout=HdrLayout.from_params(sketch_params(config))
+    rows_out = with_hdr_buckets(
+        rows_out, take_hdr(recomputed.hdr, keep), HdrLayout.from_params(params)
     )
     outcome = store.publish_corrections(
-        rows, lock_name=query_name(config, window), histograms=histograms,
+        rows_out, lock_name=query_name(config, window),
         supersede=window.kind == "session", late_ids=applied,
     )  # fmt: skip
     return ReplayedWindow(
-        window.name, watermark_ms, rows.num_rows, outcome.rows_upserted, outcome.rows_finalized,
-        windows_retracted=outcome.rows_retracted,
+        window.name, watermark_ms, rows_out.num_rows, outcome.rows_upserted,
+        outcome.rows_finalized, windows_retracted=outcome.rows_retracted,
     )  # fmt: skip
+
+
+def _never_late(
+    spool: Path | str, metrics: pa.Array, from_heartbeat_ms: int | None
+) -> Iterator[pa.Table]:
+    """The log's partials of ``metrics`` (from segments with heartbeats from
+    ``from_heartbeat_ms``; None: all), each stream as if it had no prior heartbeat: no
+    partial is late."""
+    everything = admitted_offset(spool, {}, hold_back=False)["receivers"]
+    for table in partials_since(spool, everything, from_heartbeat_ms):
+        table = table.filter(pc.is_in(table.column("metric"), value_set=metrics))
+        never_late = pa.array(np.zeros(table.num_rows, np.int64))
+        yield table.set_column(
+            table.schema.get_field_index("prior_heartbeat_ms"), "prior_heartbeat_ms", never_late
+        )
 
 
 def affected_windows(

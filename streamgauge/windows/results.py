@@ -1,12 +1,13 @@
-"""What the window job hands the store: result, late and histogram rows, names and revisions.
+"""What the window job hands the store: result and late rows, names and revisions.
 
 Shared by every writer of the job and by ``replay``: one definition of a stored row's shape
-(``store.RESULT_SCHEMA``, ``LATE_SCHEMA``, ``HISTOGRAM_SCHEMA``), of a query's name, and of
+(``store.RESULT_SCHEMA`` with its HDR buckets, ``LATE_SCHEMA``), of a query's name, and of
 the revision a checkpoint's batches carry.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from hdrh.histogram import HdrHistogram
 
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.ingest.log import first_heartbeats
@@ -23,7 +25,6 @@ from streamgauge.ingest.spool_fs import SpoolLike
 from streamgauge.sinks.store import LateRowsReread, ResultStore
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hdr_columns import HdrColumns
-from streamgauge.windows.window_sketches import unpack_buckets
 
 _QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "distinct_count")
 
@@ -46,8 +47,6 @@ def revision_base(
     window: WindowSpec,
     query_names: Sequence[str],
     *,
-    forget_panes: bool = False,
-    forget_held: bool = False,
     late_rows: LateRowsOrigin | None = None,
 ) -> int:
     """What a checkpoint's revisions start from: ``revision = base + batch id + 1``.
@@ -71,10 +70,7 @@ def revision_base(
             reread = LateRowsReread(
                 late_rows.generation, first_heartbeats(late_rows.spool), query_name(config, window)
             )
-        base = store.start_checkpoint(
-            config.name, window.name, query_names, forget_panes=forget_panes,
-            forget_held=forget_held, late_reread=reread,
-        )  # fmt: skip
+        base = store.start_checkpoint(config.name, window.name, query_names, late_reread=reread)
     checkpoint.mkdir(parents=True, exist_ok=True)
     temporary = marker.with_suffix(".tmp")
     with open(temporary, "w") as handle:
@@ -171,56 +167,35 @@ def to_result_rows(
     return pa.table(columns)
 
 
-def to_histogram_rows(
-    changed: pa.Table,
-    config: PipelineConfig,
-    window: WindowSpec,
-    *,
-    revision: int,
-    layout: HdrLayout,
-) -> pa.Table:
-    """The ``window_histograms`` rows of the changed windows of an operator whose rows carry
-    their buckets packed in ``hdr_buckets`` (``window_sketches.pack_buckets``)."""
-    parts = [unpack_buckets(blob or b"") for blob in changed.column("hdr_buckets").to_pylist()]
-    sizes = np.array([len(p[0]) for p in parts], np.int64)
-    offsets = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    empty = np.zeros(0, np.int64)
-    hdr = HdrColumns(
-        offsets,
-        np.concatenate([empty, *(p[0] for p in parts)]).astype(np.int32),
-        np.concatenate([empty, *(p[1] for p in parts)]),
-    )
-    return histogram_rows(changed, hdr, config, window, revision=revision, layout=layout)
+@functools.lru_cache(maxsize=16)
+def _magnitudes(layout: HdrLayout) -> tuple[int, int]:
+    """The layout's unit and sub-bucket half count magnitudes, from the package itself (as
+    ``HdrLayout`` takes them), for SQL's ``streamgauge_hdr_lower_bound``."""
+    ref = HdrHistogram(layout.lowest, layout.highest, layout.significant_digits)
+    return int(ref.unit_magnitude), int(ref.sub_bucket_half_count_magnitude)
 
 
-def histogram_rows(
-    windows: pa.Table,
-    hdr: HdrColumns,
-    config: PipelineConfig,
-    window: WindowSpec,
-    *,
-    revision: int,
-    layout: HdrLayout,
-) -> pa.Table:
-    """The ``window_histograms`` rows (store ``HISTOGRAM_SCHEMA``) of ``windows``, row ``i``'s
-    buckets being ``hdr``'s series ``i`` (vectorised: one row per window and bucket)."""
-    sizes = np.diff(hdr.offsets)
-    rows = np.repeat(np.arange(len(sizes)), sizes)
-    buckets = hdr.buckets.astype(np.int64)
-    lower, upper = layout.bounds(buckets)
-    take = pa.array(rows, pa.int64())
-    n = len(rows)
-    return pa.table(
-        {
-            "config_name": pa.array([config.name] * n, pa.string()),
-            "window_name": pa.array([window.name] * n, pa.string()),
-            **{name: windows.column(name).take(take)
-               for name in ("metric", "tags", "window_start_ms", "window_end_ms")},
-            "bucket": pa.array(hdr.buckets.astype(np.int32)),
-            "lower_bound": pa.array(lower, pa.float64()),
-            "upper_bound": pa.array(upper, pa.float64()),
-            "count": pa.array(hdr.counts, pa.int64()),
-            "revision": pa.array(np.full(n, revision, np.int64)),
-        }
-    )  # fmt: skip
+def with_hdr_buckets(rows: pa.Table, hdr: HdrColumns, layout: HdrLayout) -> pa.Table:
+    """``rows`` (``to_result_rows``) with the store's HDR columns (``store.HDR_COLUMNS``), row
+    ``i``'s buckets being ``hdr``'s series ``i``: list arrays over the CSR's own buffers, NULL
+    (and no layout) for a window without buckets."""
+    n = rows.num_rows
+    if len(hdr) != n:
+        raise ValueError(f"{len(hdr)} histograms for {n} result rows")
+    offsets = pa.array(hdr.offsets.astype(np.int32))
+    none = pa.array(np.diff(hdr.offsets) == 0)
+    unit, half = _magnitudes(layout)
+
+    def per_row(value: float, kind: pa.DataType) -> pa.Array:
+        return pc.if_else(none, pa.nulls(n, kind), pa.array(np.full(n, value), kind))
+
+    columns = {
+        "hdr_buckets": pa.ListArray.from_arrays(offsets, pa.array(hdr.buckets), mask=none),
+        "hdr_counts": pa.ListArray.from_arrays(offsets, pa.array(hdr.counts), mask=none),
+        "hdr_unit_magnitude": per_row(unit, pa.int16()),
+        "hdr_half_count_magnitude": per_row(half, pa.int16()),
+        "hdr_value_scale": per_row(layout.value_scale, pa.float64()),
+    }
+    for name, column in columns.items():
+        rows = rows.append_column(name, column)
+    return rows

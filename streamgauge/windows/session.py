@@ -37,6 +37,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import streamgauge
+from streamgauge.operator.jvm_logs import BATCH_FALLING_BEHIND_LOGGER, JvmLogs
 from streamgauge.windows.source import SpoolDataSource
 
 #: Where a ``local[*]`` job's driver, block manager and UI listen.
@@ -50,7 +51,11 @@ def build_spark_session(
     shuffle_partitions: int | None = None,
     ui_port: int | None = None,
     extra_conf: dict[str, str] | None = None,
+    jvm_logs: JvmLogs | None = None,
 ) -> SparkSession:
+    """``jvm_logs``: where the driver JVM's log4j2 events and its stdout/stderr go (files
+    under the daemon's ``logs/``, see ``operator.jvm_logs``); None leaves both on this
+    process's terminal. Only a session that launches the JVM applies it."""
     # One state partition per core: each partition's state store writes its own files and
     # runs its own task every batch, so more partitions than cores make a batch of a stateful
     # query (session, sliding, kll windows) take longer, not shorter. A checkpoint keeps the
@@ -92,15 +97,20 @@ def build_spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     if ui_port is not None:
         builder = builder.config("spark.ui.port", str(ui_port))
-    for key, value in (extra_conf or {}).items():
+    conf = dict(extra_conf or {})
+    if jvm_logs is not None:
+        options = conf.get("spark.driver.extraJavaOptions", "")
+        conf["spark.driver.extraJavaOptions"] = f"{options} {jvm_logs.java_options()}".strip()
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    if local:
+    with contextlib.ExitStack() as launching:
+        if jvm_logs is not None:
+            launching.enter_context(jvm_logs.capture_output())
+        if not local:
+            launching.enter_context(_shipped_on_driver_pythonpath())
         spark = builder.getOrCreate()
-    else:
-        with _shipped_on_driver_pythonpath():
-            spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    _quiet(spark, "org.apache.spark.sql.execution.streaming.ProcessingTimeExecutor")
+    _quiet(spark, BATCH_FALLING_BEHIND_LOGGER)
     if not local:
         # Before registering: the source's pickled class carries the includes known then.
         spark.sparkContext.addPyFile(str(package_zip()))

@@ -57,27 +57,17 @@ segment admitted is at or below the bound).
 - A single receiver is never held back by itself.
 
 Offsets keep their format: ``seq``/``heartbeat_ms``/``closed`` of the last segment admitted
-(a quiet lane's add ``busy_until_ms``, below).
+(a ``QuietLane`` query's add ``busy_until_ms``, below).
 Batch reads (``replay``) read the whole log.
 
-**A query may read only the rows it can use** (``RowFilter``, the ``lane`` and
-``lateMarginMs`` options): handing a row from the Python worker to the JVM (Arrow to
-``UnsafeRow``) is a large part of a batch's cost. A session or sliding window's late-rows
-query takes only the rows that *may* be late: a row is late for a window only if that window
-closed before the row's segment was written, and every window holding the row ends after its
-event time, so ``event < prior_heartbeat - (watermark_delay + allowed_lateness)`` keeps a
-superset (the job's own late rule then decides). The per-type lanes (``LANE_TYPES``) are used
-by no query of the job any more: a tumbling or hopping window's one query reads its segments
-in the driver (``batch_log``), and the others take every row.
-
-**An idle query waits** (``QuietLane``: a tumbling or hopping window's query, and the
-late-rows query of a session or sliding window, in a live job; ``docs/architecture.md``
-D6). A query with nothing to do would still run a micro-batch on every new segment (an idle
+**An idle query waits** (``QuietLane``, ``docs/architecture.md`` D6: in a live job, the one
+query of each window but ``quantiles: kll``, whose driver reads each batch's segments itself).
+A query with nothing to do would still run a micro-batch on every new segment (an idle
 receiver writes one a second): read it, plan, commit its offsets and its store transaction.
-``latestOffset`` reads each new segment's footer (``read_contents``: its metric types and
-pane range) and admits nothing while:
+``latestOffset`` reads each new segment's footer (``read_contents``: its pane range) and
+admits nothing while:
 
-- no new segment has a row for the query (``RowFilter.wants``: ``apply``'s rule, per segment);
+- no new segment has a row (its ``pane_range_ms`` is None: heartbeat only);
 - every window of the rows it took is final by the heartbeats it took: it keeps taking every
   segment until the heartbeat reaches the latest such row's pane + ``QuietLane.span_ms``
   (pane + size + ``watermark_delay`` + ``allowed_lateness``), ``busy_until_ms`` in the offset;
@@ -88,14 +78,14 @@ pane range) and admits nothing while:
 It notes what it passed over in its checkpoint (``retention.PASSED_OVER_FILE``): the
 receivers' ``segment_lag_ms`` counts those segments as done, retention still keeps them.
 
-Timeline, a query whose rows are timers, over a log of counters, one timer at 32 s (10 s
-windows, span 14 s)::
+Timeline, a log of heartbeat-only segments (``·``) with one row, pane 32 s, in the
+segment of heartbeat 33 s (``r``; 10 s windows, span 14 s)::
 
-    heartbeat (s)   1 ...... 31 . 33 ............ 46 .......... 76
-    segments        c ...... c  c  c+ms c c ... c  c ... c ... c  c
-    batches         █        █     █ █ █ █ █ ... █               █
-                    first    30 s  the timer: every segment      30 s after
-                             idle  until 32 + 14 = 46 s          the last
+    heartbeat (s)   1 ...... 31 32 33 34 .......... 46 47 ........ 76
+    segments        ·        ·  ·  r  ·  .......... ·  ·  ........ ·
+    batches         █        █     █  █  .......... █              █
+                    first    30 s  the row: every segment          30 s after
+                             idle  until 32 + 14 = 46 s            the last
 
 Whether a batch runs never changes what it computes: Spark logs each batch's offsets before
 running it, a replayed batch reads the same segments, and a segment skipped now is read by
@@ -110,10 +100,9 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
@@ -127,7 +116,6 @@ from streamgauge.ingest.log import (
     DEFAULT_MAX_SKEW_MS,
     SEGMENT_SCHEMA,
     Heartbeat,
-    SegmentContents,
     SegmentInfo,
     list_receivers,
     list_segments,
@@ -137,26 +125,14 @@ from streamgauge.ingest.log import (
     segment_at,
     segments_after,
 )
-from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.ingest.spool_fs import SpoolLike
 
 SOURCE_NAME = "streamgauge_spool"
 
-#: The metric types of each ``lane`` option value besides ``all`` and ``none``: which a query
-#: reads whole (no query of the job uses them any more: module docstring).
-LANE_TYPES: dict[str, tuple[str, ...]] = {
-    "native": ("c", "g", "s"),
-    "plain": ("c", "g"),
-    "sets": ("s",),
-    "sketch": SKETCHED_TYPES,
-    "sketch_sets": (*SKETCHED_TYPES, "s"),
-}
-LANES = ("all", *LANE_TYPES, "none")
 #: How far after its segment's heartbeat a row taken before ``busy_until_ms`` was kept in the
 #: offset may lie (the receivers' default ``max_skew_ms``); a larger skew only delays, by up to
 #: ``QuietLane.every_ms``, the closing of such a row's window.
 UNKNOWN_ROWS_AHEAD_MS = DEFAULT_MAX_SKEW_MS
-_LANE_VALUES = {lane: pa.array(types, pa.string()) for lane, types in LANE_TYPES.items()}
 
 
 def register_source_for_query(spark: SparkSession, query_name: str) -> str:
@@ -193,68 +169,10 @@ _ADDED_COLUMNS = 3
 
 
 @dataclass(frozen=True)
-class RowFilter:
-    """Which rows a query is handed (see the module docstring): the metric types of ``lane``
-    (``all``, ``LANE_TYPES``' keys, ``none``), plus, with
-    ``late_margin_ms`` (the window's ``watermark_delay + allowed_lateness``), every row that
-    may be late."""
-
-    lane: str = "all"
-    late_margin_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.lane not in LANES:
-            raise ValueError(f"lane must be one of {', '.join(LANES)}, got {self.lane!r}")
-
-    @classmethod
-    def from_options(cls, options: Any) -> RowFilter:
-        margin = options.get("lateMarginMs")
-        return cls(str(options.get("lane", "all")), None if margin is None else int(margin))
-
-    def options(self) -> dict[str, str]:
-        margin = {} if self.late_margin_ms is None else {"lateMarginMs": str(self.late_margin_ms)}
-        return {"lane": self.lane, **margin}
-
-    def apply(
-        self, batch: pa.RecordBatch, heartbeat_ms: int, prior_heartbeat_ms: int
-    ) -> pa.RecordBatch:
-        """``batch`` (a segment's rows, whose heartbeat is ``heartbeat_ms`` and whose
-        stream's previous one ``prior_heartbeat_ms``) without the rows this query cannot use:
-        before the stream columns are added, so dropped rows never get them."""
-        if self.lane == "all":
-            return batch
-        keep: pa.Array | None = None
-        if self.lane in LANE_TYPES:
-            keep = pc.is_in(batch.column("metric_type"), value_set=_LANE_VALUES[self.lane])
-        if self.late_margin_ms is not None:
-            event = pc.min_element_wise(
-                batch.column("pane_start_ms"), pa.scalar(heartbeat_ms, pa.int64())
-            )
-            maybe_late = pc.less(event, prior_heartbeat_ms - self.late_margin_ms)
-            keep = maybe_late if keep is None else pc.or_(keep, maybe_late)
-        if keep is None:
-            return batch.slice(0, 0)
-        return batch.filter(keep)
-
-    def wants(self, contents: SegmentContents, heartbeat_ms: int, prior_heartbeat_ms: int) -> bool:
-        """Whether ``apply`` would keep any row of a segment holding ``contents``: the same
-        rule, on the segment's types and earliest pane instead of its rows."""
-        if contents.pane_range_ms is None:
-            return False
-        if self.lane == "all":
-            return True
-        if self.lane in LANE_TYPES and contents.metric_types & set(LANE_TYPES[self.lane]):
-            return True
-        if self.late_margin_ms is None:
-            return False
-        earliest = min(contents.pane_range_ms[0], heartbeat_ms)
-        return earliest < prior_heartbeat_ms - self.late_margin_ms
-
-
-@dataclass(frozen=True)
 class QuietLane:
     """A query that runs a micro-batch only when it has something to do (module docstring,
-    "An idle lane waits").
+    "An idle query waits"): a new segment with a row, a window of the rows taken not yet
+    final, or ``every_ms`` of heartbeat since its last batch.
 
     ``span_ms``: from a row's pane start to the heartbeat at which every window holding it is
     final (pane + size + ``watermark_delay`` + ``allowed_lateness``): until then the query
@@ -299,26 +217,18 @@ class SegmentPartition(InputPartition):
         self.prior_heartbeat_ms = prior_heartbeat_ms
 
 
-class _SegmentNeed(NamedTuple):
-    #: The segment's latest pane if it has rows for the query, else None.
-    latest_pane_ms: int | None
-    heartbeat_ms: int
-
-
 class SpoolStreamReader(DataSourceStreamReader):
     def __init__(
         self,
         spool: SpoolLike,
         max_segments_per_partition: int,
-        rows: RowFilter | None = None,
         quiet: QuietLane | None = None,
     ) -> None:
         self._spool = spool
         self._max_segments_per_partition = max_segments_per_partition
-        self._rows = rows or RowFilter()
         self._quiet = quiet
-        #: (receiver, sequence) -> what the segment holds for this query (``_need_of``).
-        self._needs: dict[tuple[str, int], _SegmentNeed] = {}
+        #: (receiver, sequence) -> the segment's latest pane (``_latest_pane_of``).
+        self._latest_panes: dict[tuple[str, int], int | None] = {}
         self._noted: dict[str, Any] | None = None  # the positions last noted as passed over
 
     def initialOffset(self) -> dict[str, Any]:
@@ -337,8 +247,8 @@ class SpoolStreamReader(DataSourceStreamReader):
     def _quiet_offset(
         self, quiet: QuietLane, start: dict[str, Any], end: dict[str, Any]
     ) -> dict[str, Any]:
-        """``end``, or ``start`` (no batch) while the query has nothing to do: no new row
-        for it, every window it has seen final by the heartbeats already taken, and less
+        """``end``, or ``start`` (no batch) while the query has nothing to do: no new row,
+        every window it has seen final by the heartbeats already taken, and less
         than ``quiet.every_ms`` of heartbeat progress since its last batch.
 
         ``busy_until_ms`` (in the offset, so it survives a restart): the heartbeat from which
@@ -353,17 +263,14 @@ class SpoolStreamReader(DataSourceStreamReader):
             busy_until += UNKNOWN_ROWS_AHEAD_MS + quiet.span_ms
         wanted = False
         for receiver, position in end["receivers"].items():
-            before = begun.get(receiver, {"seq": -1, "heartbeat_ms": 0})
-            prior = int(before["heartbeat_ms"])
-            between = segments_between(self._spool, receiver, before["seq"], position["seq"])
-            for segment in between:
-                need = self._need_of(segment, prior)
-                if need.latest_pane_ms is not None:
+            after = begun.get(receiver, {"seq": -1})["seq"]
+            for segment in segments_between(self._spool, receiver, after, position["seq"]):
+                latest_pane = self._latest_pane_of(segment)
+                if latest_pane is not None:
                     wanted = True
-                    busy_until = max(busy_until, need.latest_pane_ms + quiet.span_ms)
-                prior = need.heartbeat_ms
-        for key in [k for k in self._needs if k[1] <= begun.get(k[0], {"seq": -1})["seq"]]:
-            del self._needs[key]  # committed: never asked about again
+                    busy_until = max(busy_until, latest_pane + quiet.span_ms)
+        for key in [k for k in self._latest_panes if k[1] <= begun.get(k[0], {"seq": -1})["seq"]]:
+            del self._latest_panes[key]  # committed: never asked about again
         taken = receivers_heartbeat_ms(begun)
         offered = receivers_heartbeat_ms(end["receivers"])
         if (
@@ -387,15 +294,14 @@ class SpoolStreamReader(DataSourceStreamReader):
         os.replace(scratch, path)
         self._noted = end["receivers"]
 
-    def _need_of(self, segment: SegmentInfo, prior_heartbeat_ms: int) -> _SegmentNeed:
-        """What ``segment`` holds for this query (from its footer, once per segment)."""
+    def _latest_pane_of(self, segment: SegmentInfo) -> int | None:
+        """``segment``'s latest pane, None if it has no row (from its footer, once per
+        segment)."""
         key = (segment.receiver, segment.sequence)
-        if key not in self._needs:
-            contents, heartbeat = read_contents(segment)
-            wanted = self._rows.wants(contents, heartbeat.heartbeat_ms, prior_heartbeat_ms)
-            latest = contents.pane_range_ms[1] if wanted and contents.pane_range_ms else None
-            self._needs[key] = _SegmentNeed(latest, heartbeat.heartbeat_ms)
-        return self._needs[key]
+        if key not in self._latest_panes:
+            panes = read_contents(segment)[0].pane_range_ms
+            self._latest_panes[key] = None if panes is None else panes[1]
+        return self._latest_panes[key]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Retention of committed segments is owned by the ingest tier, not by the reader."""
@@ -424,9 +330,8 @@ class SpoolStreamReader(DataSourceStreamReader):
             segment = segment_at(partition.spool, partition.receiver, sequence)
             heartbeat = read_heartbeat(segment).heartbeat_ms
             for batch in read_segment(segment):
-                kept = self._rows.apply(batch, heartbeat, prior)
-                if kept.num_rows:
-                    yield _with_stream_columns(kept, partition.receiver, heartbeat, prior)
+                if batch.num_rows:
+                    yield _with_stream_columns(batch, partition.receiver, heartbeat, prior)
             prior = heartbeat
 
 
@@ -516,10 +421,7 @@ class SpoolDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         spool = str(self.options["path"])
         per_partition = int(self.options.get("maxSegmentsPerPartition", "64"))
-        return SpoolStreamReader(
-            spool, per_partition, RowFilter.from_options(self.options),
-            QuietLane.from_options(self.options),
-        )  # fmt: skip
+        return SpoolStreamReader(spool, per_partition, QuietLane.from_options(self.options))
 
 
 def admitted_offset(

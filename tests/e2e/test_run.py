@@ -213,7 +213,7 @@ def test_statsd_traffic_lands_in_final_windows_exactly(daemon: Daemon) -> None:
     )
     assert last_gauge == [{"last": expected["e2e.gauge"].last}]
 
-    status = json.loads(daemon.cli("status", "--data-dir", str(daemon.data_dir)))
+    status = json.loads(daemon.cli("status", "--json", "--data-dir", str(daemon.data_dir)))
     (window,) = status["windows"]
     assert (window["config_name"], window["window_name"]) == ("e2e", "per_2s")
     assert window["windows_emitted"] >= 1 and window["late_samples"] == 0

@@ -91,7 +91,7 @@ def test_two_receivers_percentiles_and_distinct_counts(daemon: Daemon) -> None:
         "and window_name = 'per_1m' and metric = 'api.latency'",
         timeout_s=150,
     )
-    status = daemon.cli("status", "--data-dir", str(daemon.data_dir))
+    status = daemon.cli("status", "--json", "--data-dir", str(daemon.data_dir))
     assert '"udp-0"' in status and '"udp-1"' in status
 
     [minute] = daemon.query(

@@ -13,9 +13,10 @@ The data (config ``shop``, window ``per_10s`` = 10 s, lateness 5 s, ``T`` = 2024
 Batch 2 carries watermark T+15 s: [T, T+10) is final (finalizing sets its rows' revision to
 2), [T+10, T+20) and [T+20, T+30) are still provisional.
 
-HDR bucket rows (``window_histograms``, built with ``HdrLayout`` as the store writes them) hold
-the samples of the latest revisions: host a ``[T, T+10)`` 10, 20; ``[T+10, T+20)`` 10, 20, 30,
-100; host b 5 and 8. Host a's ``[T+20, T+30)`` has none, so an alert falls back to its p99 column.
+HDR buckets (in the window rows, built with ``HdrLayout`` as the window job writes them; read
+through ``window_histograms``) hold the samples of each revision: host a ``[T, T+10)`` 10, 20;
+``[T+10, T+20)`` 10, 20, 30, then 10, 20, 30, 100; host b 5 and 8. Host a's ``[T+20, T+30)``
+has none, so an alert falls back to its p99 column.
 """
 
 # ruff: noqa: E501  (tables of cases and rows read best one per line)
@@ -28,9 +29,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import psycopg
 import pyarrow as pa
 import pytest
+from hdrh.histogram import HdrHistogram
 
 from streamgauge.clock import ManualClock
 from streamgauge.configs import AGGREGATES, Aggregate, PipelineConfig
@@ -80,20 +81,16 @@ SAMPLES: dict[tuple[str, int], list[float]] = {
 }
 
 
-def _histogram_rows() -> list[tuple[Any, ...]]:
-    rows = []
-    for (host, start_s), values in SAMPLES.items():
-        hist = LAYOUT.histogram(values)
-        start = T + dt.timedelta(seconds=start_s)
-        for index, count in zip(hist.indices.tolist(), hist.counts.tolist(), strict=True):
-            end_scaled = round(LAYOUT.bucket_upper(index) * LAYOUT.value_scale)
-            highest_equivalent = (end_scaled - 1) / LAYOUT.value_scale  # what HdrHistogram reports
-            rows.append(
-                ("shop", "per_10s", "api.latency", json.dumps({"host": host}), start,
-                 start + dt.timedelta(seconds=10), index, LAYOUT.bucket_lower(index),
-                 highest_equivalent, count, 2 if start_s == 10 and host == "a" else 1)
-            )  # fmt: skip
-    return rows
+def _buckets(host: str, start_s: int, *, samples: int | None = None) -> dict[str, Any]:
+    """A window row's HDR columns: the buckets of the first ``samples`` of its ``SAMPLES``."""
+    hist = LAYOUT.histogram(SAMPLES[(host, start_s)][:samples])
+    reference = HdrHistogram(LAYOUT.lowest, LAYOUT.highest, LAYOUT.significant_digits)
+    return {
+        "hdr_buckets": hist.indices.tolist(), "hdr_counts": hist.counts.tolist(),
+        "hdr_unit_magnitude": reference.unit_magnitude,
+        "hdr_half_count_magnitude": reference.sub_bucket_half_count_magnitude,
+        "hdr_value_scale": LAYOUT.value_scale,
+    }  # fmt: skip
 
 
 def hdr(values: list[float], q: float) -> float:
@@ -108,13 +105,13 @@ def store_url(postgres_url: str) -> Iterator[str]:
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.ensure_schema()
     run_sql(
-        postgres_url, "TRUNCATE window_results, sink_batches, pipeline_state, window_histograms"
+        postgres_url, "TRUNCATE window_results, window_pending, sink_batches, pipeline_state"
     )
     batch1 = [
-        _row("api.latency", {"host": "a"}, 0, 1, count=2, sum=30.0, min=10.0, max=20.0, last=20.0, p99=19.0),
-        _row("api.latency", {"host": "b"}, 0, 1, count=1, sum=5.0, min=5.0, max=5.0, last=5.0),
-        _row("api.latency", {"host": "a"}, 10, 1, count=3, sum=60.0, min=10.0, max=30.0, last=30.0, p99=29.0),
-        _row("api.latency", {"host": "b"}, 10, 1, count=1, sum=8.0, min=8.0, max=8.0, last=8.0),
+        _row("api.latency", {"host": "a"}, 0, 1, count=2, sum=30.0, min=10.0, max=20.0, last=20.0, p99=19.0, **_buckets("a", 0)),
+        _row("api.latency", {"host": "b"}, 0, 1, count=1, sum=5.0, min=5.0, max=5.0, last=5.0, **_buckets("b", 0)),
+        _row("api.latency", {"host": "a"}, 10, 1, count=3, sum=60.0, min=10.0, max=30.0, last=30.0, p99=29.0, **_buckets("a", 10, samples=3)),
+        _row("api.latency", {"host": "b"}, 10, 1, count=1, sum=8.0, min=8.0, max=8.0, last=8.0, **_buckets("b", 10)),
         _row("streamgauge.ingest.datagrams", {}, 0, 1, metric_type="c", count=10, sum=100.0),
         _row("streamgauge.ingest.lines", {}, 0, 1, metric_type="c", count=10, sum=150.0),
         _row("streamgauge.ingest.samples", {}, 0, 1, metric_type="c", count=10, sum=140.0),
@@ -122,7 +119,7 @@ def store_url(postgres_url: str) -> Iterator[str]:
         _row("streamgauge.ingest.kernel_drops", {"listen": "udp://:8125"}, 0, 1, metric_type="c", count=1, sum=17.0),
     ]  # fmt: skip
     batch2 = [
-        _row("api.latency", {"host": "a"}, 10, 2, count=4, sum=160.0, min=10.0, max=100.0, last=100.0, p99=99.0),
+        _row("api.latency", {"host": "a"}, 10, 2, count=4, sum=160.0, min=10.0, max=100.0, last=100.0, p99=99.0, **_buckets("a", 10)),
         _row("api.latency", {"host": "a"}, 20, 2, count=1, sum=7.0, min=7.0, max=7.0, last=7.0, p99=7.0, distinct_count=42.0),
     ]  # fmt: skip
     clock = ManualClock(T_MS + 12_000)
@@ -137,17 +134,6 @@ def store_url(postgres_url: str) -> Iterator[str]:
             revision=2,
             state={("shop", "watermark_ms:per_10s"): T_MS + 15_000},
         )
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE window_histograms")
-        with (
-            conn.cursor() as cur,
-            cur.copy(
-                "COPY window_histograms (config_name, window_name, metric, tags, window_start,"
-                " window_end, bucket, lower_bound, upper_bound, count, revision) FROM STDIN"
-            ) as copy,
-        ):
-            for row in _histogram_rows():
-                copy.write_row(row)
     run_sql(postgres_url, "TRUNCATE pipeline_metrics")
     errors = [  # seconds after T, labels, failed attempts
         (3, '{"config": "shop", "reason": "OperationalError"}', 2.0),
@@ -179,7 +165,7 @@ def store_url(postgres_url: str) -> Iterator[str]:
     yield postgres_url
     run_sql(
         postgres_url,
-        "TRUNCATE window_results, sink_batches, pipeline_state, window_histograms,"
+        "TRUNCATE window_results, window_pending, sink_batches, pipeline_state,"
         " pipeline_metrics, late_events",
     )
 

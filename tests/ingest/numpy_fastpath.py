@@ -30,7 +30,8 @@ several values, gauge signs (deltas), ``-0``, exponents, long lines, a series th
 guard would have to (re)admit — goes to the general parser, line by line, as before.
 
 Added since, together with the compiled path: keys of type conflicts (``remember_conflict``,
-``forget_conflicts``), whose lines are handed back as ``conflicts``, in neither list.
+``forget_conflicts``), whose lines are handed back as ``conflicts``, in neither list; each fast
+line's weight (``Split.fast_weights``), from ``protocol.sample_weight``.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamgauge.ingest.combiner import PaneCombiner
+from streamgauge.ingest.combiner import TYPE_CODES, PaneCombiner
 from streamgauge.ingest.fastpath import CONFLICT, FastPath, Split, live_keys
+from streamgauge.ingest.protocol import sample_weight
+
+TYPE_NAMES = {code: name for name, code in TYPE_CODES.items()}
 
 MAX_VALUE_BYTES = 16
 MAX_DIGITS = 15  # < 2**53: the mantissa is exact in a double
@@ -175,7 +179,7 @@ class NumpyFastPath:
         empty = np.zeros(0, dtype=np.int64)
         if self._known is None or not len(ends):
             return Split(buffer, starts, ends, np.flatnonzero(nonempty), empty, empty,
-                         np.zeros(0), empty)
+                         np.zeros(0), empty, empty)
         colons = np.flatnonzero(data == _COLON)
         pipes = np.flatnonzero(data == _PIPE)
         colons = np.append(colons, len(data))  # sentinels: "not found" lands past every end
@@ -213,11 +217,17 @@ class NumpyFastPath:
         counters = slot_type[fast_mask] == 0
         if counters.any():
             values = np.where(counters, values / self._key_rate[key_ids[fast_mask]], values)
+        # Added with the compiled path's weights: protocol.sample_weight per line.
+        weights = np.array(
+            [sample_weight(TYPE_NAMES.get(int(kind), ""), float(rate)) for kind, rate in
+             zip(slot_type[fast_mask], self._key_rate[key_ids[fast_mask]], strict=True)],
+            dtype=np.int64,
+        )  # fmt: skip
         is_fast = np.zeros(len(ends), dtype=bool)
         is_fast[fast] = True
         is_fast[lines[conflict]] = True
         slow = np.flatnonzero(nonempty & ~is_fast)
-        return Split(buffer, starts, ends, slow, fast, slots, values, lines[conflict])
+        return Split(buffer, starts, ends, slow, fast, slots, values, weights, lines[conflict])
 
     def _lookup(
         self, buffer: bytes, starts: np.ndarray, name_ends: np.ndarray, pipes: np.ndarray,

@@ -1,8 +1,10 @@
-"""Pane partials: counters scale by sample rate, gauges keep state, timers keep extremes."""
+"""Pane partials: counters scale by sample rate, timers count it, gauges keep state, timers keep
+extremes."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.protocol import parse_line
@@ -26,6 +28,31 @@ def test_counters_sum_scaled_by_sample_rate_and_count_samples() -> None:
         (11_000, 1, 4.0),
     ]
     assert len(combiner) == 0
+
+
+@pytest.mark.parametrize(
+    ("lines", "count", "total"),
+    [
+        # a timer, histogram or distribution value stands for 1 / rate values, truncated
+        ([b"lat:5|h|@0.5"], 2, 10.0),
+        ([b"lat:5|ms|@0.1", b"lat:1|ms"], 11, 51.0),
+        ([b"lat:5|d|@0.3"], 3, 15.0),  # 1 / 0.3 = 3.33: 3 values (the Datadog agent's count)
+        ([b"lat:5|d|@0.7"], 1, 5.0),  # 1 / 0.7 = 1.43: 1
+        ([b"lat:1:2|h|@0.25"], 8, 12.0),  # each value of a multi-value line
+        # counters scale the value, not the count; gauges and sets ignore the rate
+        ([b"hits:2|c|@0.3"], 1, 2 / 0.3),
+        ([b"depth:7|g|@0.5"], 1, 7.0),
+        ([b"users:a|s|@0.5"], 1, 1.0),
+    ],
+)
+def test_a_sample_rate_weighs_each_type_as_the_datadog_agent_does(
+    lines: list[bytes], count: int, total: float
+) -> None:
+    combiner = PaneCombiner(1000)
+    for line in lines:
+        _feed(combiner, line, 100)
+    (row,) = combiner.drain().to_pylist()
+    assert (row["count"], row["sum"]) == (count, total)
 
 
 def test_gauge_deltas_move_the_current_value_across_panes() -> None:

@@ -8,14 +8,23 @@ disagree streamgauge reads a line as the Datadog agent does; a row where streamg
 not do what its peer expects names the difference (``differs``), and every such difference
 is listed in ``docs/conformance.md``.
 
+``SESSION_CASES`` hold sessions as Spark draws them (``session_window``), through the
+reference windower: the rule every engine here keeps (``docs/conformance.md``, "Windows").
+
 ``CLIENT_CASES`` send through the real clients (datadogpy's ``DogStatsd``, the ``statsd``
 package) and check the exact bytes they put on the wire before the receiver reads them.
+
+A sampled timer, histogram or distribution value stands for ``1 / rate`` values (truncated, as
+the Datadog agent and statsd_exporter count it): the row's ``count`` and ``total`` say what the
+peer's test expects of the window's count and sum, and ``quantiles`` its percentiles, read
+here off the stored HDR histogram; its t-digest must hold the same weight as the count.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import random
 import re
 import socket
 import time
@@ -29,11 +38,16 @@ import statsd
 from datadog.dogstatsd.base import DogStatsd
 
 from streamgauge.clock import ManualClock
+from streamgauge.configs import parse_config
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import SegmentWriter, list_segments, read_segment
 from streamgauge.ingest.protocol import ADJUSTMENT_REASONS, REJECT_REASONS, parse_datagram
 from streamgauge.ingest.receiver import SELF_METRIC_PREFIX, UdpReceiver, bind_udp
+from streamgauge.sketches.accuracy import compile_accuracy
+from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import estimate
+from streamgauge.sketches.tdigest import deserialize_tdigest
+from streamgauge.windows.reference import PanePartial, ReferenceWindower, Segment
 
 #: The receive clock: near the ``|T`` timestamps of the Datadog agent's cases (within skew).
 RECV_MS = 1_657_100_500_000
@@ -54,6 +68,10 @@ class Kept:
     timestamp_s: int | None = None
     adjusted: tuple[str, ...] = ()  # one entry per line adjusted, by reason
     last: float | None = None  # gauges: the value after all lines (default: the last value)
+    rates: tuple[float, ...] = ()  # each value's own rate, when they differ (default: rate)
+    count: int | None = None  # the partial's count (default: one per value)
+    total: float | None = None  # timers, histograms, distributions: the sum (default: values')
+    quantiles: tuple[tuple[float, float], ...] = ()  # (q, value) of the stored histogram
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,7 @@ class Case:
 
 
 DD = "datadog-agent: comp/dogstatsd/server/impl/"
+DDM = "datadog-agent: pkg/metrics/"
 SE = "statsd_exporter: pkg/line/line_test.go: TestLineToEvents"
 GO = "gostatsd: pkg/statsd/lexer_test.go: "
 ETSY = "Etsy statsd: test/graphite_tests.js: "
@@ -116,6 +135,14 @@ CASES = [
     Case(DD + "parse_metrics_test.go: TestParseGaugeWithUnicode",
          "♬†øU†øU¥ºuT0♪:666|g|#intitulé:T0µ".encode(), "kept, name and tag as sent",
          Rejected("invalid_name"), differs="names"),
+    Case(DDM + "histogram_test.go: TestHistogramSampleRate",
+         b"h:1|h\nh:2|h|@0.5\nh:3|h|@0.2\nh:10|h|@0.5",
+         "count 10 (1 + 2 + 5 + 2), sum 40, min 1, max 10, p20 2, median 3, p80 3, p95 10",
+         Kept("h", "h", (1.0, 2.0, 3.0, 10.0), rates=(1.0, 0.5, 0.2, 0.5), count=10,
+              total=40.0, quantiles=((0.2, 2.0), (0.5, 3.0), (0.8, 3.0), (0.95, 10.0)))),
+    Case(DDM + "histogram.go: addSample (weight int64(1 / rate))", b"lat:5|h|@0.3",
+         "count 3 (1 / 0.3 truncated); sum 5 / 0.3 = 16.67",
+         Kept("lat", "h", (5.0,), rate=0.3, count=3, total=15.0), differs="sampled-sum"),
     Case(DD + "parse_metrics_test.go: TestParseMetricError", b"daemon:666", "error",
          Rejected("malformed_line")),
     Case(DD + "parse_metrics_test.go: TestParseMetricError", b"daemon:666|", "error",
@@ -203,8 +230,20 @@ CASES = [
               (("tag1", "bar"), ("tag2", "baz"))),
          differs="multi-value-counters"),
     Case(SE + " (timings with sampling factor)", b"foo.timing:0.5|ms|@0.1",
-         "10 observations of 0.0005 s", Kept("foo.timing", "ms", (0.5,), rate=0.1),
-         differs="sampled-timers"),
+         "10 observations of 0.0005 s",
+         Kept("foo.timing", "ms", (0.5,), rate=0.1, count=10, total=5.0), differs="timer-units"),
+    Case(SE + " (datadog timings with extended aggregation values and sampling but without"
+         " tags)", b"foo_timing:0.5:120:3000:10:20000:0.01|ms|@0.5",
+         "each value observed twice, in seconds: 12 observations",
+         Kept("foo_timing", "ms", (0.5, 120.0, 3000.0, 10.0, 20000.0, 0.01), rate=0.5, count=12,
+              total=2 * 23130.51, quantiles=((0.25, 0.5), (0.5, 10.0), (0.75, 3000.0))),
+         differs="timer-units"),
+    Case(SE + " (datadog timings with extended aggregation values, sampling, and tags)",
+         b"foo_timing:0.5:120:3000:10:20000:0.01|ms|@0.5|#tag1:bar,tag2:baz",
+         "each value observed twice, in seconds, labels tag1=bar, tag2=baz",
+         Kept("foo_timing", "ms", (0.5, 120.0, 3000.0, 10.0, 20000.0, 0.01),
+              (("tag1", "bar"), ("tag2", "baz")), rate=0.5, count=12, total=2 * 23130.51),
+         differs="timer-units"),
     Case(SE + " (illegal sampling factor)", b"foo:1|c|@bar", "counter 1 (rate ignored)",
          Rejected("invalid_sample_rate"), differs="bad-sample-rate"),
     Case(SE + " (zero sampling factor)", b"foo:2|c|@0", "counter 2 (rate ignored)",
@@ -242,7 +281,7 @@ CASES = [
     Case(ETSY + "send_malformed_post", b"a_bad_test_value|z", "bad_lines_seen 1",
          Rejected("malformed_line")),
     Case(ETSY + "sampled_timers_are_valid", b"a_test_value:100|ms|@0.1", "count 10",
-         Kept("a_test_value", "ms", (100.0,), rate=0.1), differs="sampled-timers"),
+         Kept("a_test_value", "ms", (100.0,), rate=0.1, count=10, total=1000.0)),
     Case(ETSY + "gauge_modifications_are_valid", b"test_value:50|g\ntest_value:-3|g",
          "gauge 47", Kept("test_value", "g", (50.0, -3.0), last=47.0)),
     Case(ETSY + "metric_names_are_sanitized", b"b ar:250|c", "counter named b_ar",
@@ -264,6 +303,12 @@ CASES = [
          "kept", Kept("invalid.sample.rate", "s", ("45",), rate=0.1)),
     Case(TG + "statsd_test.go: TestParse_Counters", b"sample.rate:1|c|@0.1", "counter 10",
          Kept("sample.rate", "c", (1.0,), rate=0.1)),
+    Case(TG + "statsd_test.go: TestParse_DataDogTags (timer)",
+         b"my_timer:3|ms|@0.1|#live,host:localhost",
+         "count 10, sum 30, lower = upper = 3; tags host=localhost, live=true",
+         Kept("my_timer", "ms", (3.0,), (("host", "localhost"), ("live", "")), rate=0.1,
+              count=10, total=30.0, quantiles=((0.5, 3.0),)),
+         differs="bare-tags"),
     Case(TG + "statsd_test.go: TestParse_Sets", b"scientific.notation.sets:4.696E+5|s",
          "a member, its text", Kept("scientific.notation.sets", "s", ("4.696E+5",))),
     Case(TG + "datadog_test.go: TestEventError (unknown metadata)",
@@ -279,7 +324,8 @@ CASES = [
     Case(VEC + "zero_sampled_counter", b"bar:2|c|@0", "counter 2 (rate 0 read as 1)",
          Rejected("invalid_sample_rate"), differs="bad-sample-rate"),
     Case(VEC + "sampled_timer", b"glork:320|ms|@0.1", "0.320 s, 10 times",
-         Kept("glork", "ms", (320.0,), rate=0.1), differs="sampled-timers"),
+         Kept("glork", "ms", (320.0,), rate=0.1, count=10, total=3200.0),
+         differs="timer-units"),
     Case(VEC + "sets", b"uniques:765|s", "member 765", Kept("uniques", "s", ("765",))),
     Case(VEC + "signed_gauge", b"gaugor:-4|g", "gauge decremented by 4",
          Kept("gaugor", "g", (-4.0,))),
@@ -308,8 +354,9 @@ def _check_parse(datagram: bytes, stored: Expected) -> None:
         for s in result.samples
     ]
     timestamp_ms = None if stored.timestamp_s is None else stored.timestamp_s * 1000
-    assert got == [(stored.metric, stored.kind, value, stored.tags, stored.rate, timestamp_ms)
-                   for value in stored.values]
+    rates = stored.rates or (stored.rate,) * len(stored.values)
+    assert got == [(stored.metric, stored.kind, value, stored.tags, rate, timestamp_ms)
+                   for value, rate in zip(stored.values, rates, strict=True)]
     with_unknown = sum(1 for _, samples in result.metric_lines if samples[0].unknown_fields)
     assert with_unknown == stored.adjusted.count("unknown_field")
 
@@ -350,7 +397,7 @@ def _check_stored(root: Path, datagram: bytes, stored: Expected) -> None:
     (row,) = rows
     assert (row["metric"], row["metric_type"], json.loads(row["tags"])) == (
         stored.metric, stored.kind, dict(stored.tags))
-    assert row["count"] == len(stored.values)
+    assert row["count"] == (len(stored.values) if stored.count is None else stored.count)
     if stored.kind == "s":
         assert round(estimate(row["sketch"]).estimate) == len(set(stored.values))
         return
@@ -360,8 +407,16 @@ def _check_stored(root: Path, datagram: bytes, stored: Expected) -> None:
     elif stored.kind == "g":
         assert row["last"] == (numbers[-1] if stored.last is None else stored.last)
     else:
+        total = sum(numbers) if stored.total is None else stored.total
         assert (row["sum"], row["min"], row["max"]) == pytest.approx(
-            (sum(numbers), min(numbers), max(numbers)))
+            (total, min(numbers), max(numbers)))
+        # every sketch weighs each value as the count does
+        assert deserialize_tdigest(row["sketch"]).get_total_weight() == row["count"]
+        assert sum(row["hdr_count"]) == row["count"]
+        layout = HdrLayout.from_params(compile_accuracy())
+        for q, value in stored.quantiles:
+            got = layout.quantile(row["hdr_bucket"], row["hdr_count"], q)
+            assert got == pytest.approx(value, rel=layout.relative_error), q
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.datagram.decode("utf-8", "replace")[:60]
@@ -377,12 +432,83 @@ def test_every_difference_is_documented() -> None:
     assert documented == {case.differs for case in CASES if case.differs}
 
 
+# -- session windows, as Spark draws them ------------------------------------------------------
+
+SPARK = "spark: sql/core/src/test/scala/org/apache/spark/sql/DataFrameSessionWindowingSuite.scala: "
+
+
+@dataclass(frozen=True)
+class SessionCase:
+    source: str
+    gap_s: int
+    events_s: tuple[int, ...]  # event times of one series, in the order sent
+    peer: str
+    sessions: tuple[tuple[int, int, int], ...]  # (start s, end s, events) by start
+
+
+SESSION_CASES = [
+    SessionCase(SPARK + "session window groupBy with multiple keys statement (key a)", 10,
+                (34, 39, 56, 64), "(34 ~ 49), (56 ~ 74)", ((34, 49, 2), (56, 74, 2))),
+    SessionCase(SPARK + "session window groupBy with multiple keys statement - keys overlapped"
+                " with sessions (key b)", 10, (39, 45, 27), "(27 ~ 37), (39 ~ 55)",
+                ((27, 37, 1), (39, 55, 2))),
+    SessionCase(SPARK + "SPARK-36724: Support timestamp_ntz as a type of time column", 10,
+                (30, 25), "(25 ~ 40), 2 events", ((25, 40, 2),)),
+    SessionCase("spark: sql/core/src/main/scala/org/apache/spark/sql/execution/aggregate/"
+                "MergingSessionsIterator.scala: processCurrentSortedGroup (a session joins the"
+                " current one when sessionStart <= its end)", 5, (35, 40),
+                "one session (35 ~ 45): events one gap apart", ((35, 45, 2),)),
+    SessionCase("the same rule, the other side: an event one gap before a session", 5,
+                (40, 35), "one session (35 ~ 45)", ((35, 45, 2),)),
+]
+
+
+def _sessions(gap_s: int, events_s: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """The final sessions of one series whose events come in that order, one segment each."""
+    config = parse_config(
+        f"pane: 1s\nwindows: [{{name: s, kind: session, gap: {gap_s}s, key: id,"
+        " watermark_delay: 0s, allowed_lateness: 1h}]", "conformance", default_name="conformance")
+    windower = ReferenceWindower(config)
+    last = max(events_s) * 1000
+    for at_s in events_s:
+        combiner = PaneCombiner(config.pane_ms)
+        combiner.add(parse_datagram(b"a:1|c|#id:a").samples[0], RECV_MS + at_s * 1000,
+                     RECV_MS + at_s * 1000)  # fmt: skip
+        partials = tuple(PanePartial(**{k: v for k, v in row.items() if k in PANE_FIELDS})
+                         for row in combiner.drain().to_pylist())  # fmt: skip
+        windower.feed(Segment("r0", RECV_MS + last, False, partials))
+    windower.feed(Segment("r0", RECV_MS + last + 3_600_000 + 60_000, True, ()))
+    return sorted(((start - RECV_MS) // 1000, (end - RECV_MS) // 1000, row.count)
+                  for (_, _, _, start, end), row in windower.stored().items())  # fmt: skip
+
+
+PANE_FIELDS = frozenset(PanePartial.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("case", SESSION_CASES, ids=[c.source.rsplit(": ", 1)[-1][:60]
+                                                     for c in SESSION_CASES])  # fmt: skip
+def test_sessions_as_spark_draws_them(case: SessionCase) -> None:
+    assert _sessions(case.gap_s, case.events_s) == list(case.sessions)
+
+
 # -- the real clients --------------------------------------------------------------------------
 
 
 def _datadog(port: int) -> DogStatsd:
     return DogStatsd("127.0.0.1", port, disable_telemetry=True, origin_detection_enabled=False,
                      disable_buffering=True)  # fmt: skip
+
+
+def _sampled(send: Callable[[], None]) -> None:
+    """``send`` a sampled metric that the client does put on the wire: both clients send when
+    ``random.random() <= rate``, and the first draw after ``seed(31)`` is 0.012 (the
+    generator's state is put back afterwards)."""
+    state = random.getstate()
+    random.seed(31)
+    try:
+        send()
+    finally:
+        random.setstate(state)
 
 
 def _two_user_ids(port: int) -> None:
@@ -438,6 +564,28 @@ CLIENT_CASES = [
                (b"peers:2001:db8::1|s",),
                DD + "parse_metrics_test.go: TestParseSetMultiple: member 2001:db8::1",
                Kept("peers", "s", ("2001:db8::1",))),
+    ClientCase('statsd StatsClient.timing("lat", 5, rate=0.5)',
+               lambda port: _sampled(
+                   lambda: statsd.StatsClient("127.0.0.1", port).timing("lat", 5, rate=0.5)),
+               (b"lat:5.000000|ms|@0.5",),
+               SE + " (timings with sampling factor): 1 / rate observations",
+               Kept("lat", "ms", (5.0,), rate=0.5, count=2, total=10.0)),
+    ClientCase('datadogpy DogStatsd.histogram("lat", 5, sample_rate=0.5)',
+               lambda port: _sampled(lambda: _datadog(port).histogram("lat", 5, sample_rate=0.5)),
+               (b"lat:5|h|@0.5\n",),
+               DDM + "histogram_test.go: TestHistogramSampleRate: count 2, sum 10",
+               Kept("lat", "h", (5.0,), rate=0.5, count=2, total=10.0,
+                    quantiles=((0.5, 5.0),))),
+    ClientCase('datadogpy DogStatsd.timing("lat", 5, sample_rate=0.1)',
+               lambda port: _sampled(lambda: _datadog(port).timing("lat", 5, sample_rate=0.1)),
+               (b"lat:5|ms|@0.1\n",), ETSY + "sampled_timers_are_valid: count 10",
+               Kept("lat", "ms", (5.0,), rate=0.1, count=10, total=50.0)),
+    ClientCase('datadogpy DogStatsd.distribution("lat", 5, sample_rate=0.3)',
+               lambda port: _sampled(
+                   lambda: _datadog(port).distribution("lat", 5, sample_rate=0.3)),
+               (b"lat:5|d|@0.3\n",),
+               DDM + "histogram.go: addSample: count int64(1 / 0.3) = 3 (sum: sampled-sum)",
+               Kept("lat", "d", (5.0,), rate=0.3, count=3, total=15.0)),
 ]
 
 

@@ -60,8 +60,8 @@ NAMES = ["a", "b", "c.d", "bad name", ""]
 TYPES = ["c", "g", "ms", "d", "h", "s", "q"]
 VALUES = ["1", "0", "-0", "2.5", "-3", "+4", "1e3", "nan", "1:2", "", ".5", "7", "1:", "::2",
           "a:b"]
-EXTRAS = ["", "", "", "|@0.5", "|@0.25", "|#x:1", "|#x:1,y:2", "|#y:2,x:1", "|#x", "|T{ts}",
-          "|T1", "|c:abc", "\r", "|zz", "|@2", "|f:x", "|#,x:1", "|#x:1,", "|#x:1|zz"]
+EXTRAS = ["", "", "", "|@0.5", "|@0.25", "|@0.3", "|#x:1", "|#x:1,y:2", "|#y:2,x:1", "|#x",
+          "|T{ts}", "|T1", "|c:abc", "\r", "|zz", "|@2", "|f:x", "|#,x:1", "|#x:1,", "|#x:1|zz"]
 
 
 @st.composite
@@ -115,6 +115,11 @@ def _exact(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
                 ("batch", [b"a:5|g\nb:1|c\na:6|g"], 2500), ("roll", [], 0),
                 ("batch", [b"a:7|g"], 0), ("batch", [b"a:8|g\na:9|c"], 0)],
          max_series=0, ttl_ms=2_000)
+# Sampled timers and histograms weigh 1 / rate on either path (@0.3: 3 values, truncated).
+@example(steps=[("batch", [b"h:5|h|@0.3", b"t:1|ms|@0.5"], 0),
+                ("batch", [b"h:7|h|@0.3\nh:2|h|@0.3\nt:4|ms|@0.5\nt:-3|ms"], 0),
+                ("roll", [], 0), ("batch", [b"h:9|h|@0.3\nh:9|h"], 0)],
+         max_series=0, ttl_ms=600_000)
 @given(
     steps=st.lists(_step, min_size=1, max_size=25),
     max_series=st.sampled_from([0, 3]),
@@ -162,7 +167,8 @@ def test_mixed_datagrams_take_both_paths_and_agree(tmp_path: Path) -> None:
              b"lat:7|ms|#host:b,zone:z", b"lat:8|ms|#zone:z,host:b", b"hits:x|c", b"q:1|zz",
              b"hits:4|c|T%d" % (T0 // 1000), b"depth:-0|g", b"hits:0|c\r", b"depth:0|g",
              b"hits:5|c|f:future", b"lat:9|ms|#,host:a", b"lat:2|ms|#host:a,", b"req:4:5:|d",
-             b"users:user:42|s", b"peers:2001:db8::1|s"]
+             b"users:user:42|s", b"peers:2001:db8::1|s", b"lat:4|ms|#host:a|@0.25",
+             b"size:3|h|@0.3", b"size:1:2|h|@0.5"]
     unknown_sent = sum(lines[(round_ + i) % len(lines)] == b"hits:5|c|f:future"
                        for round_ in range(40) for k in (1, 3, 7) for i in range(k))
     assert unknown_sent > 10

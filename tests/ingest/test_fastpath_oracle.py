@@ -1,6 +1,7 @@
 """The compiled ``FastPath.split`` gives exactly what the numpy one it replaced gives
 (``numpy_fastpath.NumpyFastPath``, the oracle), on random buffers against random key caches
-and combiner states: same lines, same fast/slow choice, same slots, same value bits."""
+and combiner states: same lines, same fast/slow choice, same slots, same value bits, same
+weights."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ VALUES = ["1", "0", "-0", "-0.0", "2.5", "-3", "+4", "1e3", "nan", "1:2", "", ".
           "-.25", "123456789012345", "1234567890123456", "0.000000000000001", "1..2", "-",
           "00012.50", "99999999999999.9", "3 ", ".", "-.", "1:", "::2", "a:b:c"]  # fmt: skip
 TYPES = ["c", "g", "ms", "d", "h", "s", "q", ""]
-EXTRAS = ["", "", "|@0.5", "|@0.1", "|#x:1", "|#x:1,y:2", "|T1", "\r", "|", ":", "|#h:a|@0.5",
-          "|#,x:1", "|#x:1,", "|f:x", "|zz"]
+EXTRAS = ["", "", "|@0.5", "|@0.1", "|@0.3", "|#x:1", "|#x:1,y:2", "|T1", "\r", "|", ":",
+          "|#h:a|@0.5", "|#,x:1", "|#x:1,", "|f:x", "|zz"]
 
 
 @dataclass
@@ -59,7 +60,7 @@ def _round(keys: list[tuple[str, str, str]]) -> st.SearchStrategy[Any]:
     return st.tuples(
         _state,
         st.lists(st.tuples(_line(keys), st.integers(0, SLOTS - 1),
-                           st.sampled_from([1.0, 0.5, 0.1])),
+                           st.sampled_from([1.0, 0.5, 0.1, 0.3, 1e-12])),
                  max_size=40),  # registrations: (line, slot, rate)
         st.lists(st.tuples(_line(keys), st.sampled_from(NAMES)), max_size=6),  # conflicts
         st.lists(st.sampled_from(NAMES), max_size=2),  # names whose conflicts are forgotten
@@ -70,7 +71,7 @@ def _round(keys: list[tuple[str, str, str]]) -> st.SearchStrategy[Any]:
 
 
 def _same(a: Split, b: Split) -> None:
-    for name in ("starts", "ends", "slow", "fast", "fast_slots", "conflicts"):
+    for name in ("starts", "ends", "slow", "fast", "fast_slots", "fast_weights", "conflicts"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and np.array_equal(x, y), name
     assert a.fast_values.dtype == b.fast_values.dtype == np.float64

@@ -6,11 +6,12 @@ import numpy as np
 import pyarrow as pa
 
 from streamgauge.ingest.combiner import PaneCombiner
-from streamgauge.ingest.protocol import Sample
+from streamgauge.ingest.protocol import MAX_SAMPLE_WEIGHT, Sample, sample_weight
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import estimate
-from streamgauge.sketches.tdigest import deserialize_tdigest
+from streamgauge.sketches.kll import deserialize_kll
+from streamgauge.sketches.tdigest import deserialize_tdigest, quantiles
 
 PANE = 1000
 
@@ -97,3 +98,56 @@ def test_set_partials_carry_an_hll_of_their_members() -> None:
     assert isinstance(sketch, bytes)
     assert round(estimate(sketch).estimate) == 300  # exact mode (coupon list)
     assert (row["hdr_bucket"], row["hdr_count"]) == (None, None)
+
+
+def _sampled_rows(combiner: PaneCombiner, sent: list[tuple[float, float]]) -> dict[str, object]:
+    """``sent`` (value, rate) of timer ``t``: the first half through ``add``, the rest through
+    ``add_fast`` with the weights the fast path gives them; the drained row."""
+    half = len(sent) // 2
+    slot = 0
+    for value, rate in sent[:half]:
+        slot = combiner.add(Sample("t", "ms", value, rate, ()), 10, 10)
+    values = np.array([v for v, _ in sent[half:]])
+    weights = np.array([sample_weight("ms", r) for _, r in sent[half:]], dtype=np.int64)
+    combiner.add_fast(np.full(len(values), slot, dtype=np.int64), values, 20, weights)
+    return _rows(combiner.drain())[("t", 0)]
+
+
+def test_a_sampled_value_weighs_in_every_sketch_as_that_many_values_would() -> None:
+    """``t:v|ms|@rate`` against ``1 / rate`` (truncated) copies of ``t:v|ms``: the same count,
+    sum and HDR buckets; the same t-digest quantiles (below ~160 values nothing is compressed:
+    w unit centroids either way) and KLL quantiles (every value kept, n < k)."""
+    rng = np.random.default_rng(3)
+    rates = [1.0, 0.5, 0.25, 0.3, 0.1]
+    sent = [(float(v), rates[i % len(rates)]) for i, v in enumerate(rng.integers(1, 500, 24))]
+    copies = [(v, 1.0) for v, rate in sent for _ in range(int(1 / rate))]
+    weighted = _sampled_rows(PaneCombiner(PANE, kll_k=200), sent)
+    repeated = _sampled_rows(PaneCombiner(PANE, kll_k=200), copies)
+    assert weighted["count"] == repeated["count"] == len(copies)
+    assert weighted["sum"] == sum(v for v, _ in copies)
+    for column in ("min", "max", "hdr_bucket", "hdr_count"):
+        assert weighted[column] == repeated[column], column
+    ours = deserialize_tdigest(weighted["sketch"])  # type: ignore[arg-type]
+    theirs = deserialize_tdigest(repeated["sketch"])  # type: ignore[arg-type]
+    assert ours.get_total_weight() == theirs.get_total_weight() == len(copies)
+    qs = np.linspace(0.05, 0.95, 19)
+    assert quantiles(ours, qs).tolist() == quantiles(theirs, qs).tolist()
+    kll_ours = deserialize_kll(weighted["kll"])  # type: ignore[arg-type]
+    kll_theirs = deserialize_kll(repeated["kll"])  # type: ignore[arg-type]
+    assert kll_ours.n == kll_theirs.n == len(copies)
+    assert [kll_ours.get_quantile(q) for q in qs] == [kll_theirs.get_quantile(q) for q in qs]
+
+
+def test_a_huge_weight_is_carried_not_repeated() -> None:
+    """``@1e-9`` stands for 999 999 999 values (``1 / rate`` truncated); ``@1e-300`` is capped
+    at ``MAX_SAMPLE_WEIGHT``. Neither is built by repeating the value."""
+    combiner = PaneCombiner(PANE, kll_k=200)
+    combiner.add(Sample("t", "h", 7.0, 1e-9, ()), 10, 10)
+    combiner.add(Sample("t", "h", 3.0, 1e-300, ()), 10, 10)
+    row = _rows(combiner.drain())[("t", 0)]
+    total = int(1 / 1e-9) + MAX_SAMPLE_WEIGHT
+    assert row["count"] == total == 999_999_999 + 2**31
+    assert row["sum"] == 7.0 * 999_999_999 + 3.0 * 2**31
+    assert sum(row["hdr_count"]) == total  # type: ignore[arg-type]
+    assert deserialize_tdigest(row["sketch"]).get_total_weight() == total  # type: ignore[arg-type]
+    assert deserialize_kll(row["kll"]).n == total  # type: ignore[arg-type]

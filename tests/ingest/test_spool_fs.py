@@ -182,7 +182,7 @@ def test_status_describes_an_s3_spool_without_its_credentials(
     uri = s3_server.uri()
     SegmentWriter(uri, "host-a").append(_batch("m", 1, 1000), Heartbeat(1000, True))
     done = subprocess.run(
-        [sys.executable, "-m", "streamgauge", "status", "--data-dir", str(tmp_path),
+        [sys.executable, "-m", "streamgauge", "status", "--json", "--data-dir", str(tmp_path),
          "--spool", uri],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -47,10 +47,12 @@ class Spool:
         return min(beats) if beats else max(s.heartbeat_ms for s in newest.values())
 
     def expected(self, config: PipelineConfig) -> dict[tuple[Any, ...], dict[str, Any]]:
-        """``window_results`` as the reference windower computes it from what was written:
+        """``window_results`` as the reference windower computes it from what was written, fed
+        in heartbeat order (how a job that reads the streams together sees them: a receiver
+        written after another is not one that joined after it):
         (window, metric, start ms) → end ms, count, sum, min, max, is_final."""
         windower = ReferenceWindower(config)
-        windower.feed_all(self.written)
+        windower.feed_all(sorted(self.written, key=lambda segment: segment.heartbeat_ms))
         return {
             (name, metric, start): {"end_ms": end, "count": w.count, "sum": w.sum,
                                     "min": w.min, "max": w.max, "is_final": w.is_final}

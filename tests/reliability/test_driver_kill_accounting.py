@@ -7,8 +7,7 @@ a StatsD client keeps sending throughout, the log keeps growing, and the restart
 from its checkpoints. Afterwards:
 
 - accounting: counter lines sent = counter samples stored (emitted windows, and the last ones
-  still waiting for the watermark, which the job's clean stop parks in ``window_pending``;
-  the query also reads ``window_held_rows``, empty unless a first-design job left rows) +
+  still waiting for the watermark, which the job's clean stop parks in ``window_pending``) +
   kernel drops + rejects (both counted by the receivers and written through the pipeline as
   self-metrics);
 - exactly once: the store equals the reference windower over the durable log (a micro-batch
@@ -64,8 +63,7 @@ def processes() -> Iterator[SplitPipeline]:
 
 COUNTER_SAMPLES = (  # emitted windows, and the last ones the watermark has not passed yet
     "select coalesce(sum(count), 0) as n from (select count from window_results where {w} "
-    "union all select count from window_pending where {w} "
-    "union all select count from window_held_rows where {w}) w"
+    "union all select count from window_pending where {w}) w"
 )
 
 

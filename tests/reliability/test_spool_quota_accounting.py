@@ -14,8 +14,8 @@ nothing may delete. Timeline::
 
 Afterwards:
 
-- accounting, in the store: counter lines sent = counter samples stored (``window_results``,
-  ``window_pending`` and ``window_held_rows``) + refused over the quota + kernel drops +
+- accounting, in the store: counter lines sent = counter samples stored (``window_results``
+  and ``window_pending``) + refused over the quota + kernel drops +
   rejects, the last three counted by the receiver and written through the pipeline as its
   self-metrics; the refusal is ``streamgauge.ingest.refused{reason=spool_quota}`` there,
   equal to the receiver's own count, and a warning in its log;
@@ -125,8 +125,7 @@ def _counter_samples(spool: Path, after: int) -> int:
 
 COUNTER_SAMPLES = (  # emitted windows, and the last ones the watermark has not passed yet
     "select coalesce(sum(count), 0) as n from (select count from window_results where metric "
-    "like 'quota.%' union all select count from window_pending where metric like 'quota.%' "
-    "union all select count from window_held_rows where metric like 'quota.%') w"
+    "like 'quota.%' union all select count from window_pending where metric like 'quota.%') w"
 )
 REFUSED = (  # the receiver's count, through the pipeline (integer sums: exact)
     "select coalesce(sum(sum), 0)::bigint as n from window_results where metric = "

@@ -1,7 +1,9 @@
-"""The SQL histogram helpers of migration 4, on the real PostgreSQL: quantiles over any range.
+"""The SQL histogram helpers of migrations 4 and 12, on the real PostgreSQL: quantiles over any
+range, from the ``window_histograms`` view of the windows' bucket arrays.
 
-Bucket rows are built with ``HdrLayout`` from seeded random values, the way the store writes
-them, for several windows and hosts::
+Windows' buckets are built with ``HdrLayout`` from seeded random values and written through
+``ResultStore.commit_batch`` the way the window job writes them (``with_hdr_buckets``), for
+several windows and hosts::
 
     window    [0,10) [10,20) [20,30) [30,40) [40,50) [50,60)   (seconds after T)
     host a    lognormal(3.0, 0.5), 400 samples per window
@@ -23,10 +25,14 @@ from typing import Any
 
 import numpy as np
 import psycopg
+import pyarrow as pa
 import pytest
+from hdrh.histogram import HdrHistogram
 
-from streamgauge.sinks.store import ResultStore, RetryPolicy, run_sql
+from streamgauge.sinks.store import HDR_COLUMNS, RESULT_SCHEMA, ResultStore, RetryPolicy, run_sql
 from streamgauge.sketches.hdr import HdrLayout
+from streamgauge.sketches.hdr_columns import HdrColumns
+from streamgauge.windows.results import with_hdr_buckets
 
 T = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 WINDOW_S = 10
@@ -52,36 +58,117 @@ def samples(host: str, window: int) -> np.ndarray[Any, np.dtype[np.float64]]:
 
 
 def bucket_rows(host: str, window: int) -> list[tuple[Any, ...]]:
+    """What ``window_histograms`` shows of a window: its key, bucket, bounds, count, revision."""
     hist = LAYOUT.histogram(samples(host, window))
     assert hist.clamped_low == hist.clamped_high == hist.nan == 0
     start = T + dt.timedelta(seconds=window * WINDOW_S)
     end = start + dt.timedelta(seconds=WINDOW_S)
     return [
-        ("cfg", "per_10s", "api.latency", json.dumps({"host": host}), start, end, int(i),
+        ("cfg", "per_10s", "api.latency", {"host": host}, start, end, int(i),
          LAYOUT.bucket_lower(int(i)), highest_equivalent(LAYOUT, int(i)), int(n), 1)
         for i, n in zip(hist.indices, hist.counts, strict=True)
     ]  # fmt: skip
+
+
+def store_windows(
+    url: str, config: str, windows: Sequence[tuple[str, int, Any]], layout: HdrLayout = LAYOUT,
+    batch: int = 0,
+) -> None:
+    """Commit one window row per ``(host, window, values)``: the histogram of ``values`` in its
+    HDR columns, as the window job writes them (``with_hdr_buckets``)."""
+    rows, indices, counts = [], [], []
+    for host, window, values in windows:
+        hist = layout.histogram(values)
+        start_ms = int((T + dt.timedelta(seconds=window * WINDOW_S)).timestamp() * 1000)
+        row: dict[str, Any] = dict.fromkeys(set(RESULT_SCHEMA.names) - set(HDR_COLUMNS))
+        row.update(
+            config_name=config, window_name="per_10s", metric="api.latency",
+            tags=json.dumps({"host": host}), metric_type="ms", window_start_ms=start_ms,
+            window_end_ms=start_ms + WINDOW_S * 1000, count=len(values), revision=1,
+            is_final=True, late_events=0, emitted_at_ms=start_ms,
+        )  # fmt: skip
+        rows.append(row)
+        indices.append(hist.indices)
+        counts.append(hist.counts)
+    hdr = HdrColumns(np.cumsum([0, *map(len, indices)]), np.concatenate(indices),
+                     np.concatenate(counts))  # fmt: skip
+    table = pa.Table.from_pylist(rows)
+    with ResultStore(url, retry=RetryPolicy(max_attempts=3)) as store:
+        store.commit_batch(f"hist-sql.{config}", batch, with_hdr_buckets(table, hdr, layout),
+                           [], revision=1)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def histograms(postgres_url: str) -> Iterator[str]:
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.ensure_schema()
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE window_histograms")
-        with (
-            conn.cursor() as cur,
-            cur.copy(
-                "COPY window_histograms (config_name, window_name, metric, tags, window_start,"
-                " window_end, bucket, lower_bound, upper_bound, count, revision) FROM STDIN"
-            ) as copy,
-        ):
-            for host in HOSTS:
-                for window in range(WINDOWS):
-                    for row in bucket_rows(host, window):
-                        copy.write_row(row)
+    run_sql(postgres_url, "TRUNCATE window_results, window_pending, sink_batches")
+    windows = [(host, window, samples(host, window)) for host in HOSTS for window in range(WINDOWS)]
+    store_windows(postgres_url, "cfg", windows)
     yield postgres_url
-    run_sql(postgres_url, "TRUNCATE window_histograms")
+    run_sql(postgres_url, "TRUNCATE window_results, window_pending, sink_batches")
+
+
+def test_the_view_shows_each_window_bucket_as_the_bucket_table_held_it(histograms: str) -> None:
+    """Every (window, bucket) row, with the bounds ``HdrLayout`` gives and the window row's
+    revision: the rows the store wrote one per bucket before schema version 12."""
+    _, rows = run_sql(
+        histograms,
+        "SELECT config_name, window_name, metric, tags, window_start, window_end, bucket,"
+        " lower_bound, upper_bound, count, revision FROM window_histograms"
+        " WHERE config_name = 'cfg' ORDER BY tags->>'host', window_start, bucket",
+    )
+    assert rows == [row for host in HOSTS for window in range(WINDOWS)
+                    for row in bucket_rows(host, window)]  # fmt: skip
+
+
+def test_a_windows_arrays_are_the_buckets_of_its_hdrhistogram_encoding(
+    histograms: str,
+) -> None:
+    """The arrays hold what the stored V2 encoding decodes to (the window job writes both from
+    one histogram): ascending non-empty bucket indices, their counts, and the layout's
+    constants as the hdrhistogram package derives them."""
+    values = samples("b", 2)
+    hist = LAYOUT.histogram(values)
+    store_windows(histograms, "cfg_encoded", [("b", 2, values)])
+    encoded = LAYOUT.encode(hist.indices, hist.counts)
+    run_sql(histograms, "UPDATE window_results SET hdr_histogram = %s"
+            " WHERE config_name = 'cfg_encoded'", (encoded,))  # fmt: skip
+    _, rows = run_sql(
+        histograms,
+        "SELECT hdr_histogram, hdr_buckets, hdr_counts, hdr_unit_magnitude,"
+        " hdr_half_count_magnitude, hdr_value_scale FROM window_results"
+        " WHERE config_name = 'cfg_encoded'",
+    )
+    run_sql(histograms, "DELETE FROM window_results WHERE config_name = 'cfg_encoded'")
+    [(stored, buckets, counts, unit, half, scale)] = rows
+    decoded = HdrHistogram.decode(stored)
+    nonzero = [i for i in range(decoded.counts_len) if decoded.counts[i]]
+    assert buckets == nonzero
+    assert counts == [decoded.counts[i] for i in nonzero]
+    assert (unit, half) == (decoded.unit_magnitude, decoded.sub_bucket_half_count_magnitude)
+    assert scale == 1 / decoded.encoder.payload.payload.conversion_ratio_bits
+
+
+def test_sql_bounds_equal_hdr_layout_bounds_for_every_index_of_several_layouts(
+    histograms: str,
+) -> None:
+    for layout in (LAYOUT, HdrLayout(1, 10_000, 1, 1.0), HdrLayout(1000, 100_000_000, 2, 1.0),
+                   HdrLayout(1, 2**40, 4, 1.0), HdrLayout(1, 3_600_000, 3, 0.01)):  # fmt: skip
+        reference = HdrHistogram(layout.lowest, layout.highest, layout.significant_digits)
+        constants = [reference.unit_magnitude, reference.sub_bucket_half_count_magnitude,
+                     layout.value_scale]  # fmt: skip
+        _, rows = run_sql(
+            histograms,
+            "SELECT array_agg(streamgauge_hdr_lower_bound(i, %s, %s, %s) ORDER BY i),"
+            " array_agg(streamgauge_hdr_upper_bound(i, %s, %s, %s) ORDER BY i)"
+            " FROM generate_series(0, %s) AS i",
+            (*constants, *constants, layout.counts_len - 1),
+        )
+        [(lower, upper)] = rows
+        expected_lower, expected_upper = layout.bounds(np.arange(layout.counts_len))
+        assert lower == expected_lower.tolist()
+        assert upper == expected_upper.tolist()
 
 
 def sql_quantiles(url: str, hosts: Sequence[str], windows: range) -> list[float]:
@@ -224,34 +311,15 @@ def test_a_layout_change_inside_the_range_keeps_quantiles_within_the_coarser_err
     the same bucket index means other values in the two layouts, so merging on the index alone
     would read quantiles off the wrong values; merging on index and bounds keeps them apart."""
     fine = HdrLayout(lowest=1, highest=3_600_000_000, significant_digits=3, value_scale=1000.0)
-    rows, values = [], []
-    for window in range(WINDOWS):
-        layout = LAYOUT if window < 3 else fine
-        # 0.05 ms .. 10 s: both layouts' index ranges overlap widely
-        raw = np.random.default_rng([window, 7]).lognormal(1.0, 2.0, 2000)
-        values.append(raw)
-        hist = layout.histogram(raw)
-        start = T + dt.timedelta(seconds=window * WINDOW_S)
-        for i, n in zip(hist.indices.tolist(), hist.counts.tolist(), strict=True):
-            rows.append(
-                ("cfg_changed", "per_10s", "api.latency", "{}", start,
-                 start + dt.timedelta(seconds=WINDOW_S), i, layout.bucket_lower(i),
-                 highest_equivalent(layout, i), n, 1)
-            )  # fmt: skip
-    shared = {r[6] for r in rows if r[4] < T + dt.timedelta(seconds=30)} & {
-        r[6] for r in rows if r[4] >= T + dt.timedelta(seconds=30)
-    }
-    assert shared  # the same indices occur in both layouts, with different bounds
+    # 0.05 ms .. 10 s: both layouts' index ranges overlap widely
+    values = [np.random.default_rng([window, 7]).lognormal(1.0, 2.0, 2000)
+              for window in range(WINDOWS)]  # fmt: skip
+    coarse = {int(i) for v in values[:3] for i in LAYOUT.histogram(v).indices}
+    assert coarse & {int(i) for v in values[3:] for i in fine.histogram(v).indices}
+    store_windows(histograms, "cfg_changed", [("x", w, values[w]) for w in range(3)])
+    store_windows(histograms, "cfg_changed", [("x", w, values[w]) for w in range(3, WINDOWS)],
+                  fine, batch=1)  # fmt: skip
     with psycopg.connect(histograms, autocommit=True) as conn:
-        with (
-            conn.cursor() as cur,
-            cur.copy(
-                "COPY window_histograms (config_name, window_name, metric, tags, window_start,"
-                " window_end, bucket, lower_bound, upper_bound, count, revision) FROM STDIN"
-            ) as copy,
-        ):
-            for row in rows:
-                copy.write_row(row)
         try:
             got = conn.execute(
                 "SELECT streamgauge_hdr_quantiles(streamgauge_histogram(h), %s)"
@@ -259,7 +327,7 @@ def test_a_layout_change_inside_the_range_keeps_quantiles_within_the_coarser_err
                 (list(QUANTILES),),
             ).fetchone()
         finally:
-            conn.execute("DELETE FROM window_histograms WHERE config_name = 'cfg_changed'")
+            conn.execute("DELETE FROM window_results WHERE config_name = 'cfg_changed'")
     assert got is not None
     ordered = np.sort(np.concatenate(values))
     n = len(ordered)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import psycopg
 import pytest
+from hdrh.histogram import HdrHistogram
 
 from streamgauge.sinks.schema import MIGRATIONS, SCHEMA_VERSION, ensure_schema
 from streamgauge.sinks.store import run_sql
+from streamgauge.sketches.hdr import HdrLayout
 
 NEW_RESULT_COLUMNS = {"p999": "double precision", "sketch": "bytea", "hdr_histogram": "text"}
 
@@ -77,9 +80,7 @@ def test_every_column_of_every_table_and_view_is_commented(database: str) -> Non
     undocumented = {(t, c) for t, c in rows}
     assert ("window_pending", "p999") not in undocumented
     assert not {(t, c) for t, c in undocumented
-                if t in ("window_histograms", "pipeline_metrics", "window_held")}  # fmt: skip
-    # window_held_rows' columns read as window_results' but for the two its holding sets.
-    assert not {("window_held_rows", "revision"), ("window_held_rows", "emitted_at")} & undocumented
+                if t in ("window_histograms", "pipeline_metrics")}  # fmt: skip
     assert ("window_latest", "status") not in undocumented
     assert ("window_latest", "early_as_of") not in undocumented
     _, functions = run_sql(
@@ -91,28 +92,110 @@ def test_every_column_of_every_table_and_view_is_commented(database: str) -> Non
     assert functions == [("streamgauge_hdr_merge_rows",)]  # an internal final function
 
 
-def test_window_histograms_refuses_empty_buckets_and_bad_bounds(database: str) -> None:
+def test_a_windows_bucket_and_count_arrays_are_of_one_length(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         ensure_schema(conn)
-        insert = (
-            "INSERT INTO window_histograms (config_name, window_name, metric, window_start,"
-            " window_end, bucket, lower_bound, upper_bound, count, revision)"
-            " VALUES ('c', 'w', 'm', '2024-01-01', '2024-01-01 00:00:10', 7, %s, %s, %s, 1)"
+        for table in ("window_results", "window_pending"):
+            insert = (
+                f"INSERT INTO {table} (config_name, window_name, metric, window_start,"
+                " window_end, metric_type, count, revision, emitted_at, hdr_buckets,"
+                " hdr_counts) VALUES ('c', 'w', %s, '2024-01-01', '2024-01-01 00:00:10', 'ms',"
+                " 3, 1, now(), %s, %s)"
+            )
+            with pytest.raises(psycopg.errors.CheckViolation, match="hdr_check"):
+                conn.execute(insert, ("m", [1, 2], [3]))
+            conn.execute(insert, ("m", [1, 2], [1, 2]))
+            conn.execute(insert, ("n", None, None))
+
+
+LAYOUTS = {  # metric: the layout its windows were written with
+    "api.latency": HdrLayout(1, 3_600_000_000, 2, 1000.0),
+    "db.latency": HdrLayout(1, 3_600_000, 3, 100.0),
+    "queue.age": HdrLayout(1, 10**12, 1, 0.01),
+}
+
+
+def test_version_twelve_moves_version_eleven_bucket_rows_into_their_windows(
+    database: str,
+) -> None:
+    """Migration 12 over a version-11 store: each window's bucket rows become its row's arrays
+    (the layout recognised from their bounds), in window_results and window_pending, and the
+    window_histograms view gives back the rows the table held of the published windows; the
+    SQL over it answers as before."""
+    _apply(database, 11)
+    rng = np.random.default_rng(12)
+    window = "INSERT INTO {} (config_name, window_name, metric, window_start, window_end,"
+    window += " metric_type, count, revision, emitted_at) VALUES ('c', 'w', %s, %s, %s, 'ms',"
+    window += " %s, %s, now())"
+    bucket = (
+        "INSERT INTO window_histograms (config_name, window_name, metric, window_start,"
+        " window_end, bucket, lower_bound, upper_bound, count, revision)"
+        " VALUES ('c', 'w', %s, %s, %s, %s, %s, %s, %s, %s)"
+    )
+    expected: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+    with psycopg.connect(database, autocommit=True) as conn:
+        for i, (metric, layout) in enumerate(LAYOUTS.items()):
+            for table, start in (("window_results", f"2024-01-01 00:00:{i}0"),
+                                 ("window_pending", f"2024-01-01 00:01:{i}0")):  # fmt: skip
+                values = np.exp(rng.normal(3, 2, 500))
+                if metric == "queue.age":
+                    values = np.concatenate([values, [0.0, 10.0**9]])
+                found = layout.histogram(values)
+                expected[(metric, start)] = (found.indices.tolist(), found.counts.tolist())
+                end = f"{start[:-1]}9"
+                conn.execute(window.format(table), (metric, start, end, len(values), 3))
+                lower, upper = layout.bounds(found.indices)
+                conn.execute("BEGIN")
+                for b, lo, up, n in zip(found.indices.tolist(), lower.tolist(), upper.tolist(),
+                                        found.counts.tolist(), strict=True):  # fmt: skip
+                    conn.execute(bucket, (metric, start, end, b, lo, up, n, 3))
+                conn.execute("COMMIT")
+        # A window with only the bucket of 0 (any layout gives it bounds 0), and bucket rows
+        # of a window whose row is gone (dropped by the migration).
+        conn.execute(window.format("window_results"),
+                     ("zero", "2024-01-01", "2024-01-01 00:00:09", 2, 3))  # fmt: skip
+        conn.execute(bucket, ("zero", "2024-01-01", "2024-01-01 00:00:09", 0, 0.0, 0.0, 2, 3))
+        conn.execute(bucket, ("gone", "2024-01-01", "2024-01-01 00:00:09", 7, 7.0, 7.0, 1, 3))
+        published = (
+            "metric <> 'gone' AND (metric, window_start) IN"
+            " (SELECT metric, window_start FROM window_results)"
         )
-        with pytest.raises(psycopg.errors.CheckViolation, match="count_check"):
-            conn.execute(insert, (1.0, 1.5, 0))
-        with pytest.raises(psycopg.errors.CheckViolation, match="bounds_check"):
-            conn.execute(insert, (2.0, 1.5, 1))
-        conn.execute(insert, (1.0, 1.5, 4))
-        with pytest.raises(psycopg.errors.UniqueViolation):  # one row per window and bucket
-            conn.execute(insert, (1.0, 1.5, 5))
-        _, indexes = run_sql(
-            database,
-            "SELECT indexdef FROM pg_indexes WHERE tablename = 'window_histograms' ORDER BY 1",
+        read = (
+            "SELECT metric, window_start, bucket, lower_bound, upper_bound, count, revision"
+            f" FROM window_histograms WHERE {published} ORDER BY 1, 2, 3"
         )
-        defs = " | ".join(str(d) for (d,) in indexes)
-        assert "(window_end)" in defs
-        assert "(config_name, window_name, metric, window_end)" in defs
+        quantiles = (
+            "SELECT metric, streamgauge_hdr_quantiles(streamgauge_histogram(h),"
+            f" '{{0, 0.5, 0.99, 1}}') FROM window_histograms h WHERE {published}"
+            " GROUP BY metric ORDER BY metric"
+        )
+        before, quantiles_before = conn.execute(read).fetchall(), conn.execute(quantiles).fetchall()
+        ensure_schema(conn)
+        assert conn.execute(read).fetchall() == before
+        assert conn.execute(quantiles).fetchall() == quantiles_before
+        assert conn.execute(
+            "SELECT count(*) FROM window_histograms WHERE NOT (" + published + ")"
+        ).fetchone() == (0,)  # a pending window's buckets are in its row only
+        stored = conn.execute(
+            "SELECT metric, to_char(window_start, 'YYYY-MM-DD HH24:MI:SS'), hdr_buckets,"
+            " hdr_counts, hdr_unit_magnitude, hdr_half_count_magnitude, hdr_value_scale"
+            " FROM window_results UNION ALL SELECT metric,"
+            " to_char(window_start, 'YYYY-MM-DD HH24:MI:SS'), hdr_buckets, hdr_counts,"
+            " hdr_unit_magnitude, hdr_half_count_magnitude, hdr_value_scale FROM window_pending"
+        ).fetchall()
+        assert conn.execute(
+            "SELECT relkind FROM pg_class WHERE relname = 'window_histograms'").fetchone() == ("v",)
+    for metric, start, buckets, counts, unit, half, scale in stored:
+        if metric == "zero":
+            assert (buckets, counts) == ([0], [2])
+            continue
+        assert (buckets, counts) == expected[(metric, start)]
+        layout = LAYOUTS[metric]
+        reference = HdrHistogram(layout.lowest, layout.highest, layout.significant_digits)
+        assert (unit, half, scale) == (
+            reference.unit_magnitude, reference.sub_bucket_half_count_magnitude,
+            layout.value_scale,
+        )  # fmt: skip
 
 
 def test_window_latest_labels_final_provisional_and_pending(database: str) -> None:

@@ -107,7 +107,7 @@ def test_session_percentiles_histograms_distinct_counts_and_retracted_buckets(
     """Sessions [0, 5) and [6, 11) of user u1, then a straggler at 4 s merges them::
 
         t (s)    0   1   2   3   4   5   6   7   8   9  10  11
-        run 1    x   x   x                x   x   x            [0, 5) emitted, [6, 11) pending
+        run 1    x   x   x                x   x   x            [0, 5) emitted, [6, 11) open
         run 2                    s                              one session [0, 11)
     """
     config = parse_config(SESSION_CONFIG, "test")
@@ -131,8 +131,8 @@ def test_session_percentiles_histograms_distinct_counts_and_retracted_buckets(
     run_job_once(spark, config, paths, clean_store, ManualClock(T0))
 
     first = _rows(clean_store, config)
-    assert set(first) == {("lat", 0, 5000), ("seen", 0, 5000)}  # [6, 11) still pending
-    assert set(_histograms(clean_store, config)) == {(0, 5000), (6000, 11000)}
+    assert set(first) == {("lat", 0, 5000), ("seen", 0, 5000)}  # [6, 11) still open
+    assert set(_histograms(clean_store, config)) == {(0, 5000)}  # [6, 11): held by the job
     _check_window(first[("lat", 0, 5000)], _histograms(clean_store, config)[(0, 5000)],
                   values[at_ms < 3000], layout)  # fmt: skip
 

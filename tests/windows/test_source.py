@@ -26,7 +26,6 @@ from streamgauge.ingest.spool_fs import LocalSpool
 from streamgauge.windows.source import (
     UNKNOWN_ROWS_AHEAD_MS,
     QuietLane,
-    RowFilter,
     SpoolBatchReader,
     SpoolStreamReader,
     admission_bounds,
@@ -114,52 +113,37 @@ def _partial(metric_type: str, pane_s: int) -> dict[str, object]:
     }  # fmt: skip
 
 
-def _read_all(spool: Path, rows: RowFilter) -> list[str]:
-    reader = SpoolStreamReader(spool, max_segments_per_partition=64, rows=rows)
+def _read_all(spool: Path) -> list[tuple[str, int, int]]:
+    """(metric, segment heartbeat, prior heartbeat) of every row a stream reader hands over."""
+    reader = SpoolStreamReader(spool, max_segments_per_partition=1)
     end = reader.latestOffset(reader.initialOffset(), None)
     return sorted(
-        metric
+        row
         for partition in reader.partitions(reader.initialOffset(), end)
         for batch in reader.read(partition)
-        for metric in batch.column("metric").to_pylist()
+        for row in zip(
+            batch.column("metric").to_pylist(),
+            batch.column("segment_heartbeat_ms").to_pylist(),
+            batch.column("prior_heartbeat_ms").to_pylist(),
+            strict=True,
+        )
     )
 
 
-def test_each_lane_reads_its_own_types_and_every_row_that_may_be_late(tmp_path: Path) -> None:
-    """Segment 1 (heartbeat 10 s) holds panes 8 and 9 s; segment 2 (heartbeat 20 s, prior
-    heartbeat 10 s) holds an on-time pane 19 s and stragglers from 9 and 6 s. With
-    ``watermark_delay + allowed_lateness`` = 3 s a row may be late only if its event time is
-    before 10 - 3 = 7 s: the 6 s straggler. The 9 s one is on time for every window
-    (``[s, e)`` holding 9 s has ``e >= 10 > 7``)."""
+def test_a_reader_hands_every_row_with_its_segment_s_heartbeats(tmp_path: Path) -> None:
+    """Every row of every type, late or not, each with the heartbeat of its segment and of the
+    stream's previous one (the job judges lateness from that); a heartbeat-only segment adds
+    no row but moves the next one's prior heartbeat."""
     writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
     types = ("c", "g", "s", "ms", "h", "d")
     first = [_partial(t, pane) for t in types for pane in (8, 9)]
-    second = [_partial(t, pane) for t in types for pane in (19, 9, 6)]
-    for rows, beat in ((first, 10), (second, 20)):
+    second = [_partial(t, pane) for t in types for pane in (29, 9, 6)]
+    for rows, beat in ((first, 10), ([], 20), (second, 30)):
         batch = pa.RecordBatch.from_pylist(rows, schema=SEGMENT_SCHEMA)
         writer.append(batch, Heartbeat(beat * 1000, False))
-    everything = sorted(str(r["metric"]) for r in first + second)
-    native = sorted(m for m in everything if m.split(".")[1] in ("c", "g", "s"))
-    sketched = sorted(m for m in everything if m.split(".")[1] in ("ms", "h", "d"))
-    maybe_late = sorted(f"m.{t}.6" for t in types)
-
-    assert _read_all(tmp_path, RowFilter()) == everything
-    assert _read_all(tmp_path, RowFilter("native")) == native
-    # The other per-type lanes (source.LANE_TYPES): counters and gauges; sets with the sketches.
-    sets = [m for m in native if ".s." in m]
-    assert _read_all(tmp_path, RowFilter("plain")) == [m for m in native if m not in sets]
-    assert _read_all(tmp_path, RowFilter("sketch_sets")) == sorted(sketched + sets)
-    assert _read_all(tmp_path, RowFilter("sketch")) == sketched
-    late_native = [m for m in maybe_late if m in native]
-    assert _read_all(tmp_path, RowFilter("sketch", 3000)) == sorted(sketched + late_native)
-    assert _read_all(tmp_path, RowFilter("none", 3000)) == maybe_late
-    # A margin of 1 s: 9 s is not before 10 - 1 either; 6 s is.
-    assert _read_all(tmp_path, RowFilter("none", 1000)) == maybe_late
-    assert _read_all(tmp_path, RowFilter("none", 4000)) == []
-    # The options round-trip (Spark hands them to the reader as strings).
-    assert RowFilter.from_options(RowFilter("sketch", 3000).options()) == RowFilter("sketch", 3000)
-    with pytest.raises(ValueError, match="lane must be one of"):
-        RowFilter("timers")
+    expected = [(str(r["metric"]), 10_000, 0) for r in first]
+    expected += [(str(r["metric"]), 30_000, 20_000) for r in second]
+    assert _read_all(tmp_path) == sorted(expected)
 
 
 def _contents_written_before_footers_said(path: Path) -> None:
@@ -174,47 +158,44 @@ def _contents_written_before_footers_said(path: Path) -> None:
         writer.write_table(table.replace_schema_metadata(old))
 
 
-def test_a_segment_footer_says_which_rows_it_holds_and_wants_agrees_with_apply(
+def test_a_segment_footer_says_which_rows_it_holds_even_from_before_it_said_so(
     tmp_path: Path,
 ) -> None:
-    """``RowFilter.wants`` (from the footer) keeps a segment exactly when ``apply`` (on the
-    rows) keeps a row of it, for every lane; a segment from before the footer said so is read."""
+    """A segment's footer gives its metric types and pane range (what a ``QuietLane`` reads
+    instead of the rows): no pane range exactly when the reader hands no row of it. A segment
+    written before the footer said so gives the same, from its rows."""
     writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
     segments = [
         ([_partial("c", 8), _partial("g", 9)], 10),
         ([_partial("ms", 19), _partial("c", 12)], 20),
-        ([_partial("c", 29), _partial("s", 14)], 30),  # a set straggler: may be late at 20-3
-        ([], 40),  # heartbeat only
+        ([], 30),  # heartbeat only
     ]
     infos = []
     for rows, beat in segments:
         batch = pa.RecordBatch.from_pylist(rows, schema=SEGMENT_SCHEMA)
         infos.append(writer.append(batch, Heartbeat(beat * 1000, False)))
     contents = [read_contents(info)[0] for info in infos]
+    assert contents[0] == SegmentContents(frozenset({"c", "g"}), (8_000, 9_000))
     assert contents[1] == SegmentContents(frozenset({"ms", "c"}), (12_000, 19_000))
-    assert contents[3] == SegmentContents(frozenset(), None)
+    assert contents[2] == SegmentContents(frozenset(), None)
     assert read_contents(infos[0])[1] == Heartbeat(10_000, False)
-    for info, expected in zip(infos, contents, strict=True):
+    with_rows = {beat for _, beat, _ in _read_all(tmp_path)}
+    assert with_rows == {
+        beat * 1000 for (_, beat), found in zip(segments, contents, strict=True)
+        if found.pane_range_ms is not None
+    }  # fmt: skip
+    for info, expected, (rows, _) in zip(infos, contents, segments, strict=True):
         _contents_written_before_footers_said(info.path)  # type: ignore[arg-type]
         assert read_contents(info)[0] == expected
-    filters = [RowFilter(lane) for lane in ("all", "native", "plain", "sketch", "sketch_sets",
-                                            "none")]  # fmt: skip
-    filters += [RowFilter("sketch", 3000), RowFilter("none", 3000), RowFilter("none", 9000)]
-    for rows_filter in filters:
-        prior = 0
-        for info, found in zip(infos, contents, strict=True):
-            heartbeat = read_contents(info)[1].heartbeat_ms
-            kept = sum(rows_filter.apply(b, heartbeat, prior).num_rows for b in read_segment(info))
-            assert rows_filter.wants(found, heartbeat, prior) == (kept > 0), (rows_filter, info)
-            prior = heartbeat
+        assert sum(batch.num_rows for batch in read_segment(info)) == len(rows)
 
 
 class _Spark:
     """Drives a reader as Spark's micro-batch loop does: a new batch whenever ``latestOffset``
     returns an offset other than the one the last batch ended at."""
 
-    def __init__(self, spool: Path, rows: RowFilter, quiet: QuietLane) -> None:
-        self.reader = SpoolStreamReader(spool, 64, rows, quiet)
+    def __init__(self, spool: Path, quiet: QuietLane) -> None:
+        self.reader = SpoolStreamReader(spool, 64, quiet)
         self.start: dict[str, object] = self.reader.initialOffset()
 
     def trigger(self) -> bool:
@@ -223,6 +204,9 @@ class _Spark:
             return False
         self.start = json.loads(json.dumps(end))  # as logged in the checkpoint
         return True
+
+    def busy_until_ms(self) -> object:
+        return self.start.get("busy_until_ms")
 
 
 def _segment(writer: SegmentWriter, beat_s: float, *panes: tuple[str, float]) -> None:
@@ -233,40 +217,41 @@ def _segment(writer: SegmentWriter, beat_s: float, *panes: tuple[str, float]) ->
 
 
 def test_a_quiet_lane_runs_a_batch_only_when_it_has_something_to_do(tmp_path: Path) -> None:
-    """A query of a 10 s window reading the sketched types (``RowFilter("sketch")``, late
-    margin 3 s; span: pane 1 + size 10 + delay 1 + lateness 2 = 14 s), idle batches every 30 s
-    of heartbeat, over a log of counters.
+    """A query of a 10 s window (span: pane 1 + size 10 + delay 1 + lateness 2 = 14 s), idle
+    batches every 30 s of heartbeat, over a log of heartbeat-only segments with a few rows.
 
-    Its windows must close and become final on time, so once it has taken a timer it takes
-    every segment until the heartbeat passes that timer's pane + 14 s; a counter that may
-    be late is for it too."""
+    Its windows must close and become final on time, so once it has taken a row it takes
+    every segment until the heartbeat passes that row's pane + 14 s; a row of any type, late
+    or not, counts."""
     writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
     quiet = QuietLane(span_ms=14_000, every_ms=30_000, passed_over=str(tmp_path / "passed_over"))
-    spark = _Spark(tmp_path, RowFilter("sketch", 3000), quiet)
+    spark = _Spark(tmp_path, quiet)
 
     def step(beat_s: float, *panes: tuple[str, float]) -> bool:
         _segment(writer, beat_s, *panes)
         return spark.trigger()
 
-    assert step(1, ("c", 0))  # the first batch: nothing taken yet, nothing known
+    assert step(1)  # the first batch: nothing taken yet, nothing known
     assert not spark.trigger()  # a trigger with no new segment: the same offset, bound kept
-    assert [step(s, ("c", s - 1)) for s in range(2, 31)] == [False] * 29  # counters only
-    assert step(31, ("c", 30))  # 30 s of heartbeat since the last batch: the watermark moves
-    assert not step(32, ("c", 31))
-    assert step(33, ("c", 32), ("ms", 32))  # a timer: its window [30, 40) is open
-    assert not spark.trigger() and spark.start["busy_until_ms"] == 46_000
+    assert [step(s) for s in range(2, 31)] == [False] * 29  # heartbeats only
+    assert step(31)  # 30 s of heartbeat since the last batch: the watermark moves
+    assert not step(32)
+    assert step(33, ("ms", 32))  # a timer: its window [30, 40) is open
+    assert not spark.trigger() and spark.busy_until_ms() == 46_000
     # Every heartbeat until 32 + 14 = 46 s, when [30, 40) is final (46 - 1 >= 40 + 2 + 1 pane).
-    assert [step(s, ("c", s - 1)) for s in range(34, 47)] == [True] * 13
-    assert not step(47, ("c", 46))
-    assert step(48, ("c", 47), ("c", 40))  # a counter 40 s < 47 - 3 s: may be late
-    # The footer gives one pane range for the segment, so its latest pane (47 s) counts as
-    # the lane's: busy until 47 + 14 = 61 s (a batch or two too many, never one too few).
-    assert [step(s, ("c", s - 1)) for s in range(49, 62)] == [True] * 13
-    assert [step(s) for s in range(62, 91)] == [False] * 29  # idle input: heartbeats only
+    assert [step(s) for s in range(34, 47)] == [True] * 13
+    assert not step(47)
+    assert step(48, ("c", 47), ("c", 20))  # a counter, and a straggler from 20 s
+    # The footer gives one pane range for the segment, so its latest pane (47 s) counts:
+    # busy until 47 + 14 = 61 s.
+    assert spark.busy_until_ms() == 61_000
+    assert [step(s) for s in range(49, 62)] == [True] * 13
+    assert [step(s) for s in range(62, 91)] == [False] * 29
     # What it passed over is noted for segment_lag_ms (retention.PASSED_OVER_FILE).
     noted = json.loads((tmp_path / "passed_over").read_text())["receivers"]["udp-0"]
     assert (noted["seq"], noted["heartbeat_ms"]) == (89, 90_000)
     assert step(91)  # 30 s after the batch at 61 s
+    assert step(92, ("s", 91))  # a row: a batch at once, though idle 1 s
 
 
 def test_a_restarted_quiet_lane_without_a_bound_in_its_offset_waits_the_longest_a_row_may(
@@ -276,7 +261,7 @@ def test_a_restarted_quiet_lane_without_a_bound_in_its_offset_waits_the_longest_
     receivers' default skew after its heartbeat, so the lane takes every segment until then."""
     writer = SegmentWriter(tmp_path, "udp-0", fsync=False)
     _segment(writer, 100, ("c", 99))
-    spark = _Spark(tmp_path, RowFilter("sketch"), QuietLane(span_ms=14_000, every_ms=30_000))
+    spark = _Spark(tmp_path, QuietLane(span_ms=14_000, every_ms=30_000))
     assert spark.trigger()
     spark.start = {"receivers": spark.start["receivers"]}  # type: ignore[dict-item]
     _segment(writer, 101, ("c", 100))
@@ -284,7 +269,7 @@ def test_a_restarted_quiet_lane_without_a_bound_in_its_offset_waits_the_longest_
     assert spark.start["busy_until_ms"] == 100_000 + UNKNOWN_ROWS_AHEAD_MS + 14_000
     for quiet in (QuietLane(14_000, 5_000), QuietLane(0, 9_000, str(tmp_path / "p"))):
         assert QuietLane.from_options(quiet.options()) == quiet
-    assert QuietLane.from_options(RowFilter("sketch").options()) is None
+    assert QuietLane.from_options({"path": str(tmp_path)}) is None
 
 
 def test_a_reader_following_the_log_never_lists_a_stream_again(
@@ -296,7 +281,7 @@ def test_a_reader_following_the_log_never_lists_a_stream_again(
     empty = pa.RecordBatch.from_pylist([], schema=SEGMENT_SCHEMA)
     for beat in (1, 2, 3):
         writer.append(empty, Heartbeat(beat * 1000, False))
-    reader = SpoolStreamReader(tmp_path, 2, RowFilter("native"), QuietLane(0, every_ms=1000))
+    reader = SpoolStreamReader(tmp_path, 2, QuietLane(0, every_ms=1000))
     first = reader.latestOffset(reader.initialOffset(), None)
 
     def no_listing(*_: object) -> list[str]:

@@ -1,0 +1,162 @@
+"""A window close of N timer series with ~90 HDR buckets each: the store's cost, two versions.
+
+    .venv/bin/python bench/window_close_hdr.py --series 20000 --rounds 5 \\
+        --before /tmp/sg-h1-base --after .
+
+What the pane writer does in the batch whose watermark passes the end of N timer windows: the
+windows' rows are published for the first time (``commit_batch(fresh=...)``, with the
+finalization and the watermark), each with its sketch, its HdrHistogram encoding and its HDR
+buckets. Timed per round: **build**, turning the windows' CSR buckets into what the store takes
+(``results.histogram_rows``: one row per window and bucket, or ``results.with_hdr_buckets``:
+two list columns of the window rows), and **commit**, the ``commit_batch`` call.
+
+Each version runs in its own process (``PYTHONPATH`` = its checkout) against its own database
+of one embedded PostgreSQL; the rounds alternate the order of the two, and each round closes
+the next window, so both stores grow alike. Printed: median and range per version over the
+rounds after the first, and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+T0 = 1_700_000_000_000
+SIZE_MS = 10_000
+LATENESS_MS = 2_000
+BUCKETS = 90
+
+
+def _close_window(url: str, series: int, round_: int) -> dict[str, float]:
+    """One round in this process's version: N timer windows closing, published fresh."""
+    import numpy as np
+    import pyarrow as pa
+
+    from streamgauge.clock import ManualClock
+    from streamgauge.sinks import store as store_module
+    from streamgauge.sinks.store import Finalization, ResultStore
+    from streamgauge.sketches.hdr import HdrLayout
+    from streamgauge.sketches.hdr_columns import HdrColumns
+    from streamgauge.windows import results
+
+    rng = np.random.default_rng([series, round_])
+    layout = HdrLayout(1, 3_600_000_000, 2, 1000.0)
+    first = rng.integers(900, 1500, series)
+    buckets = (first[:, None] + np.arange(BUCKETS)[None, :]).ravel().astype(np.int32)
+    counts = rng.integers(1, 20, series * BUCKETS).astype(np.int64)
+    hdr = HdrColumns(np.arange(series + 1, dtype=np.int64) * BUCKETS, buckets, counts)
+    encoded = layout.encode(buckets[:BUCKETS], counts[:BUCKETS])
+    # A t-digest image's size and entropy: 96 centroids of (mean, weight) doubles.
+    centroids = np.sort(rng.lognormal(3, 1, 96))
+    sketch = np.stack([centroids, rng.integers(1, 30, 96).astype(float)], 1).tobytes()
+    start = T0 + round_ * SIZE_MS
+    rows = pa.table({
+        "config_name": pa.array(["bench"] * series), "window_name": pa.array(["w"] * series),
+        "metric": pa.array([f"bench.t{i}" for i in range(series)]),
+        "tags": pa.array(['{"host":"a"}'] * series), "metric_type": pa.array(["ms"] * series),
+        "window_start_ms": pa.array([start] * series, pa.int64()),
+        "window_end_ms": pa.array([start + SIZE_MS] * series, pa.int64()),
+        "count": pa.array(np.asarray(counts.reshape(series, BUCKETS).sum(1), np.int64)),
+        **{name: pa.array(rng.random(series) * 100)
+           for name in ("sum", "min", "max", "p50", "p90", "p99", "p999")},
+        "last": pa.nulls(series, pa.float64()), "distinct_count": pa.nulls(series, pa.float64()),
+        "sketch": pa.array([sketch] * series, pa.binary()),
+        "hdr_histogram": pa.array([encoded] * series, pa.string()),
+        "revision": pa.array([round_ + 1] * series, pa.int64()),
+        "is_final": pa.array([False] * series), "late_events": pa.array([0] * series, pa.int64()),
+        "emitted_at_ms": pa.array([start + SIZE_MS] * series, pa.int64()),
+    })  # fmt: skip
+    watermark = start + SIZE_MS
+    store = ResultStore(url, clock=ManualClock(watermark))
+    store.ensure_schema()
+    began = time.perf_counter()
+    extra: dict[str, Any] = {}
+    if hasattr(store_module, "HISTOGRAM_SCHEMA"):  # one row per window and bucket
+        named = types.SimpleNamespace(name="bench")
+        extra["histograms"] = results.histogram_rows(  # type: ignore[attr-defined]
+            rows, hdr, named, types.SimpleNamespace(name="w"), revision=round_ + 1,
+            layout=layout,
+        )
+    else:
+        rows = results.with_hdr_buckets(rows, hdr, layout)
+    built = time.perf_counter()
+    store.commit_batch(
+        "bench.w", round_, rows.slice(0, 0),
+        [Finalization("bench", "w", watermark, LATENESS_MS)], revision=round_ + 1,
+        state={("bench", "watermark_ms:w"): watermark}, lock_name="bench.w",
+        hold_after={("bench", "w"): watermark}, fresh=rows, **extra,
+    )  # fmt: skip
+    done = time.perf_counter()
+    store.close()
+    return {"build_s": built - began, "commit_s": done - built}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--series", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--before", type=Path, help="checkout of the version to compare with")
+    parser.add_argument("--after", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--child", nargs=3, metavar=("URL", "SERIES", "ROUND"),
+                        help=argparse.SUPPRESS)  # fmt: skip
+    args = parser.parse_args()
+    if args.child:
+        url, series, round_ = args.child
+        print(json.dumps(_close_window(url, int(series), int(round_))))
+        return
+
+    from streamgauge.sinks.embedded import EmbeddedPostgres
+
+    versions = {"after": args.after.resolve()}
+    if args.before is not None:
+        versions = {"before": args.before.resolve(), **versions}
+    base = Path(tempfile.mkdtemp(prefix="window-close-hdr-"))
+    server = EmbeddedPostgres(base / "data", sync_initdb=False)
+    url = server.start()
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    timings: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
+    try:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            for name in versions:
+                conn.execute(f"CREATE DATABASE sg_{name}")
+        for round_ in range(args.rounds):
+            order = list(versions) if round_ % 2 == 0 else list(reversed(versions))
+            for name in order:
+                env = {**os.environ, "PYTHONPATH": str(versions[name])}
+                child_url = url.rsplit("/", 1)[0] + f"/sg_{name}"
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", child_url, str(args.series),
+                     str(round_)],
+                    env=env, check=True, capture_output=True, text=True,
+                )  # fmt: skip
+                timings[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
+    print(f"window close: {args.series} timer series x {BUCKETS} buckets, embedded PostgreSQL, "
+          f"{args.rounds} alternated rounds (first left out); load average "
+          f"{' '.join(load_before)} before, {' '.join(load_after)} after")  # fmt: skip
+    print(f"{'':8} {'build median':>13} {'commit median':>14} {'commit min..max':>18}")
+    for name, rounds in timings.items():
+        kept = rounds[1:] or rounds
+        build = statistics.median(r["build_s"] for r in kept)
+        commits = [r["commit_s"] for r in kept]
+        print(f"{name:8} {build:12.3f}s {statistics.median(commits):13.3f}s "
+              f"{min(commits):8.3f}..{max(commits):.3f}s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

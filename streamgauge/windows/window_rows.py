@@ -1,0 +1,410 @@
+"""Held aggregates of windows as columns, and the windows' rows made of them.
+
+``docs/architecture.md`` §4. A window's open state is a row of :class:`AggregateRows`: scalar
+aggregates in numpy arrays, t-digests and HDR buckets in CSR columns
+(``sketches.digest_columns``, ``sketches.hdr_columns``), merged by one compiled call per batch
+whatever the number of series; sets keep their pane HLL images and union them when a window is
+made. ``OpenWindows`` (tumbling, hopping: a row per series and pane) and ``OpenSessions`` (a row
+per session) hold them; :class:`WindowBuilder` merges rows into windows and makes their result
+rows (``WINDOW_SCHEMA``) in one pass for all series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamgauge.sketches import digest_columns as dc
+from streamgauge.sketches import hdr_columns as hc
+from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.hdr import HdrLayout
+from streamgauge.sketches.hdr_encoding import encode_v2
+from streamgauge.sketches.tdigest import DEFAULT_K
+from streamgauge.windows.window_sketches import QUANTILE_COLUMNS, QUANTILES, merge_hll
+from streamgauge.windows.window_sketches import distinct_count as hll_distinct_count
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+_SKETCHED = ("d", "h", "ms")
+_TYPES = ("c", "d", "g", "h", "ms", "s")
+"""Every metric type, sorted: a window of one name and tags with partials of two types takes
+the smaller, as the first design's ``min(metric_type)`` did."""
+_NO_TYPE = len(_TYPES)
+
+WINDOW_SCHEMA = pa.schema([
+    ("metric", pa.string()), ("tags", pa.string()), ("metric_type", pa.string()),
+    ("window_start_ms", pa.int64()), ("window_end_ms", pa.int64()), ("count", pa.int64()),
+    ("sum", pa.float64()), ("min", pa.float64()), ("max", pa.float64()),
+    ("last", pa.float64()), *((name, pa.float64()) for name in QUANTILE_COLUMNS),
+    ("distinct_count", pa.float64()), ("sketch", pa.binary()), ("hdr_histogram", pa.string()),
+])  # fmt: skip
+"""The columns of :meth:`OpenWindows.windows` (``results.to_result_rows`` takes them), besides
+the HDR buckets it returns apart."""
+
+
+class SeriesNames(Protocol):
+    """The metric and projected tags of each series id (``open_windows.SeriesIndex``)."""
+
+    metric: pa.Array
+    tags: pa.Array
+
+
+@dataclass
+class AggregateRows:
+    """Merged partials, a row per (series, what the owner keys it by): a pane of
+    ``OpenWindows``, a session of ``OpenSessions``. Row ``i`` belongs to series
+    ``series[i]``; the aggregates of every metric type sit side by side."""
+
+    series: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    type_code: npt.NDArray[np.int8] = field(default_factory=lambda: np.zeros(0, np.int8))
+    count: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sum: FloatArray = field(default_factory=lambda: np.zeros(0))
+    min: FloatArray = field(default_factory=lambda: np.zeros(0))
+    max: FloatArray = field(default_factory=lambda: np.zeros(0))
+    last: FloatArray = field(default_factory=lambda: np.zeros(0))
+    last_event_ms: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    digests: dc.DigestColumns | None = None
+    hdr: hc.HdrColumns = field(default_factory=lambda: hc.HdrColumns.empty(0))
+    hll_rows: list[IntArray] = field(default_factory=list)
+    hll_images: list[pa.Array] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.series)
+
+    def rows_of(self, series: IntArray) -> IntArray:
+        """Each series' row, new rows (empty aggregates) added for series not held yet."""
+        lookup = np.full(len(series), -1, np.int64)
+        if self.num_rows:
+            order = np.argsort(self.series, kind="stable")
+            at = np.searchsorted(self.series[order], series)
+            at = np.minimum(at, self.num_rows - 1)
+            hit = self.series[order][at] == series
+            lookup[hit] = order[at[hit]]
+        missing = np.flatnonzero(lookup < 0)
+        if missing.size:
+            new_series, first = np.unique(series[missing], return_index=True)
+            new_series = series[missing][np.sort(first)]
+            base = self.num_rows
+            self._grow(new_series)
+            positions = {int(s): base + i for i, s in enumerate(new_series.tolist())}
+            lookup[missing] = [positions[int(s)] for s in series[missing].tolist()]
+        return lookup
+
+    def add_rows(self, new_series: IntArray) -> IntArray:
+        """Empty rows for ``new_series`` (one each, in order); their row numbers."""
+        base = self.num_rows
+        self._grow(new_series)
+        return np.arange(base, self.num_rows, dtype=np.int64)
+
+    def _grow(self, new_series: IntArray, k: int = DEFAULT_K) -> None:
+        n = len(new_series)
+        self.series = np.concatenate([self.series, new_series])
+        self.type_code = np.concatenate([self.type_code, np.full(n, _NO_TYPE, np.int8)])
+        self.count = np.concatenate([self.count, np.zeros(n, np.int64)])
+        self.sum = np.concatenate([self.sum, np.zeros(n)])
+        self.min = np.concatenate([self.min, np.full(n, np.inf)])
+        self.max = np.concatenate([self.max, np.full(n, -np.inf)])
+        self.last = np.concatenate([self.last, np.zeros(n)])
+        self.last_event_ms = np.concatenate([self.last_event_ms, np.full(n, -(2**62), np.int64)])
+        empty = dc.DigestColumns.empty(n, self.digests.k if self.digests else k)
+        self.digests = empty if self.digests is None else dc.concat([self.digests, empty])
+        self.hdr = hc.concat([self.hdr, hc.HdrColumns.empty(n)])
+
+    def absorb(self, rows: IntArray, partials: Partials) -> None:
+        """Merge ``partials`` (in order) into the table's ``rows``."""
+        np.minimum.at(self.type_code, rows, partials.type_code)
+        np.add.at(self.count, rows, partials.count)
+        np.add.at(self.sum, rows, partials.sum)
+        np.minimum.at(self.min, rows, partials.min)
+        np.maximum.at(self.max, rows, partials.max)
+        # ``last``: the value of the latest event; of equal events, the later partial.
+        order = np.lexsort((np.arange(len(rows)), partials.last_event_ms, rows))
+        is_last = np.r_[rows[order][1:] != rows[order][:-1], True]
+        latest = order[is_last]
+        newer = partials.last_event_ms[latest] >= self.last_event_ms[rows[latest]]
+        self.last[rows[latest][newer]] = partials.last[latest][newer]
+        self.last_event_ms[rows[latest][newer]] = partials.last_event_ms[latest][newer]
+        assert self.digests is not None
+        if partials.has_digests:
+            self.digests = dc.merge_into(self.digests, partials.digests, rows)
+            self.hdr = hc.merge_into(self.hdr, partials.hdr, rows)
+        if partials.has_hll:
+            valid = np.flatnonzero(partials.hll_valid)
+            self.hll_rows.append(rows[valid])
+            self.hll_images.append(partials.hll.take(pa.array(valid, pa.int64())))
+
+    def keep(self, alive: npt.NDArray[np.bool_], remap: IntArray) -> None:
+        """Only the rows ``alive``, their series renumbered by ``remap``."""
+        rows = np.flatnonzero(alive)
+        new_row = np.full(self.num_rows, -1, np.int64)
+        new_row[rows] = np.arange(len(rows))
+        assert self.digests is not None
+        self.series = remap[self.series[rows]]
+        for name in ("type_code", "count", "sum", "min", "max", "last", "last_event_ms"):
+            setattr(self, name, getattr(self, name)[rows])
+        self.digests = dc.take(self.digests, rows)
+        self.hdr = take_hdr(self.hdr, rows)
+        kept_rows, kept_images = [], []
+        for held, images in zip(self.hll_rows, self.hll_images, strict=True):
+            moved = new_row[held]
+            ok = np.flatnonzero(moved >= 0)
+            kept_rows.append(moved[ok])
+            kept_images.append(images.take(pa.array(ok, pa.int64())))
+        self.hll_rows, self.hll_images = kept_rows, kept_images
+
+
+@dataclass(frozen=True)
+class Partials:
+    """A batch's on-time partials of one pane table, as columns."""
+
+    type_code: npt.NDArray[np.int8]
+    count: IntArray
+    sum: FloatArray
+    min: FloatArray
+    max: FloatArray
+    last: FloatArray
+    last_event_ms: IntArray
+    digests: dc.DigestColumns
+    hdr: hc.HdrColumns
+    hll: pa.Array
+    hll_valid: npt.NDArray[np.bool_]
+
+    @property
+    def has_digests(self) -> bool:
+        return bool(len(self.digests.means)) or bool(len(self.hdr.buckets))
+
+    @property
+    def has_hll(self) -> bool:
+        return bool(self.hll_valid.any())
+
+    @classmethod
+    def of(cls, placed: pa.Table, rows: IntArray, k: int) -> Partials:
+        take = pa.array(rows, pa.int64())
+        part = placed.take(take)
+        types = part.column("metric_type").combine_chunks()
+        code = np.full(len(types), _NO_TYPE, np.int8)
+        for index, name in enumerate(_TYPES):
+            code[np.asarray(pc.equal(types, name).to_numpy(zero_copy_only=False), bool)] = index
+        sketched = pc.is_in(types, pa.array(_SKETCHED))
+        sketch = part.column("sketch").combine_chunks()
+        nulls = pa.nulls(len(sketch), pa.binary())
+        is_set = pc.equal(types, "s")
+        return cls(
+            code, ints_of(part, "count"), floats_of(part, "sum"),
+            floats_of(part, "min"), floats_of(part, "max"),
+            floats_of(part, "last"), ints_of(part, "last_event_ms"),
+            dc.from_serialized(pc.if_else(sketched, sketch, nulls), k),
+            hc.from_lists(part.column("hdr_bucket"), part.column("hdr_count")),
+            pc.if_else(is_set, sketch, nulls),
+            np.asarray(pc.and_(is_set, pc.is_valid(sketch)).to_numpy(zero_copy_only=False),
+                       bool),
+        )  # fmt: skip
+
+
+    @classmethod
+    def of_merged(cls, merged: Merged, hll: pa.Array) -> Partials:
+        """Merged windows as partials (to fold into rows: a merge of sessions)."""
+        return cls(
+            merged.type_code, merged.count, merged.sum, merged.min, merged.max, merged.last,
+            merged.last_event_ms, merged.digests, merged.hdr, hll,
+            np.asarray(pc.is_valid(hll).to_numpy(zero_copy_only=False), bool),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Windows made of panes: one row per (series, window), in ``WINDOW_SCHEMA``, and their
+    HDR buckets (row ``i``'s in ``hdr``)."""
+
+    table: pa.Table
+    hdr: hc.HdrColumns
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.table.num_rows)
+
+
+class WindowBuilder:
+    """Merges held rows into windows and makes their rows, for one window spec's series."""
+
+    def __init__(self, series: SeriesNames, params: SketchParams) -> None:
+        self.series = series
+        self._k = params.tdigest_k
+        self._lg_k = params.hll_lg_k
+        self._layout = HdrLayout.from_params(params)
+
+    def merged(
+        self, picked: list[tuple[AggregateRows, IntArray]], owner: IntArray | None = None,
+        n_owners: int = 0,
+    ) -> tuple[Merged, pa.Array]:  # fmt: skip
+        """The rows ``picked`` (of one or several tables) merged per owner, in the order
+        given; the union of their HLL images (NULL: none). ``owner`` (one per picked row, in
+        order; ``n_owners`` of them): which merged row each goes to; None: one per series.
+        Each owner's series is that of its first row."""
+        series = np.concatenate([t.series[rows] for t, rows in picked])
+        if owner is None:
+            owners, owner = np.unique(series, return_inverse=True)
+            n = len(owners)
+        else:
+            n = n_owners
+            owners = np.zeros(n, np.int64)
+            owners[owner[::-1]] = series[::-1]
+        type_code = np.full(n, _NO_TYPE, np.int8)
+        count = np.zeros(n, np.int64)
+        total = np.zeros(n)
+        low = np.full(n, np.inf)
+        high = np.full(n, -np.inf)
+        last = np.zeros(n)
+        last_event = np.full(n, -(2**62), np.int64)
+        at = 0
+        digest_parts, hdr_parts = [], []
+        hll_owner: list[IntArray] = []
+        hll_images: list[pa.Array] = []
+        for table, rows in picked:
+            o = owner[at : at + len(rows)]
+            at += len(rows)
+            np.minimum.at(type_code, o, table.type_code[rows])
+            np.add.at(count, o, table.count[rows])
+            np.add.at(total, o, table.sum[rows])
+            np.minimum.at(low, o, table.min[rows])
+            np.maximum.at(high, o, table.max[rows])
+            newer = table.last_event_ms[rows] >= last_event[o]
+            last[o[newer]] = table.last[rows][newer]
+            last_event[o[newer]] = table.last_event_ms[rows][newer]
+            assert table.digests is not None
+            digest_parts.append(dc.take(table.digests, rows))
+            hdr_parts.append(take_hdr(table.hdr, rows))
+            row_owner = np.full(table.num_rows, -1, np.int64)
+            row_owner[rows] = o
+            for held, images in zip(table.hll_rows, table.hll_images, strict=True):
+                mine = row_owner[held]
+                ok = np.flatnonzero(mine >= 0)
+                hll_owner.append(mine[ok])
+                hll_images.append(images.take(pa.array(ok, pa.int64())))
+        merged = Merged(
+            owners, type_code, count, total, low, high, last, last_event,
+            dc.merge_by_owner(dc.concat(digest_parts, self._k), owner, n),
+            hc.merge_by_owner(hc.concat(hdr_parts), owner, n),
+        )  # fmt: skip
+        return merged, self.union_hll(hll_owner, hll_images, n)
+
+    def rows(
+        self, start: int | IntArray, end: int | IntArray, merged: Merged, hll: pa.Array
+    ) -> Windows:
+        """Windows ``[start, end)`` (one for all, or one per merged row) of ``merged``."""
+        n = len(merged.series)
+        take = pa.array(merged.series, pa.int64())
+        types = np.array(_TYPES + ("",), dtype=object)[merged.type_code]
+        is_sketched = np.isin(types, _SKETCHED)
+        quantile_values = dc.quantiles(merged.digests, QUANTILES)
+        blobs = dc.to_serialized(merged.digests)
+        has_digest = pa.array(is_sketched & (merged.digests.sizes > 0))
+        table = pa.table(
+            {
+                "metric": self.series.metric.take(take),
+                "tags": self.series.tags.take(take),
+                "metric_type": pa.array(types, pa.string()),
+                "window_start_ms": pa.array(np.broadcast_to(start, n), pa.int64()),
+                "window_end_ms": pa.array(np.broadcast_to(end, n), pa.int64()),
+                "count": pa.array(merged.count, pa.int64()),
+                "sum": pa.array(merged.sum, pa.float64()),
+                "min": pa.array(merged.min, pa.float64()),
+                "max": pa.array(merged.max, pa.float64()),
+                "last": pa.array(merged.last, pa.float64()),
+                **{
+                    name: pc.if_else(
+                        has_digest, pa.array(quantile_values[:, i]), pa.nulls(n, pa.float64())
+                    )
+                    for i, name in enumerate(QUANTILE_COLUMNS)
+                },
+                "distinct_count": self._distinct_counts(hll),
+                "sketch": pc.if_else(has_digest, blobs, hll),
+                "hdr_histogram": self._encoded(merged.hdr, is_sketched),
+            }
+        )
+        return Windows(table, merged.hdr)
+
+    def union_hll(self, owners: list[IntArray], images: list[pa.Array], n: int) -> pa.Array:
+        """Per owner, the union of its sets' HLL images (NULL: no set image)."""
+        out: list[bytes | None] = [None] * n
+        if owners and sum(len(o) for o in owners):
+            owner = np.concatenate(owners)
+            blobs = pa.concat_arrays(images)
+            order = np.argsort(owner, kind="stable")
+            listed = blobs.take(pa.array(order, pa.int64())).to_pylist()
+            sorted_owner = owner[order]
+            bounds = np.flatnonzero(np.diff(sorted_owner)) + 1
+            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(order)], strict=True):
+                out[int(sorted_owner[lo])] = merge_hll(b"", listed[lo:hi], self._lg_k)
+        return pa.array(out, pa.binary())
+
+    @staticmethod
+    def _distinct_counts(hll: pa.Array) -> pa.Array:
+        return pa.array([hll_distinct_count(b) if b else None for b in hll.to_pylist()],
+                        pa.float64())  # fmt: skip
+
+    def _encoded(self, hdr: hc.HdrColumns, is_sketched: npt.NDArray[np.bool_]) -> pa.Array:
+        """The HdrHistogram V2 encoding of each sketched window (NULL otherwise)."""
+        encoded = encode_v2(self._layout, hdr.offsets, hdr.buckets, hdr.counts)
+        return pc.if_else(pa.array(is_sketched), encoded, pa.nulls(len(hdr), pa.string()))
+
+    @staticmethod
+    def none() -> Windows:
+        return Windows(WINDOW_SCHEMA.empty_table(), hc.HdrColumns.empty(0))
+
+
+@dataclass(frozen=True)
+class Merged:
+    """Windows' merged values, row ``i`` of series ``series[i]``."""
+
+    series: IntArray
+    type_code: npt.NDArray[np.int8]
+    count: IntArray
+    sum: FloatArray
+    min: FloatArray
+    max: FloatArray
+    last: FloatArray
+    last_event_ms: IntArray
+    digests: dc.DigestColumns
+    hdr: hc.HdrColumns
+
+    @classmethod
+    def of_rows(cls, table: AggregateRows, rows: IntArray) -> Merged:
+        assert table.digests is not None
+        whole = len(rows) == table.num_rows
+        return cls(
+            table.series[rows], table.type_code[rows], table.count[rows], table.sum[rows],
+            table.min[rows], table.max[rows], table.last[rows], table.last_event_ms[rows],
+            table.digests if whole else dc.take(table.digests, rows),
+            table.hdr if whole else take_hdr(table.hdr, rows),
+        )  # fmt: skip
+
+
+def take_hdr(cols: hc.HdrColumns, rows: IntArray) -> hc.HdrColumns:
+    """The histograms of ``rows``, in that order."""
+    sizes = np.diff(cols.offsets)[rows]
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    source = np.repeat(cols.offsets[rows] - offsets[:-1], sizes) + np.arange(offsets[-1])
+    return hc.HdrColumns(offsets, cols.buckets[source], cols.counts[source])
+
+
+def array_of(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def ints_of(table: pa.Table, name: str) -> IntArray:
+    values = array_of(table.column(name)).to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=np.int64)
+
+
+def floats_of(table: pa.Table, name: str) -> FloatArray:
+    values = array_of(table.column(name)).to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=np.float64)
