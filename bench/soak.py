@@ -317,7 +317,7 @@ def query_lags_ms(run: Run, now_ms: int) -> dict[str, int]:
 
 
 def _short(checkpoint_name: str) -> str:
-    """``w-<digest>`` -> ``w``, ``w-<digest>.late`` -> ``w.late``: the query, not its digest."""
+    """``w-<digest>`` -> ``w``: the query, not its digest."""
     parts = checkpoint_name.split(".")
     parts[0] = parts[0].rsplit("-", 1)[0]
     return ".".join(part.split("-", 1)[0] for part in parts)
@@ -590,8 +590,10 @@ def main() -> int:
         launched = time.monotonic()
         run.start(args.window, ["--master", args.master] if args.master else [])
         print(f"daemon up in {time.monotonic() - launched:.1f} s: {run.info['udp']}", flush=True)
-        # the load starts once every query has committed a micro-batch (Spark is warm)
-        while len(run.sql("select distinct query_name from sink_batches")) < 2:
+        # the load starts once every query (one per window) has committed a micro-batch (Spark
+        # is warm)
+        queries = len(run.config.windows)
+        while len(run.sql("select distinct query_name from sink_batches")) < queries:
             if time.monotonic() - launched > 300:
                 raise SystemExit(f"no micro-batch committed:\n{run.log_tail()}")
             time.sleep(1)
