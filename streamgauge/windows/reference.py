@@ -79,6 +79,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamgauge.configs import PipelineConfig, WindowSpec
+from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
 from streamgauge.windows.source import receivers_heartbeat_ms
 from streamgauge.windows.window_sketches import OUTPUT_COLUMNS, Sketches, SketchMerger
 
@@ -627,7 +628,7 @@ class ReferenceWindower:
         )  # fmt: skip
         histogram = tuple(
             zip(state.sketches.buckets.tolist(), state.sketches.counts.tolist(), strict=True)
-        ) if columns["hdr_buckets"] is not None else ()  # fmt: skip
+        ) if state.metric_type in SKETCHED_TYPES else ()  # fmt: skip
         return StoredWindow(
             metric_type=state.metric_type,
             count=state.count,
@@ -637,6 +638,6 @@ class ReferenceWindower:
             last=state.last if gauge else None,
             is_final=final,
             late_events=late_samples.get(key, 0),
-            **{name: columns[name] for name in OUTPUT_COLUMNS if name != "hdr_buckets"},
+            **{name: columns[name] for name in OUTPUT_COLUMNS},
             histogram=histogram,
         )

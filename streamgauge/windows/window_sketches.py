@@ -12,7 +12,7 @@ kernels (``window_rows``, ``sketches/digest_columns.py``) must agree with.
 ==============  ===========================================================================
 
 Also here: the quantiles every window stores (``QUANTILES``), the HLL union and distinct
-count every kind uses, and the packed form of sparse HDR rows (``pack_buckets``).
+count every kind uses.
 """
 
 from __future__ import annotations
@@ -34,19 +34,6 @@ QUANTILES = (0.5, 0.9, 0.99, 0.999)
 
 
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999")
-
-
-def pack_buckets(buckets: np.ndarray, counts: np.ndarray) -> bytes:
-    """Sparse HDR rows as one binary value: n int32 indices, then n int64 counts."""
-    return buckets.astype("<i4").tobytes() + counts.astype("<i8").tobytes()
-
-
-def unpack_buckets(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
-    n = len(blob) // 12
-    return (
-        np.frombuffer(blob, "<i4", n, 0).astype(np.int64),
-        np.frombuffer(blob, "<i8", n, 4 * n).astype(np.int64),
-    )
 
 
 def merge_digest(digest: bytes, blobs: Iterable[bytes | None], k: int) -> bytes:
@@ -103,7 +90,7 @@ def digest_quantiles(digest: bytes) -> list[float | None]:
 
 
 
-OUTPUT_COLUMNS = (*QUANTILE_COLUMNS, "distinct_count", "sketch", "hdr_histogram", "hdr_buckets")
+OUTPUT_COLUMNS = (*QUANTILE_COLUMNS, "distinct_count", "sketch", "hdr_histogram")
 """The columns :meth:`SketchMerger.columns` gives a window row, in this order."""
 
 def _no_buckets() -> np.ndarray:
@@ -166,12 +153,12 @@ class SketchMerger:
         return merge_hll(hll, [other], self.lg_k)
 
     def columns(self, sketches: Sketches, metric_type: str) -> tuple[Any, ...]:
-        """``OUTPUT_COLUMNS`` of a window of ``metric_type``: quantiles, HdrHistogram encoding
-        and bucket rows for ``ms h d``, the distinct count (rounded like Spark's
+        """``OUTPUT_COLUMNS`` of a window of ``metric_type``: quantiles and HdrHistogram
+        encoding for ``ms h d``, the distinct count (rounded like Spark's
         ``hll_sketch_estimate``, so every window kind stores the same numbers) for ``s``."""
         none: tuple[Any, ...] = (None,) * len(OUTPUT_COLUMNS)
         if metric_type == "s" and sketches.hll:
-            return (*none[:4], distinct_count(sketches.hll), sketches.hll, None, None)
+            return (*none[:4], distinct_count(sketches.hll), sketches.hll, None)
         if metric_type in SKETCHED_TYPES:
             encoded = (
                 self.layout.encode(sketches.buckets, sketches.counts)
@@ -179,6 +166,5 @@ class SketchMerger:
             )  # fmt: skip
             return (
                 *digest_quantiles(sketches.digest), None, sketches.digest or None, encoded,
-                pack_buckets(sketches.buckets, sketches.counts),
             )  # fmt: skip
         return none
