@@ -20,6 +20,7 @@ import pyarrow as pa
 from streamgauge.ingest.log import SEGMENT_SCHEMA, read_heartbeat, segment_at
 from streamgauge.ingest.spool_fs import SpoolLike
 from streamgauge.windows.source import SpoolStreamReader, batch_heartbeats
+from streamgauge.windows.window_rows import ints_of
 
 Receivers = dict[str, dict[str, Any]]
 
@@ -85,14 +86,10 @@ def segment_ranges(rows: pa.Table) -> list[tuple[int, int]]:
     if n == 0:
         return []
     receiver = np.asarray(rows.column("receiver").combine_chunks().dictionary_encode().indices)
-    beat = _ints(rows, "segment_heartbeat_ms")
-    prior = _ints(rows, "prior_heartbeat_ms")
+    beat = ints_of(rows, "segment_heartbeat_ms")
+    prior = ints_of(rows, "prior_heartbeat_ms")
     change = np.flatnonzero(
         (receiver[1:] != receiver[:-1]) | (beat[1:] != beat[:-1]) | (prior[1:] != prior[:-1])
     ) + 1
     bounds = np.concatenate([[0], change, [n]])
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
-
-
-def _ints(rows: pa.Table, name: str) -> np.ndarray:
-    return np.asarray(rows.column(name).combine_chunks().to_numpy(zero_copy_only=False), np.int64)

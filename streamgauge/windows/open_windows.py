@@ -56,7 +56,7 @@ class SeriesIndex:
 
     def ids(self, metric: pa.Array, tags: pa.Array) -> IntArray:
         """The series of each row, new series numbered after the known ones."""
-        keys = _joined(metric, tags)
+        keys = series_keys(metric, tags)
         found = pc.index_in(keys, value_set=self._keys)
         known = np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), np.int64)
         new_rows = np.flatnonzero(known < 0)
@@ -146,7 +146,7 @@ class OpenWindows:
         starts = [start for start in starts if wanted(int(start))]
         if not starts:
             return {}
-        keys = _joined(placed.column("metric"), placed.column("tags"))
+        keys = series_keys(placed.column("metric"), placed.column("tags"))
         touched: dict[int, pa.Array] = {}
         for start in starts:
             inside = (first <= start) & (pane >= start) & (pane < start + a.size_ms)
@@ -241,6 +241,8 @@ class OpenWindows:
         return self._build.rows(start, start + self.assigner.size_ms, merged, hll)
 
 
-def _joined(metric: pa.Array | pa.ChunkedArray, tags: pa.Array | pa.ChunkedArray) -> pa.Array:
+def series_keys(metric: pa.Array | pa.ChunkedArray, tags: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Each row's series key (``metric\x1ftags``), as ``SeriesIndex`` and ``windows``'
+    ``listed`` keys spell it."""
     joined = pc.binary_join_element_wise(metric, tags, "\x1f")
     return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined

@@ -47,7 +47,7 @@ from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.windows.assign import LATE_COLUMNS, PaneAssigner, no_late_rows
 from streamgauge.windows.batch_log import segment_ranges
-from streamgauge.windows.open_windows import OpenWindows
+from streamgauge.windows.open_windows import OpenWindows, series_keys
 from streamgauge.windows.pane_logic import Step, passed_starts, revisable
 from streamgauge.windows.window_rows import Windows, ints_of
 
@@ -137,13 +137,12 @@ class SlidingWindowLogic:
         if placed.num_rows == 0:
             return {}
         pane = ints_of(placed, "pane_ms")
-        keys = pc.binary_join_element_wise(placed.column("metric"), placed.column("tags"), "\x1f")
+        keys = series_keys(placed.column("metric"), placed.column("tags"))
         found: dict[int, pa.Array] = {}
         for u in np.unique(pane).tolist():
             start = int(u) + self.pane_ms
             if again(start):
-                mine = pc.unique(keys.filter(pa.array(pane == u)))
-                found[start] = mine.combine_chunks() if isinstance(mine, pa.ChunkedArray) else mine
+                found[start] = pc.unique(keys.filter(pa.array(pane == u)))
         return found
 
     def _late_rows(self, late: pa.Table, placed: pa.Table) -> pa.Table:

@@ -24,7 +24,6 @@ import pytest
 
 from streamgauge.sinks.embedded import EmbeddedPostgres
 from streamgauge.sketches.hdr import HdrLayout
-from streamgauge.sketches.tdigest import deserialize_tdigest
 from streamgauge.windows.reference import ReferenceWindower
 from tests.e2e.harness import (
     Daemon,
@@ -37,6 +36,7 @@ from tests.e2e.harness import (
     stored_rows,
     wait_until,
 )
+from tests.windows.test_transcripts import check_quantiles
 
 CONFIG = """
 name: faults
@@ -168,12 +168,10 @@ def test_kill_9_under_a_timer_load_restarts_to_the_rows_of_an_uninterrupted_run(
                 expected.hdr_histogram)  # fmt: skip
             assert ours[0].tolist() == theirs[0].tolist(), (name, metric, start)
             assert ours[1].tolist() == theirs[1].tolist(), (name, metric, start)
-            digest = deserialize_tdigest(bytes(expected.sketch))
-            weight = digest.get_total_weight()
-            stored = deserialize_tdigest(base64.b64decode(got["sketch"]))
-            assert stored.get_total_weight() == weight, (name, metric, start)
-            error = config.sketches.quantile_rank_error + 1 / weight
-            assert abs(digest.get_rank(got["p99"]) - 0.99) <= error, (name, metric, start)
+            check_quantiles(
+                bytes(expected.sketch), base64.b64decode(got["sketch"]), got,
+                config.sketches.quantile_rank_error, (name, metric, start), {"p99": 0.99},
+            )  # fmt: skip
             checked += 1
         assert checked >= 40
 

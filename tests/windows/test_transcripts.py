@@ -188,6 +188,21 @@ def same_histogram(transcript: Transcript, got: str | None, expected: str | None
         ours[0]) == len(theirs[0])  # fmt: skip
 
 
+def check_quantiles(
+    expected_sketch: bytes, got_sketch: bytes, got: dict[str, Any], rank_error: float, key: Any,
+    quantiles: dict[str, float] = _QUANTILES,
+) -> None:
+    """A window's stored digest holds the expected digest's weight, and each stored quantile's
+    rank in the expected digest is within the rank error of its ``q`` (digests merged in
+    another order differ, their quantiles by at most that)."""
+    digest = deserialize_tdigest(expected_sketch)
+    weight = digest.get_total_weight()
+    assert deserialize_tdigest(got_sketch).get_total_weight() == weight, key
+    for column, q in quantiles.items():
+        rank = digest.get_rank(got[column])
+        assert abs(rank - q) <= rank_error + 1 / weight, (key, column, got[column], rank)
+
+
 def check_sketches(
     transcript: Transcript,
     stored: dict[StateKey, dict[str, Any]],
@@ -218,12 +233,7 @@ def check_sketches(
         if ref["p50"] is None:
             assert got["p50"] is None, key
             continue
-        digest = deserialize_tdigest(ref["sketch"])
-        weight = digest.get_total_weight()
-        assert deserialize_tdigest(got["sketch"]).get_total_weight() == weight, key
-        for column, q in _QUANTILES.items():
-            rank = digest.get_rank(got[column])
-            assert abs(rank - q) <= rank_error + 1 / weight, (key, column, got[column], rank)
+        check_quantiles(ref["sketch"], got["sketch"], got, rank_error, key)
     for key, fields in expected_sketches(transcript, after_replay=after_replay).items():
         assert {name: reference[key][name] for name in fields} == fields, key
 
