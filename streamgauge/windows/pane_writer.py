@@ -161,7 +161,10 @@ class PaneWindowsWriter:
             # the job; once per lull.
             parked = self._open_rows(logic, revision, watermark)
             if parked is not None:
-                rows = pa.concat_tables([rows, parked])
+                # Every open window, the ones this step wrote before their end (a merged
+                # session, an early row) among them: each once in the commit.
+                passed = pc.less_equal(rows.column("window_end_ms"), watermark)
+                rows = pa.concat_tables([rows.filter(passed), parked])
             self._parked = True
         late = to_late_rows(step.late, config, window) if step.late.num_rows else None
         key = (config.name, window.name)

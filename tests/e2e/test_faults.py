@@ -19,6 +19,7 @@ import base64
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -62,8 +63,21 @@ def _assert_store_equals_log(daemon: Daemon) -> None:
     expected = reference_rows(config, daemon.data_dir / "spool")
     stored = stored_rows(daemon, config.name)
     assert expected, "the log holds no test traffic"
-    assert stored == expected  # values, finality and late counts, every window
+    assert stored == expected, _differences(stored, expected)  # every window, every value
     assert sum(row["is_final"] for row in stored.values()) >= 3
+
+
+def _differences(stored: dict[tuple[Any, ...], Any], expected: dict[tuple[Any, ...], Any]) -> str:
+    """The windows the store lacks, holds in excess, or holds with other values: the first
+    few of each, whole (pytest's own dict diff truncates the values that differ)."""
+    lines = [f"missing: {key} {expected[key]}" for key in sorted(expected.keys() - stored.keys())]
+    lines += [f"extra: {key} {stored[key]}" for key in sorted(stored.keys() - expected.keys())]
+    lines += [
+        f"differs: {key} stored {stored[key]} expected {expected[key]}"
+        for key in sorted(stored.keys() & expected.keys())
+        if stored[key] != expected[key]
+    ]
+    return "\n".join(lines[:20] + [f"({len(lines)} differences)"])
 
 
 COUNTER_SAMPLES = (  # emitted windows, and the last ones the watermark has not passed yet

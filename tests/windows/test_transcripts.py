@@ -453,7 +453,8 @@ def overlapping_sessions(url: str, config: PipelineConfig) -> list[tuple[Any, ..
 @pytest.mark.parametrize(
     "name",
     ["stragglers_beyond_lateness", "session_straggler_merges", "session_straggler_extends",
-     "session_beyond_lateness", "session_sketches", "hopping_pane_stragglers"],
+     "session_beyond_lateness", "session_sketches", "hopping_pane_stragglers",
+     "session_merge_as_receiver_closes"],
 )  # fmt: skip
 def test_batching_does_not_change_the_result(
     name: str, spark: SparkSession, clean_store: str, tmp_path: Path
