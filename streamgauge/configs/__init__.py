@@ -15,11 +15,14 @@ from streamgauge.configs.loader import (
 )
 from streamgauge.configs.model import (
     AGGREGATES,
+    ALERT_AGGREGATES,
+    CLIENT_AGGREGATE_METRICS,
     COMPARISONS,
     EVALUATION_STEP_MS,
     SKETCH_KEYS,
     WINDOW_KINDS,
     Aggregate,
+    AlertAggregate,
     AlertSpec,
     Comparison,
     PipelineConfig,
@@ -34,11 +37,14 @@ from streamgauge.configs.model import (
 
 __all__ = [
     "AGGREGATES",
+    "ALERT_AGGREGATES",
+    "CLIENT_AGGREGATE_METRICS",
     "COMPARISONS",
     "EVALUATION_STEP_MS",
     "SKETCH_KEYS",
     "WINDOW_KINDS",
     "Aggregate",
+    "AlertAggregate",
     "AlertSpec",
     "Comparison",
     "ConfigError",

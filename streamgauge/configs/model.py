@@ -41,6 +41,18 @@ AGGREGATES: tuple[Aggregate, ...] = (
     "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999", "distinct_count",
     "rate",
 )  # fmt: skip
+#: What an alert can watch of the clients (``client_completeness``, docs/completeness.md): the
+#: fraction of a DogStatsD client's metrics, or packets, that arrived, per client and window.
+ClientAggregate = Literal["completeness", "packet_completeness"]
+#: The metric such an alert names: the received side of the fraction.
+CLIENT_AGGREGATE_METRICS: dict[str, str] = {
+    "completeness": "streamgauge.ingest.client.metrics_received",
+    "packet_completeness": "streamgauge.ingest.client.packets_received",
+}
+#: The tags a client alert can filter on and is evaluated per (columns of the view).
+CLIENT_ALERT_TAGS = ("source", "client", "client_version", "client_transport")
+AlertAggregate = Aggregate | ClientAggregate
+ALERT_AGGREGATES: tuple[str, ...] = (*AGGREGATES, *CLIENT_AGGREGATE_METRICS)
 Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
 COMPARISONS: tuple[Comparison, ...] = (">=", "<=", "==", "!=", ">", "<")
 WINDOW_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping", "sliding", "session")
@@ -360,6 +372,28 @@ class AlertDraft:
     annotations: Mapping[str, str] | None = None
 
 
+def _client_alert_problems(draft: AlertDraft, window: WindowDraft | None) -> list[Problem]:
+    """A completeness alert reads ``client_completeness``: its metric is the received side,
+    its window keeps the ``source`` tag, its tags are the view's client columns."""
+    metric = CLIENT_AGGREGATE_METRICS.get(draft.aggregate or "")
+    if metric is None:
+        return []
+    problems: list[Problem] = []
+    if draft.metric is not None and draft.metric != metric:
+        problems.append((("metric",), f"aggregate {draft.aggregate} watches {metric} (against "
+                                       "what the clients said they sent), not "
+                                       f"{draft.metric!r}"))
+    if window is not None and window.group_by is not None and "source" not in window.group_by:
+        problems.append((("window",), f"window {draft.window!r} does not keep the source tag; "
+                                       "give it group_by: [source, ...] to tell the clients "
+                                       "apart"))
+    for tag in draft.tags or {}:
+        if tag not in CLIENT_ALERT_TAGS:
+            problems.append((("tags", tag), f"a {draft.aggregate} alert filters on "
+                                            f"{', '.join(CLIENT_ALERT_TAGS)}, not {tag!r}"))
+    return problems
+
+
 def alert_problems(
     draft: AlertDraft,
     windows: Mapping[str, WindowDraft] | None,
@@ -378,7 +412,7 @@ def alert_problems(
         ("name", "every alert needs a name; it becomes the rule's title and UID"),
         ("window", "the name of a window in windows: whose results the alert watches"),
         ("metric", "the exact metric name the alert watches"),
-        ("aggregate", f"one of {', '.join(AGGREGATES)}"),
+        ("aggregate", f"one of {', '.join(ALERT_AGGREGATES)}"),
         ("condition", 'an operator and a number, like "> 250"'),
     ):
         if key not in given:
@@ -425,15 +459,17 @@ def alert_problems(
                     )
                 )
 
-    if draft.aggregate is not None and draft.aggregate not in AGGREGATES:
-        guess = difflib.get_close_matches(draft.aggregate, AGGREGATES, n=1)
+    if draft.aggregate is not None and draft.aggregate not in ALERT_AGGREGATES:
+        guess = difflib.get_close_matches(draft.aggregate, ALERT_AGGREGATES, n=1)
         hint = f"; did you mean {guess[0]}?" if guess else ""
         problems.append(
             (
                 ("aggregate",),
-                f"unknown aggregate {draft.aggregate!r}; one of {', '.join(AGGREGATES)}{hint}",
+                f"unknown aggregate {draft.aggregate!r}; one of {', '.join(ALERT_AGGREGATES)}"
+                f"{hint}",
             )
         )
+    problems += _client_alert_problems(draft, window)
 
     if (
         window is not None
@@ -939,7 +975,7 @@ class AlertSpec:
     name: str
     window: str
     metric: str
-    aggregate: Aggregate
+    aggregate: AlertAggregate
     op: Comparison
     threshold: float
     for_ms: int = 0

@@ -5,8 +5,9 @@ series per aggregate with provisional values drawn as dashed points over the ful
 stat panels; an annotation on every corrected window; percentiles per tag group and over the
 whole range from the windows' merged HDR histograms (their ``hdr_buckets``, what
 ``window_histograms`` shows), and a heatmap of them) and
-the pipeline-health dashboard (ingest rates, rejects by reason, kernel drops, watermark lag,
-late events, corrections, store errors from ``pipeline_metrics``).
+the pipeline-health dashboard (ingest rates, rejects by reason, kernel drops, each client's
+completeness, watermark lag, late events, corrections, store errors from
+``pipeline_metrics``).
 """
 
 from __future__ import annotations
@@ -334,6 +335,22 @@ def health_dashboard(config: PipelineConfig, datasource_uid: str) -> dict[str, A
                 ds,
                 config,
                 unit="short",
+            )
+        )
+        .with_panel(
+            _health_series(
+                "Client completeness: metrics arrived / metrics the client sent",
+                queries.client_completeness_sql(config),
+                ds,
+                config,
+                unit="percentunit",
+            ).description(
+                "Per DogStatsD client (its address and library), from its own telemetry: the "
+                "fraction of the metrics it sent that reached the receivers, over the "
+                "telemetry intervals (10 s by default) whose report arrived in the bucket. "
+                "Clients without telemetry (plain StatsD) have no line: unknown, not 100 %. "
+                "Needs a window over streamgauge.ingest.client.* with group_by: [source, "
+                "client] (docs/completeness.md)."
             )
         )
     )

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, cast
 
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog import variants as cogvariants
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
-from streamgauge.configs import Aggregate, AlertSpec, PipelineConfig
+from streamgauge.configs import CLIENT_AGGREGATE_METRICS, Aggregate, AlertSpec, PipelineConfig
 
 DATASOURCE_TYPE = "grafana-postgresql-datasource"
 """The PostgreSQL plugin id since Grafana 10.3 (``postgres`` remains an alias)."""
@@ -563,6 +563,8 @@ def alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
     evaluated from its on-time row on. Unconditional, so a rule exported before a window got
     ``early_every`` stays right.
     """
+    if alert.aggregate in CLIENT_AGGREGATE_METRICS:
+        return client_alert_sql(config, alert)
     window = config.window(alert.window)
     labels = "".join(f"  tags->>{literal(tag)} AS {json.dumps(tag)},\n" for tag in window.group_by)
     tag_filter = ""
@@ -573,7 +575,7 @@ def alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
         "SELECT\n"
         '  window_end AS "time",\n'
         f"{labels}"
-        f"  {_alert_value(alert.aggregate)} AS value\n"
+        f"  {_alert_value(cast(Aggregate, alert.aggregate))} AS value\n"
         "FROM window_results\n"
         f"WHERE config_name = {literal(config.name)}\n"
         f"  AND window_name = {literal(alert.window)}\n"
@@ -581,4 +583,44 @@ def alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
         "  AND early_as_of IS NULL\n"
         "  AND $__timeFilter(window_end)\n"
         "ORDER BY 1"
+    )
+
+
+def client_alert_sql(config: PipelineConfig, alert: AlertSpec) -> str:
+    """A completeness alert: per client (``source``, with its library as a label), the
+    fraction of its metrics (or packets) that arrived in each window that ended inside the
+    look-back. Clients without telemetry have none (NULL, dropped by the reducer): unknown is
+    no breach, and never 100 %."""
+    column = "completeness" if alert.aggregate == "completeness" else "packet_completeness"
+    filters = "".join(f"\n  AND {tag} = {literal(value)}" for tag, value in alert.tags)
+    return (
+        "SELECT\n"
+        '  window_end AS "time",\n'
+        '  source AS "source",\n'
+        "  coalesce(client, 'unknown') AS \"client\",\n"
+        f"  {column} AS value\n"
+        "FROM client_completeness\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        f"  AND window_name = {literal(alert.window)}\n"
+        f"  AND {column} IS NOT NULL{filters}\n"
+        "  AND $__timeFilter(window_end)\n"
+        "ORDER BY 1"
+    )
+
+
+def client_completeness_sql(config: PipelineConfig) -> str:
+    """Per client and bucket: the fraction of its metrics that arrived (its windows' counts
+    added up, then divided). Clients without telemetry have no line: unknown, not 100 %."""
+    return (
+        "SELECT\n"
+        "  $__timeGroupAlias(window_start, $__interval),\n"
+        "  source || coalesce(' (' || max(client) || ')', '') AS metric,\n"
+        "  sum(metrics_received) / nullif(sum(metrics_sent), 0) AS value\n"
+        "FROM client_completeness\n"
+        f"WHERE config_name = {literal(config.name)}\n"
+        "  AND window_name = '$window'\n"
+        "  AND metrics_sent IS NOT NULL\n"
+        "  AND $__timeFilter(window_start)\n"
+        "GROUP BY 1, source\n"
+        "ORDER BY 1, 2"
     )

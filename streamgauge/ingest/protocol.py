@@ -185,6 +185,13 @@ class ParseResult:
     #: rides on its samples instead (``Sample.unknown_fields``): the receiver may still reject
     #: the line (``type_conflict``), and then it is no adjusted line.
     adjusted: list[tuple[str, bytes]] = field(default_factory=list)
+    #: Where each metric line, reject, event and service check above was in the datagram:
+    #: its index among the datagram's ``\n``-separated lines (empty ones included), so that
+    #: a receiver can tell which sender's datagram it came from (``clients.py``).
+    metric_positions: list[int] = field(default_factory=list)
+    reject_positions: list[int] = field(default_factory=list)
+    event_positions: list[int] = field(default_factory=list)
+    service_check_positions: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> list[Sample]:
@@ -203,7 +210,7 @@ def parse_datagram(
 ) -> ParseResult:
     """Parse every line of one datagram; bad lines become rejects, good ones samples."""
     result = into if into is not None else ParseResult()
-    for raw in datagram.split(b"\n"):
+    for position, raw in enumerate(datagram.split(b"\n")):
         line = raw.rstrip(b"\r")
         if not line:
             continue
@@ -211,18 +218,23 @@ def parse_datagram(
         # "x:1|c" followed by 5000 bytes of tags: refused before any decoding or splitting
         if len(line) > limits.max_line_bytes:
             result.rejects.append(Reject("line_too_long", line[:256]))
+            result.reject_positions.append(position)
             continue
         outcome = parse_line(line, limits)
         if isinstance(outcome, list):
             result.metric_lines.append((line, outcome))
+            result.metric_positions.append(position)
         elif isinstance(outcome, Reject):
             result.rejects.append(outcome)
+            result.reject_positions.append(position)
         elif isinstance(outcome, Event):
             result.events.append(outcome)
+            result.event_positions.append(position)
             if outcome.unknown_fields:
                 result.adjusted.append(("unknown_field", line))
         else:
             result.service_checks.append(outcome)
+            result.service_check_positions.append(position)
             if outcome.unknown_fields:
                 result.adjusted.append(("unknown_field", line))
     return result

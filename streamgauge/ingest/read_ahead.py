@@ -40,9 +40,10 @@ from typing import Any, Protocol, TypeVar, cast
 import numba
 import numpy as np
 
-from streamgauge.ingest import transports
+from streamgauge.ingest import sources, transports
 from streamgauge.ingest.intrinsics import (
     address_of,
+    as_int64,
     c_address,
     call_address,
     call_nanosleep,
@@ -51,9 +52,10 @@ from streamgauge.ingest.intrinsics import (
     call_write,
     load_acquire,
     load_i32,
+    load_u64,
     store_release,
 )
-from streamgauge.ingest.transports import DatagramReader, describe
+from streamgauge.ingest.transports import Chunk, DatagramReader, describe, unix_key
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ READ_AHEAD_COALESCE_S = 0.0005
 #: How long a reader blocks in ``poll`` before it looks at its stop flag again.
 POLL_TIMEOUT_MS = 100
 
-Taken = list[tuple[bytes, int, int]]
+Taken = list[Chunk]
 
 
 class ReadAhead(Protocol):
@@ -109,6 +111,9 @@ class ReadAhead(Protocol):
     def close(self) -> None: ...
 
     def take(self, max_datagrams: int = MAX_DATAGRAMS_PER_WAKEUP) -> Taken: ...
+
+    def ipv6_name(self, key: int) -> str | None:
+        """The address of IPv6 sender ``key`` (``sources.IPV6``), if a reader holds it."""
 
 
 def read_ahead_for(sockets: Sequence[socket.socket], limit_bytes: int = READ_AHEAD_BYTES
@@ -161,7 +166,7 @@ class PythonReadAhead:
         self.sockets = list(sockets)
         self._limit = limit_bytes
         self._cond = threading.Condition()
-        self._buffers: collections.deque[tuple[bytes, int, int]] = collections.deque()
+        self._buffers: collections.deque[Chunk] = collections.deque()
         self._bytes = 0
         self._stop = threading.Event()
         self._full_waits = 0
@@ -195,6 +200,10 @@ class PythonReadAhead:
         for thread in self._threads:
             thread.start()
 
+    def ipv6_name(self, key: int) -> str | None:
+        return next((name for reader in self._datagram_readers
+                     if (name := reader.ipv6_names.get(key)) is not None), None)  # fmt: skip
+
     def stop(self) -> None:
         """Stop reading (what the threads read is still handed over by ``take``)."""
         self._stop.set()
@@ -207,19 +216,19 @@ class PythonReadAhead:
         self._pipe.close()
 
     def take(self, max_datagrams: int = MAX_DATAGRAMS_PER_WAKEUP) -> Taken:
-        """(datagrams each followed by a newline, how many, system calls), oldest first,
-        about ``max_datagrams`` of them (at least one buffer): one wake-up's worth, so that
-        the loop still rolls on time after a stall. If more are left, the wake-up fd stays
-        readable."""
+        """The chunks read, oldest first, about ``max_datagrams`` datagrams (at least one
+        chunk): one wake-up's worth, so that the loop still rolls on time after a stall. If
+        more are left, the wake-up fd stays readable."""
         self._pipe.drain()
         taken: Taken = []
         with self._cond:
             count = 0
-            while self._buffers and (not taken or count + self._buffers[0][1] <= max_datagrams):
+            while self._buffers and (not taken or count + self._buffers[0].count
+                                     <= max_datagrams):  # fmt: skip
                 item = self._buffers.popleft()
                 taken.append(item)
-                count += item[1]
-                self._bytes -= len(item[0])
+                count += item.count
+                self._bytes -= len(item.buffer)
             left = bool(self._buffers)
             self._cond.notify_all()
         if left:
@@ -239,17 +248,16 @@ class PythonReadAhead:
                         self._cond.wait(0.1)
             if not poller.poll(POLL_TIMEOUT_MS):
                 continue
-            syscalls = reader.syscalls
-            buffer, received = reader.read_queued(sock, MAX_DATAGRAMS_PER_WAKEUP)
-            if not received:
+            chunk = reader.read_queued(sock, MAX_DATAGRAMS_PER_WAKEUP)
+            if not chunk.count:
                 continue
             with self._cond:
                 was_empty = not self._buffers
-                self._buffers.append((buffer, received, reader.syscalls - syscalls))
-                self._bytes += len(buffer)
+                self._buffers.append(chunk)
+                self._bytes += len(chunk.buffer)
             if was_empty:
                 self._pipe.wake()
-            if received < COALESCE_DATAGRAMS:
+            if chunk.count < COALESCE_DATAGRAMS:
                 time.sleep(READ_AHEAD_COALESCE_S)
 
 
@@ -259,8 +267,10 @@ class PythonReadAhead:
 # ring of chunk descriptors, single producer, single consumer:
 #
 #   ring:  ...| chunk k: datagram\n datagram\n ... | chunk k+1 ... |  (wraps around)
-#   descriptors[k % DESCRIPTORS] = (start, used, count, calls), start and the counters below
-#   counted in bytes since the start (monotonic; the ring position is start % capacity)
+#   descriptors[k % DESCRIPTORS] = (start, used, count, calls, first), start and the counters
+#   below counted in bytes since the start (monotonic; the ring position is start % capacity)
+#   senders[d % SENDER_SLOTS], lengths[d % SENDER_SLOTS]: datagram d's sender
+#   (sources.source_key) and length; a chunk's datagrams are first .. first + count - 1
 #
 # The reader copies datagrams into the open chunk and publishes it (release store of
 # control[_PUBLISHED]); the owner takes published chunks in order and frees their bytes
@@ -285,10 +295,17 @@ _FULL_WAITS = 4  # times the reader found the ring (or the descriptors) full
 _TRUNCATED = 5  # datagrams longer than a slot, cut back to their last newline
 _READ_ERRORS = 6  # reads failed with a transient error (transports.TRANSIENT_READ_ERRORS)
 _LAST_READ_ERROR = 7  # the errno of the last of them
-_CONTROL_SIZE = 8
+_SENDERS_FREED = 8  # datagrams whose sender the owner is done with
+_CONTROL_SIZE = 9
 _SCRATCH_SIZE = 6  # int64s: the loop's C arguments (see _read_loop)
-_START, _USED, _COUNT, _CALLS = range(4)  # a descriptor's fields
+_START, _USED, _COUNT, _CALLS, _FIRST = range(5)  # a descriptor's fields
 DESCRIPTORS = 4096
+#: Datagrams whose sender the ring holds: 12 bytes each (3 MiB, resident once the ring went
+#: round). The reader waits for room here too, so it bounds the datagrams read ahead: about
+#: a quarter of a second at the highest one-line rate (bench/ingest.py).
+SENDER_SLOTS = 1 << 18
+#: IPv6 senders' addresses, by their key's hash (``ipv6_name``), for naming clients.
+IPV6_NAMES = 64
 # libc[...]: the C functions the loop calls, by address
 _RECVMMSG, _POLL, _NANOSLEEP, _WRITE, _ERRNO_LOCATION = range(5)
 _NL = 10
@@ -306,13 +323,16 @@ def _libc_addresses() -> np.ndarray:
 
 @_jit
 def _wait_for_room(control: np.ndarray, head: int, need: int, capacity: int, published: int,
-                   nanosleep: int, pause: int) -> None:
+                   sequence: int, nanosleep: int, pause: int) -> None:
     """Wait until the owner has freed enough of the ring for ``need`` more bytes after
-    ``head`` and taken enough chunks for one more descriptor; a wait is counted once."""
+    ``head``, taken enough chunks for one more descriptor, and freed a sender slot for
+    datagram ``sequence``; a wait is counted once."""
     freed, taken = address_of(control) + 8 * _FREED, address_of(control) + 8 * _TAKEN
+    senders_freed = address_of(control) + 8 * _SENDERS_FREED
     waited = False
     while (head + need - load_acquire(freed) > capacity
-           or published - load_acquire(taken) >= DESCRIPTORS):
+           or published - load_acquire(taken) >= DESCRIPTORS
+           or sequence - load_acquire(senders_freed) >= SENDER_SLOTS):
         if not waited:
             control[_FULL_WAITS] += 1
             waited = True
@@ -331,15 +351,29 @@ def _whole_lines(slots: np.ndarray, start: int, length: int) -> int:
 
 @_jit
 def _publish(descriptors: np.ndarray, control: np.ndarray, published: int, start: int,
-             used: int, count: int, calls: int, write: int, wake_fd: int, wake_byte: int
-             ) -> None:
-    """Describe the chunk, then publish it (a release store), then write a byte down the
-    wake-up pipe (a full pipe already has the loop's attention)."""
+             used: int, count: int, calls: int, sequence: int, write: int, wake_fd: int,
+             wake_byte: int) -> None:
+    """Describe the chunk (its datagrams end before datagram ``sequence``), then publish it
+    (a release store), then write a byte down the wake-up pipe (a full pipe already has the
+    loop's attention)."""
     descriptor = descriptors[published % DESCRIPTORS]
     descriptor[_START], descriptor[_USED] = start, used
     descriptor[_COUNT], descriptor[_CALLS] = count, calls
+    descriptor[_FIRST] = sequence - count
     store_release(address_of(control) + 8 * _PUBLISHED, published + 1)
     call_write(write, wake_fd, wake_byte, 1)
+
+
+@_jit
+def _record_ipv6(names: np.ndarray, offset: int, key: np.int64, ipv6: np.ndarray) -> None:
+    """Keep the address of an IPv6 sender for ``ipv6_name``: its 16 bytes as two words, then
+    the key (a release store: a reader that sees the key sees the words)."""
+    row = int(key >> 16) % IPV6_NAMES
+    if ipv6[row, 0] == key:
+        return
+    ipv6[row, 1] = as_int64(load_u64(address_of(names) + offset + 8))
+    ipv6[row, 2] = as_int64(load_u64(address_of(names) + offset + 16))
+    store_release(address_of(ipv6) + 24 * row, int(key))
 
 
 @_jit
@@ -348,7 +382,8 @@ def _read_loop(
     flags: np.ndarray, slots: np.ndarray, slot_bytes: int, ring: np.ndarray,
     descriptors: np.ndarray,
     control: np.ndarray, wake_fd: int, scratch: np.ndarray, min_datagrams: int,
-    max_datagrams: int,
+    max_datagrams: int, names: np.ndarray, namelens: np.ndarray, own_key: int,
+    senders: np.ndarray, sender_lengths: np.ndarray, ipv6: np.ndarray,
 ) -> int:
     """Read ``fd`` until ``control[_STOP]``; returns 0, or the errno that ended it.
 
@@ -361,6 +396,9 @@ def _read_loop(
     holds ``max_datagrams``, or before the reader waits for room. A read failing with a
     transient error (``transports.TRANSIENT_READ_ERRORS``) is counted in
     ``control[_READ_ERRORS]`` and retried after a pause; any other error ends the loop.
+    Each datagram's sender (``sources.source_key`` of its slot's ``names``, their lengths in
+    ``namelens``; ``own_key`` for a Unix socket's) and length go to ``senders`` and
+    ``sender_lengths``, an IPv6 sender's address to ``ipv6``.
     ``scratch``: int64s for the C calls — [0:2] the pause (a timespec), [2] the pollfd, [3]
     the wake-up byte, [4:6] the pause after a transient error (a timespec).
     """
@@ -370,9 +408,11 @@ def _read_loop(
     pause, pollfd, wake_byte, error_pause = base, base + 16, base + 24, base + 32
     stop = address_of(control) + 8 * _STOP
     freed, taken = address_of(control) + 8 * _FREED, address_of(control) + 8 * _TAKEN
+    senders_freed = address_of(control) + 8 * _SENDERS_FREED
     capacity = len(ring)
     published = control[_PUBLISHED]
     head = start = control[_FREED]  # all taken before: the ring is empty
+    sequence = control[_SENDERS_FREED]
     count = calls = staged = copied = 0
     queue_empty = True  # the last read found fewer datagrams than slots
     paused = False
@@ -385,24 +425,32 @@ def _read_loop(
             if count == max_datagrams or head + length + 1 - start > capacity // 2:
                 # full, or half the ring: hand it over, so the owner can free it meanwhile
                 _publish(descriptors, control, published, start, head - start, count, calls,
-                         write, wake_fd, wake_byte)
+                         sequence, write, wake_fd, wake_byte)
                 published += 1
                 start, count, calls, paused = head, 0, 0, False
             if head + length + 1 - load_acquire(freed) > capacity or (
-                    published - load_acquire(taken) >= DESCRIPTORS):
+                    published - load_acquire(taken) >= DESCRIPTORS) or (
+                    sequence - load_acquire(senders_freed) >= SENDER_SLOTS):
                 if count:  # what the owner could take to make room
                     _publish(descriptors, control, published, start, head - start, count,
-                             calls, write, wake_fd, wake_byte)
+                             calls, sequence, write, wake_fd, wake_byte)
                     published += 1
                     start, count, calls, paused = head, 0, 0, False
-                _wait_for_room(control, head, length + 1, capacity, published, nanosleep,
-                               pause)
+                _wait_for_room(control, head, length + 1, capacity, published, sequence,
+                               nanosleep, pause)
             source = copied * slot_bytes
             at = head % capacity
             first = min(length, capacity - at)  # the part before the ring's end
             ring[at : at + first] = slots[source : source + first]
             ring[: length - first] = slots[source + first : source + length]
             ring[(at + length) % capacity] = _NL
+            name = copied * sources.NAME_BYTES
+            key = sources.source_key(names, name, int(namelens[copied]), own_key)
+            if key & sources.IPV6:
+                _record_ipv6(names, name, key, ipv6)
+            senders[sequence % SENDER_SLOTS] = key
+            sender_lengths[sequence % SENDER_SLOTS] = length
+            sequence += 1
             head += length + 1
             count += 1
             copied += 1
@@ -410,7 +458,7 @@ def _read_loop(
         if count and (stopping or count >= max_datagrams
                       or queue_empty and (count >= min_datagrams or paused)):
             _publish(descriptors, control, published, start, head - start, count, calls,
-                     write, wake_fd, wake_byte)
+                     sequence, write, wake_fd, wake_byte)
             published += 1
             start, count, calls, paused = head, 0, 0, False
         if stopping:
@@ -420,6 +468,8 @@ def _read_loop(
             paused = True
         elif queue_empty:
             call_poll(poll, pollfd, 1, POLL_TIMEOUT_MS)  # idle: until readable, or a while
+        for slot in range(staged):  # value-result: the room for the next sender's address
+            namelens[slot] = sources.NAME_BYTES
         received = call_recvmmsg(recvmmsg, fd, headers, n_slots, _MSG_DONTWAIT, 0)
         calls += 1
         if received < 0:
@@ -431,7 +481,7 @@ def _read_loop(
             elif error != errno.EAGAIN and error != errno.EWOULDBLOCK and error != errno.EINTR:
                 if count:
                     _publish(descriptors, control, published, start, head - start, count,
-                             calls, write, wake_fd, wake_byte)
+                             calls, sequence, write, wake_fd, wake_byte)
                 return error
             received = 0
         staged, copied = received, 0
@@ -445,9 +495,11 @@ def _published(control: np.ndarray) -> int:
 
 
 @_jit
-def _release(control: np.ndarray, taken: int, freed: int) -> None:
-    """The owner is done with chunks up to ``taken`` and ring bytes up to ``freed``."""
+def _release(control: np.ndarray, taken: int, freed: int, senders_freed: int) -> None:
+    """The owner is done with chunks up to ``taken``, ring bytes up to ``freed`` and senders
+    up to ``senders_freed``."""
     store_release(address_of(control) + 8 * _FREED, freed)
+    store_release(address_of(control) + 8 * _SENDERS_FREED, senders_freed)
     store_release(address_of(control) + 8 * _TAKEN, taken)
 
 
@@ -464,10 +516,14 @@ def load_compiled() -> None:
     _read_loop(np.zeros(5, dtype=np.int64), -1, slots.headers_address, slots.slots,
                slots.lengths_array(), slots.flags_array(), slots.buffer_array(),
                slots.slot_bytes,
-               np.zeros(8, dtype=np.uint8), np.zeros((1, 4), dtype=np.int64), control, -1,
-               np.zeros(_SCRATCH_SIZE, dtype=np.int64), 1, 1)  # fmt: skip
+               np.zeros(8, dtype=np.uint8), np.zeros((1, 5), dtype=np.int64), control, -1,
+               np.zeros(_SCRATCH_SIZE, dtype=np.int64), 1, 1, slots.names_array(),
+               slots.namelens_array(), 0, np.zeros(1, dtype=np.int64),
+               np.zeros(1, dtype=np.int32), np.zeros((IPV6_NAMES, 3), dtype=np.int64),
+               )  # fmt: skip
     _published(control)
-    _release(control, 0, 0)
+    _release(control, 0, 0, 0)
+    sources.prepare()
 
 
 class _CompiledReader:
@@ -480,8 +536,11 @@ class _CompiledReader:
         # at least two of the largest datagrams fit
         self.ring = np.zeros(max(limit_bytes, 4 * transports.DATAGRAM_SLOT_BYTES),
                              dtype=np.uint8)  # fmt: skip
-        self.descriptors = np.zeros((DESCRIPTORS, 4), dtype=np.int64)
+        self.descriptors = np.zeros((DESCRIPTORS, 5), dtype=np.int64)
         self.control = np.zeros(_CONTROL_SIZE, dtype=np.int64)
+        self.senders = np.zeros(SENDER_SLOTS, dtype=np.int64)
+        self.sender_lengths = np.zeros(SENDER_SLOTS, dtype=np.int32)
+        self.ipv6 = np.zeros((IPV6_NAMES, 3), dtype=np.int64)
         self._slots = DatagramReader()
         scratch = np.zeros(_SCRATCH_SIZE, dtype=np.int64)
         scratch[1] = int(READ_AHEAD_COALESCE_S * 1e9)  # struct timespec {0 s, ns}
@@ -495,7 +554,8 @@ class _CompiledReader:
             self._slots.lengths_array(), self._slots.flags_array(), self._slots.buffer_array(),
             self._slots.slot_bytes,
             self.ring, self.descriptors, self.control, wake_w, scratch, COALESCE_DATAGRAMS,
-            MAX_DATAGRAMS_PER_WAKEUP,
+            MAX_DATAGRAMS_PER_WAKEUP, self._slots.names_array(), self._slots.namelens_array(),
+            unix_key(sock), self.senders, self.sender_lengths, self.ipv6,
         )
         load_compiled()  # not on the reader thread
         self.thread = threading.Thread(target=self._run, daemon=True,
@@ -513,9 +573,10 @@ class _CompiledReader:
         last = _published(self.control)
         capacity = len(self.ring)
         freed = int(self.control[_FREED])
+        senders_freed = int(self.control[_SENDERS_FREED])
         index = first
         for index in range(first, last):
-            start, used, count, calls = self.descriptors[index % DESCRIPTORS].tolist()
+            start, used, count, calls, sequence = self.descriptors[index % DESCRIPTORS].tolist()
             if taken and count > room:
                 break
             at = start % capacity
@@ -523,14 +584,33 @@ class _CompiledReader:
                 buffer = self.ring[at : at + used].tobytes()
             else:
                 buffer = self.ring[at:].tobytes() + self.ring[: at + used - capacity].tobytes()
-            taken.append((buffer, count, calls))
+            taken.append(Chunk(buffer, count, calls, *self._senders(sequence, count)))
             room -= count
             freed = start + used
+            senders_freed = sequence + count
         else:
             index = last
         if index != first:
-            _release(self.control, index, freed)
+            _release(self.control, index, freed, senders_freed)
         return index == last
+
+    def _senders(self, sequence: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Datagrams ``sequence`` .. ``sequence + count - 1``: their senders and lengths."""
+        at = sequence % SENDER_SLOTS
+        picks = np.arange(at, at + count) % SENDER_SLOTS if at + count > SENDER_SLOTS else (
+            slice(at, at + count))  # fmt: skip
+        return self.senders[picks].copy(), self.sender_lengths[picks].astype(np.int64)
+
+    def ipv6_name(self, key: int) -> str | None:
+        """The address of IPv6 sender ``key``, if this reader still holds it."""
+        row = self.ipv6[(key >> 16) % IPV6_NAMES]
+        words = row.tolist()
+        if words[0] != key:
+            return None
+        address = np.array(words[1:], dtype=np.int64).tobytes()
+        if int(row[0]) != key:  # overwritten while read
+            return None
+        return socket.inet_ntop(socket.AF_INET6, address)
 
     @property
     def full_waits(self) -> int:
@@ -585,6 +665,10 @@ class CompiledReadAhead:
         for reader in self._readers:
             reader.thread.start()
 
+    def ipv6_name(self, key: int) -> str | None:
+        return next((name for reader in self._readers
+                     if (name := reader.ipv6_name(key)) is not None), None)  # fmt: skip
+
     def stop(self) -> None:
         """Stop reading; what was read is still handed over by ``take``. A reader waiting for
         room gets it: the chunks are taken while the threads finish."""
@@ -606,7 +690,7 @@ class CompiledReadAhead:
         taken, self._salvaged = self._salvaged, []
         left = False
         for reader in self._readers:
-            room = max_datagrams - sum(count for _, count, _ in taken)
+            room = max_datagrams - sum(chunk.count for chunk in taken)
             if not reader.take(room, taken):
                 left = True
                 break

@@ -50,6 +50,7 @@ is a straggler to the window job, which handles lateness.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -66,7 +67,9 @@ import numpy as np
 import pyarrow as pa
 
 from streamgauge.clock import Clock
-from streamgauge.ingest import kernel
+from streamgauge.ingest import clients as client_counts
+from streamgauge.ingest import kernel, sources
+from streamgauge.ingest.clients import Batch, Clients, Report
 from streamgauge.ingest.collector import FullCollections
 from streamgauge.ingest.combiner import PaneCombiner, canonical_tags
 from streamgauge.ingest.fastpath import FastPath
@@ -105,8 +108,10 @@ from streamgauge.ingest.read_ahead import (
     read_ahead_for,
 )
 from streamgauge.ingest.transports import (
+    Chunk,
     DatagramReader,
     LineAssembler,
+    ListenSpec,
     bind_udp,
     describe,
 )
@@ -124,6 +129,7 @@ REJECT_SAMPLE_SIZE = 32
 TRUNCATED_SAMPLE = b"<datagram over 64 KiB: its last line cut off>"
 KERNEL_POLL_MS = 1000
 LAG_POLL_MS = 5000
+CLIENT_EXPIRY_POLL_MS = 10_000
 #: A wake-up that found fewer than COALESCE_DATAGRAMS datagrams waits this long before the
 #: next one, so that the next read finds a bigger batch: per-batch costs are amortised over
 #: more lines and the CPU goes to the senders meanwhile (the 8 MiB receive buffer holds ~40 ms
@@ -163,6 +169,9 @@ class IngestStats:
     adjusted: collections.Counter[str] = field(default_factory=collections.Counter)
     kernel_drops: collections.Counter[str] = field(default_factory=collections.Counter)
     udp_rcvbuf_errors: int = 0  # namespace-wide, since start: context, not only ours
+    #: datagrams (and TCP reads) from clients beyond the per-client limit, by reason
+    #: (``client_limit``): counted together, not per client (``clients.py``)
+    clients_overflowed: collections.Counter[str] = field(default_factory=collections.Counter)
     reject_sample: collections.deque[dict[str, str]] = field(
         default_factory=lambda: collections.deque(maxlen=REJECT_SAMPLE_SIZE)
     )
@@ -197,6 +206,7 @@ class IngestStats:
             "adjusted": dict(self.adjusted),
             "kernel_drops": dict(self.kernel_drops),
             "udp_rcvbuf_errors": self.udp_rcvbuf_errors,
+            "clients_overflowed": dict(self.clients_overflowed),
             "reject_sample": list(self.reject_sample),
         }
 
@@ -205,6 +215,21 @@ class IngestStats:
 class _Connection:
     sock: socket.socket
     lines: LineAssembler
+    key: int  # the client (``sources.TCP`` | serial)
+
+
+@dataclass(slots=True)
+class _ClientNotes:
+    """The general path's lines a client batch needs one by one, by line index."""
+
+    rejected: dict[str, list[int]] = field(default_factory=dict)
+    not_metrics: list[int] = field(default_factory=list)
+    #: telemetry lines: (line, counter name, value, tags)
+    telemetry: list[tuple[int, str, float, tuple[tuple[str, str], ...]]] = field(
+        default_factory=list)
+
+    def reject(self, reason: str, line: int) -> None:
+        self.rejected.setdefault(reason, []).append(line)
 
 
 class Receiver:
@@ -230,6 +255,7 @@ class Receiver:
         read_ahead_bytes: int = READ_AHEAD_BYTES,
         full_collections: FullCollections | None = None,
         worker_nice: int = 0,
+        max_clients: int = client_counts.DEFAULT_MAX_CLIENTS,
     ) -> None:
         """``writer``: a ``SegmentQueue`` writes on its own thread; a bare ``SegmentWriter``
         writes in ``roll`` itself. ``recvmmsg``: many datagrams per system call on Linux.
@@ -240,7 +266,8 @@ class Receiver:
         ``full_collections``: run the garbage collector's full collections from ``roll``
         (a receiver process takes them off the automatic schedule: ``collector.py``).
         ``worker_nice``: while compiled readers read the datagram sockets, ``run``'s thread
-        and the segment writer run this many nice steps below them (``priority.py``)."""
+        and the segment writer run this many nice steps below them (``priority.py``).
+        ``max_clients``: senders counted one by one (``clients.py``); the others together."""
         if max_skew_ms < 0:
             raise ValueError(f"max_skew_ms must be >= 0, got {max_skew_ms}")
         self._sockets = [sockets] if isinstance(sockets, socket.socket) else list(sockets)
@@ -253,6 +280,11 @@ class Receiver:
             if sock.family in (socket.AF_INET, socket.AF_INET6) and not listening:
                 self._udp_inodes[kernel.socket_inode(sock)] = describe(sock)
         self._connections: dict[int, _Connection] = {}
+        self._connection_names: dict[int, str] = {}
+        self._connection_serial = 0
+        self.clients = Clients(max_clients, name_of=self._name_client)
+        self._next_client_expiry_ms = 0
+        self._kernel_polled_ms = 0
         self._writer = writer if isinstance(writer, SegmentQueue) else SegmentQueue(writer, depth=0)
         self._reader = DatagramReader(batched=recvmmsg)
         self._read_ahead_bytes = read_ahead_bytes
@@ -295,6 +327,20 @@ class Receiver:
         self._pending_self_metrics = IngestStats()
         self._rcvbuf_errors_at_start = kernel.udp_rcvbuf_errors(proc_net)
         self._next_kernel_poll_ms = 0
+
+    def _name_client(self, key: int) -> str | None:
+        """A client's name where its key holds no address (``sources``)."""
+        if key & sources.TCP:
+            return self._connection_names.get(key)
+        if key & sources.UNIX:
+            fd = key & ~sources.UNIX
+            return next((describe(s) for s in self._datagram_sockets if s.fileno() == fd), None)
+        if key & sources.IPV6:
+            address = self._reader.ipv6_names.get(key)
+            if address is None and self._read_ahead is not None:
+                address = self._read_ahead.ipv6_name(key)
+            return None if address is None else f"udp://[{address}]:{sources.port_of(key)}"
+        return None
 
     @property
     def listening(self) -> list[str]:
@@ -392,12 +438,18 @@ class Receiver:
         taken = read_ahead.take()
         if not taken:
             return 0
-        received = sum(count for _, count, _ in taken)
-        self.stats.syscalls += sum(calls for _, _, calls in taken)
+        received = sum(chunk.count for chunk in taken)
+        self.stats.syscalls += sum(chunk.calls for chunk in taken)
         self.stats.datagrams += received
         self._pending_self_metrics.datagrams += received
         # each datagram already ends in a newline; one buffer is not copied again
-        self._ingest_buffer(b"".join([buffer for buffer, _, _ in taken]), self.now_ms())
+        if len(taken) == 1:
+            chunk = taken[0]
+        else:
+            chunk = Chunk(b"".join([c.buffer for c in taken]), received, 0,
+                          np.concatenate([c.keys for c in taken]),
+                          np.concatenate([c.lengths for c in taken]))  # fmt: skip
+        self._ingest_buffer(chunk.buffer, self.now_ms(), chunk)
         return received
 
     def close(self) -> None:
@@ -443,37 +495,44 @@ class Receiver:
 
     def _read_datagrams(self, sock: socket.socket) -> int:
         """Everything queued on ``sock`` (up to MAX_DATAGRAMS_PER_WAKEUP), as one buffer."""
-        reader = self._reader
-        syscalls = reader.syscalls
-        buffer, received = reader.read_queued(sock, MAX_DATAGRAMS_PER_WAKEUP)
-        self.stats.syscalls += reader.syscalls - syscalls
+        chunk = self._reader.read_queued(sock, MAX_DATAGRAMS_PER_WAKEUP)
+        self.stats.syscalls += chunk.calls
         self._count_truncated()
-        if received:
-            self.stats.datagrams += received
-            self._pending_self_metrics.datagrams += received
-            self._ingest_buffer(buffer, self.now_ms())
-        return received
+        if chunk.count:
+            self.stats.datagrams += chunk.count
+            self._pending_self_metrics.datagrams += chunk.count
+            self._ingest_buffer(chunk.buffer, self.now_ms(), chunk)
+        return chunk.count
 
     def _ingest_datagrams(self, datagrams: list[bytes], recv_ms: int) -> None:
         """Parse and combine datagrams received together (see ``_ingest_buffer``)."""
         self._ingest_buffer(b"\n".join([*datagrams, b""]), recv_ms)
 
-    def _ingest_buffer(self, buffer: bytes, recv_ms: int) -> None:
+    def _ingest_buffer(self, buffer: bytes, recv_ms: int, chunk: Chunk | None = None) -> None:
         """Parse and combine one wake-up's datagrams, joined by newlines; the same outcome as
         ``parse_datagram`` and ``_account`` line by line, with the common lines combined in
-        bulk. (A line never spans datagrams: each ends where its datagram does.)"""
+        bulk. (A line never spans datagrams: each ends where its datagram does.) ``chunk``:
+        the datagrams' senders and lengths, to count per client (``clients.py``)."""
+        notes = _ClientNotes() if chunk is not None else None
         if self._fast is None:
-            self._account(parse_datagram(buffer, self._limits), recv_ms)
+            result = parse_datagram(buffer, self._limits)
+            self._account(result, recv_ms, notes)
+            if chunk is not None and notes is not None:
+                ends = np.flatnonzero(np.frombuffer(buffer, dtype=np.uint8) == ord("\n"))
+                starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+                self._count_clients(chunk, starts, ends, notes, None, None, recv_ms)
             return
         split = self._fast.split(buffer, recv_ms)
         fast, slots, values = split.fast, split.fast_slots, split.fast_values
         weights = split.fast_weights
         slow, conflicts = split.slow, split.conflicts
+        slow_lines: np.ndarray | None = None  # the general path's line i: slow_lines[i]
         if len(slow):
             if not len(fast) and not len(conflicts):
                 result = parse_datagram(buffer, self._limits)
             else:
                 result = parse_datagram(b"\n".join(split.lines(slow)), self._limits)
+                slow_lines = slow
                 if len(conflicts) and result.metric_lines:
                     # Counted in bulk, their sampled lines would go before this buffer's
                     # other metric lines' (type conflicts, adjustments): the general path
@@ -481,6 +540,7 @@ class Receiver:
                     slow = np.sort(np.concatenate([slow, conflicts]))
                     conflicts = conflicts[:0]
                     result = parse_datagram(b"\n".join(split.lines(slow)), self._limits)
+                    slow_lines = slow
                 # A series with lines on both paths in one wake-up: all its lines take the
                 # general path, in line order (gauge deltas and sums depend on the order).
                 demote = self._shared_series(result, slots)
@@ -490,12 +550,13 @@ class Receiver:
                     fast, slots, values = fast[~moved], slots[~moved], values[~moved]
                     weights = weights[~moved]
                     result = parse_datagram(b"\n".join(split.lines(slow)), self._limits)
+                    slow_lines = slow
         if len(conflicts):
             self._count_type_conflicts(split.lines(conflicts[-REJECT_SAMPLE_SIZE:]),
                                        len(conflicts))  # fmt: skip
         if len(slow):
             self._sync_guard()
-            self._account(result, recv_ms)
+            self._account(result, recv_ms, notes)
         if len(fast):
             self._combiner.add_fast(slots, values, recv_ms, weights)
             self._combiner.seen_ms[slots] = recv_ms
@@ -509,6 +570,52 @@ class Receiver:
             weighed = int(weights.sum())
             stats.samples += weighed
             pending.samples += weighed
+        if chunk is not None and notes is not None:
+            self._count_clients(chunk, split.starts, split.ends, notes,
+                                slow_lines if len(slow) else None, conflicts)  # fmt: skip
+
+    def _count_clients(
+        self, chunk: Chunk, starts: np.ndarray, ends: np.ndarray, notes: _ClientNotes,
+        slow_lines: np.ndarray | None, conflicts: np.ndarray | None, recv_ms: int | None = None,
+    ) -> None:
+        """Count the batch per client: datagrams and lines with numpy, the general path's
+        rejects, non-metric and telemetry lines (``notes``, by their index in the general
+        path's buffer, ``slow_lines`` mapping it to the batch's line) one by one."""
+        now_ms = self.now_ms() if recv_ms is None else recv_ms
+        datagram_ends = np.cumsum(chunk.lengths + 1)
+        first_line = np.concatenate([[0], np.searchsorted(starts, datagram_ends)])
+        empty = np.flatnonzero(ends == starts)
+        lines = np.diff(first_line)
+        if len(empty):
+            lines = lines - np.diff(np.searchsorted(empty, first_line))
+        batch = Batch(chunk.keys, lines, first_line)
+
+        def lines_of(positions: list[int]) -> np.ndarray:
+            at = np.array(positions, dtype=np.int64)
+            return slow_lines[at] if slow_lines is not None else at
+
+        for reason, positions in notes.rejected.items():
+            batch.rejected[reason] = lines_of(positions)
+        if conflicts is not None and len(conflicts):
+            batch.rejected["type_conflict"] = np.concatenate(
+                [batch.rejected.get("type_conflict", np.zeros(0, np.int64)), conflicts])
+        if notes.not_metrics:
+            batch.not_metrics.append(lines_of(notes.not_metrics))
+        if notes.telemetry:
+            at = lines_of([line for line, _, _, _ in notes.telemetry])
+            batch.not_metrics.append(at)
+            reports: dict[int, Report] = {}
+            for line, (_, name, value, tags) in zip(at.tolist(), notes.telemetry, strict=True):
+                unit = int(batch.units_of(np.array([line]))[0])
+                report = reports.get(unit)
+                if report is None:
+                    end = int(first_line[unit + 1])
+                    report = reports[unit] = Report(
+                        line, unit, int(np.count_nonzero(ends[line:end] > starts[line:end])),
+                        {}, tags)  # fmt: skip
+                report.counters[name] = report.counters.get(name, 0.0) + value
+            batch.reports = list(reports.values())
+        self.clients.observe(batch, now_ms)
 
     def _count_type_conflicts(self, last_lines: list[bytes], count: int) -> None:
         """``count`` lines the fast path found to be type conflicts, the last of them
@@ -560,7 +667,11 @@ class Receiver:
             conn.close()
             return
         conn.setblocking(False)
-        connection = _Connection(conn, LineAssembler(self._limits.max_line_bytes))
+        self._connection_serial += 1
+        key = sources.TCP | self._connection_serial
+        with contextlib.suppress(OSError):
+            self._connection_names[key] = str(ListenSpec("tcp", *conn.getpeername()[:2]))
+        connection = _Connection(conn, LineAssembler(self._limits.max_line_bytes), key)
         self._connections[conn.fileno()] = connection
         self._selector.register(conn, selectors.EVENT_READ, connection)
         self.stats.tcp_connections += 1
@@ -579,8 +690,21 @@ class Receiver:
         complete, overlong = connection.lines.feed(data)
         result = parse_datagram(complete, self._limits) if complete else ParseResult()
         self._count_overlong(result, overlong)
-        self._account(result, self.now_ms())
+        self._account_stream(connection.key, complete, result)
         return 1
+
+    def _account_stream(self, key: int, lines: bytes, result: ParseResult) -> None:
+        """A TCP read's lines: accounted, and counted for its connection as one unit."""
+        notes = _ClientNotes()
+        now_ms = self.now_ms()
+        self._account(result, now_ms, notes)
+        if not lines.endswith(b"\n"):
+            lines += b"\n"
+        ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == ord("\n"))
+        starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+        unit = Chunk(lines, 1, 0, np.array([key], dtype=np.int64),
+                     np.array([len(lines) - 1], dtype=np.int64))  # fmt: skip
+        self._count_clients(unit, starts, ends, notes, None, None, now_ms)
 
     def _end_connection(self, fd: int) -> None:
         connection = self._connections.pop(fd)
@@ -588,7 +712,8 @@ class Receiver:
         rest = connection.lines.close()
         connection.sock.close()
         if rest:
-            self._account(parse_datagram(rest, self._limits), self.now_ms())
+            self._account_stream(connection.key, rest, parse_datagram(rest, self._limits))
+        self._connection_names.pop(connection.key, None)
 
     def _count_truncated(self) -> None:
         """Datagrams longer than a read slot (64 KiB: only a Unix datagram socket's can be)
@@ -633,20 +758,34 @@ class Receiver:
         for _ in range(overlong):
             result.lines += 1
             result.rejects.append(Reject("line_too_long", b"<TCP line without a newline>"))
+            result.reject_positions.append(0)  # cut off before the read's first whole line
 
-    def _account(self, result: ParseResult, recv_ms: int) -> None:
+    def _account(self, result: ParseResult, recv_ms: int, notes: _ClientNotes | None = None
+                 ) -> None:
+        """Count and combine what the general parser made of some lines; ``notes`` collects
+        the lines a client batch counts one by one (by ``result``'s positions)."""
         stats, pending = self.stats, self._pending_self_metrics
         stats.lines += result.lines
         pending.lines += result.lines
         metric_lines = samples_added = 0
-        for line, samples in result.metric_lines:
+        if notes is not None and len(result.metric_positions) != len(result.metric_lines):
+            notes = None  # a result built by hand, without positions: no client counts
+        positions = result.metric_positions if notes is not None else ()
+        for index, (line, samples) in enumerate(result.metric_lines):
             first = samples[0]
             if self._combiner.known_type(first.metric) not in (None, first.metric_type):
                 # "x:1|c" then "x:1|g": one name, one meaning (the first one seen)
                 self._count("rejected", "type_conflict", line)
+                if notes is not None:
+                    notes.reject("type_conflict", positions[index])
                 if self._fast is not None and first.timestamp_ms is None and len(samples) == 1:
                     self._fast.remember_conflict(line, first.metric)
                 continue
+            telemetry = first.metric.startswith(client_counts.TELEMETRY_PREFIX)
+            if telemetry and notes is not None:
+                notes.telemetry.append((
+                    positions[index], first.metric[len(client_counts.TELEMETRY_PREFIX):],
+                    sum(s.value for s in samples), first.tags))  # fmt: skip
             event_ms = recv_ms
             if first.timestamp_ms is not None:
                 if abs(first.timestamp_ms - recv_ms) <= self._max_skew_ms:
@@ -671,8 +810,9 @@ class Receiver:
                 combiner = self._combiner
                 combiner.admitted[slot] = True
                 combiner.seen_ms[slot] = combiner.synced_ms[slot] = recv_ms
-                # Not a line with unknown fields: the fast path would not count them.
-                if first.timestamp_ms is None and not first.unknown_fields:
+                # Not a line with unknown fields: the fast path would not count them. Nor a
+                # client's telemetry: its lines must reach the client counts one by one.
+                if first.timestamp_ms is None and not first.unknown_fields and not telemetry:
                     self._fast.remember(line, slot, first.sample_rate)
             metric_lines += 1
             samples_added += sum(sample_weight(s.metric_type, s.sample_rate) for s in samples)
@@ -688,6 +828,11 @@ class Receiver:
             self._count("adjusted", reason, line)
         for reject in result.rejects:
             self._count("rejected", reject.reason, reject.line)
+        if notes is not None and len(result.reject_positions) == len(result.rejects):
+            for reject, position in zip(result.rejects, result.reject_positions, strict=True):
+                notes.reject(reject.reason, position)
+            notes.not_metrics += result.event_positions
+            notes.not_metrics += result.service_check_positions
 
     def _count(self, kind: str, reason: str, line: bytes) -> None:
         getattr(self.stats, kind)[reason] += 1
@@ -713,6 +858,10 @@ class Receiver:
         self._guard.expire(now_ms)
         self.stats.series_active = self._guard.active
         self._add_self_metrics(now_ms)
+        if now_ms >= self._next_client_expiry_ms:
+            self._next_client_expiry_ms = now_ms + CLIENT_EXPIRY_POLL_MS
+            for name, tags in self.clients.expire(now_ms):
+                self._combiner.forget(client_counts.PREFIX + name, "c", tags)
         heartbeat_due = now_ms - self._last_segment_ms >= self._heartbeat_interval_ms
         if len(self._combiner) == 0 and not heartbeat_due and not closed:
             return
@@ -806,6 +955,7 @@ class Receiver:
         if now_ms < self._next_kernel_poll_ms and not force:
             return
         self._next_kernel_poll_ms = now_ms + KERNEL_POLL_MS
+        polled, self._kernel_polled_ms = self._kernel_polled_ms, now_ms
         if self._udp_inodes:
             drops = kernel.udp_socket_drops(set(self._udp_inodes), self._proc_net)
             for inode, total in drops.items():
@@ -814,6 +964,7 @@ class Receiver:
                 if new > 0:
                     self.stats.kernel_drops[where] = total
                     self._pending_self_metrics.kernel_drops[where] += new
+                    self.clients.kernel_drops(new, polled)
         errors = kernel.udp_rcvbuf_errors(self._proc_net) - self._rcvbuf_errors_at_start
         if errors > self.stats.udp_rcvbuf_errors:
             self._pending_self_metrics.udp_rcvbuf_errors += errors - self.stats.udp_rcvbuf_errors
@@ -838,6 +989,14 @@ class Receiver:
         counters += [
             ("refused_partials", n, (("reason", r),)) for r, n in pending.refused_partials.items()
         ]
+        overflowed = self.clients.pending_overflowed
+        if overflowed:
+            self.clients.pending_overflowed = 0
+            reason = client_counts.CLIENT_LIMIT_REASON
+            self.stats.clients_overflowed[reason] += overflowed
+            pending.clients_overflowed[reason] += overflowed
+        counters += [("clients_overflowed", n, (("reason", r),))
+                     for r, n in pending.clients_overflowed.items()]  # fmt: skip
         counters += [
             ("write_backpressure", pending.write_backpressure, ()),
             ("write_blocked_ms", pending.write_blocked_ms, ()),
@@ -853,6 +1012,10 @@ class Receiver:
                     Sample(SELF_METRIC_PREFIX + name, "c", float(value), 1.0, tags), now_ms, now_ms
                 )
                 wrote = True
+        # per client: a telemetry report's interval at the report's receive time
+        for name, amount, tags, event_ms in self.clients.take_self_metrics(now_ms):
+            self._combiner.add(Sample(client_counts.PREFIX + name, "c", amount, 1.0, tags),
+                               event_ms, now_ms)  # fmt: skip
         if wrote:  # with traffic only: an idle receiver writes heartbeats, not gauges
             gauges = [("series_active", self._guard.active)]
             if self._lag_ms is not None:
@@ -872,7 +1035,9 @@ class Receiver:
         if self._stats_path is None:
             return
         temporary = self._stats_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(self.stats.to_json(), indent=1))
+        document = self.stats.to_json()
+        document["clients"] = self.clients.to_json()
+        temporary.write_text(json.dumps(document, indent=1))
         os.replace(temporary, self._stats_path)
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from streamgauge.ingest import sources
+
 DEFAULT_RCVBUF_BYTES = 8 << 20
 UNIX_SOCKET_MODES = (0o600, 0o660)
 SCHEMES = ("udp", "tcp", "unixgram")
@@ -261,12 +263,31 @@ def recvmmsg_available() -> bool:
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
 MSG_TRUNC = getattr(socket, "MSG_TRUNC", 0x20)
 DATAGRAM_SLOT_BYTES = 65536  # a whole UDP datagram (at most 65507 bytes of payload)
+IPV6_NAMES_KEPT = 4096
 DATAGRAM_SLOTS = 2048
 """Datagrams per ``recvmmsg`` call. Each call's return takes the GIL back from the receive loop
 and the segment writer; at 1 line per datagram, 256 per call meant 16 calls per 4,096-datagram
 read, and during a segment write the reader drained slower than datagrams arrived. 2048 raises
 the loss-free one-line rate (bench/ingest.py, 256 and 2048 alternated). The cost: small
 datagrams touch one page per slot, a few MB more resident at full rate."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Datagrams read together: each followed by a newline in ``buffer``, ``count`` of them,
+    read in ``calls`` system calls; per datagram its sender (``sources.source_key``) and its
+    length in ``buffer`` (without the newline)."""
+
+    buffer: bytes
+    count: int
+    calls: int
+    keys: np.ndarray
+    lengths: np.ndarray
+
+
+def unix_key(sock: socket.socket) -> int:
+    """The one key of every sender of a Unix datagram socket (0 for other sockets)."""
+    return sources.UNIX | sock.fileno() if sock.family == socket.AF_UNIX else sources.UNKNOWN
 
 
 class DatagramReader:
@@ -297,6 +318,13 @@ class DatagramReader:
         # datagram lands in them (~1 MiB at 20 lines per datagram).
         self._buffer = mmap.mmap(-1, slots * slot_bytes)
         self._view = memoryview(self._buffer)
+        # Each slot's sender (msg_name), for per-client counts (``keys``).
+        self._names = np.zeros(slots * sources.NAME_BYTES, dtype=np.uint8)
+        self._keys: list[int] = []  # the one-by-one reader's, per datagram of the last read
+        #: IPv6 senders' addresses by key (``sources``: an IPv6 key holds a hash)
+        self.ipv6_names: dict[int, str] = {}
+        self._known: dict[Any, int] = {}  # the one-by-one reader's keys by sender address
+        self._received = 0
         self.syscalls = 0  # for tests and benchmarks: datagrams / syscalls is the batching
         #: Datagrams longer than a slot (only a Unix datagram socket's can be): each was cut
         #: back to its last newline, the line cut off to be counted as ``line_too_long``.
@@ -308,6 +336,7 @@ class DatagramReader:
         if not self.batched:
             return
         base = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
+        names = self._names.ctypes.data
         self._iovecs = (_IoVec * slots)()
         self._headers = (_MMsgHdr * slots)()
         for index in range(slots):
@@ -315,11 +344,14 @@ class DatagramReader:
             self._iovecs[index].iov_len = slot_bytes
             self._headers[index].msg_hdr.msg_iov = ctypes.pointer(self._iovecs[index])
             self._headers[index].msg_hdr.msg_iovlen = 1
+            self._headers[index].msg_hdr.msg_name = names + index * sources.NAME_BYTES
+            self._headers[index].msg_hdr.msg_namelen = sources.NAME_BYTES
         # msg_len of every header, as one strided integer view (read without ctypes calls)
         stride = ctypes.sizeof(_MMsgHdr) // 4
         lengths = memoryview(self._headers).cast("B").cast("I")
         self._lengths = lengths[_MMsgHdr.msg_len.offset // 4 :: stride]
         self._flags = lengths[_MsgHdr.msg_flags.offset // 4 :: stride]
+        self._namelens = lengths[_MsgHdr.msg_namelen.offset // 4 :: stride]
         self.headers_address = ctypes.addressof(self._headers)
 
     def lengths_array(self) -> np.ndarray:
@@ -331,6 +363,33 @@ class DatagramReader:
         """The headers' ``msg_flags`` fields (``MSG_TRUNC``: the datagram was longer than its
         slot), as a strided int32 array, for compiled readers."""
         return np.asarray(self._flags).view(np.int32)
+
+    def namelens_array(self) -> np.ndarray:
+        """The headers' ``msg_namelen`` fields (value-result: reset to ``NAME_BYTES`` before
+        each ``recvmmsg``), as a strided uint32 array, for compiled readers."""
+        return np.asarray(self._namelens)
+
+    def names_array(self) -> np.ndarray:
+        """The slots' ``msg_name`` bytes (``sources.NAME_BYTES`` each), for compiled readers."""
+        return self._names
+
+    def keys(self, sock: socket.socket) -> np.ndarray:
+        """The sender (``sources.source_key``) of each datagram of the last ``read``."""
+        if not self.batched:
+            return np.array(self._keys, dtype=np.int64)
+        lengths = np.ascontiguousarray(np.asarray(self._namelens)[: self._received])
+        keys = sources.source_keys(self._names, lengths, self._received, unix_key(sock))
+        if sock.family == socket.AF_INET6:
+            for slot in np.flatnonzero(keys & sources.IPV6).tolist():
+                self._name_ipv6(int(keys[slot]), sources.ipv6_name(self._names,
+                                                                   slot * sources.NAME_BYTES))
+        return keys
+
+    def _name_ipv6(self, key: int, name: str) -> None:
+        if key not in self.ipv6_names:
+            if len(self.ipv6_names) >= IPV6_NAMES_KEPT:
+                self.ipv6_names.clear()
+            self.ipv6_names[key] = name
 
     def buffer_array(self) -> np.ndarray:
         """The slots' bytes (slot i at ``i * slot_bytes``), writable, for compiled readers."""
@@ -344,9 +403,12 @@ class DatagramReader:
         headers, slots, size, view = self._headers, self.slots, self.slot_bytes, self._view
         lengths = self._lengths
         datagrams: list[memoryview] = []
+        self._received = 0
+        wanted = min(slots, max(1, limit))
+        np.asarray(self._namelens)[:wanted] = sources.NAME_BYTES  # value-result fields
         # Each call reuses the buffers, so one call per read: it returns when the queue is
         # empty or all slots are full. Callers wanting more read again after consuming these.
-        received = _RECVMMSG(fd, headers, min(slots, max(1, limit)), _MSG_DONTWAIT, None)
+        received = _RECVMMSG(fd, headers, wanted, _MSG_DONTWAIT, None)
         self.syscalls += 1
         if received < 0:
             error = ctypes.get_errno()
@@ -356,6 +418,7 @@ class DatagramReader:
                 self._transient_error(error)
                 return datagrams
             raise OSError(error, os.strerror(error))
+        self._received = received
         flags = self._flags
         for index in range(received):
             start = index * size
@@ -365,20 +428,30 @@ class DatagramReader:
             datagrams.append(view[start : start + length])
         return datagrams
 
-    def read_queued(self, sock: socket.socket, limit: int) -> tuple[bytes, int]:
+    def read_queued(self, sock: socket.socket, limit: int) -> Chunk:
         """Every datagram queued on ``sock`` now, up to about ``limit``, each followed by a
-        newline (copied out of the slots, which the next read reuses), and how many."""
+        newline (copied out of the slots, which the next read reuses), with their senders."""
         chunks: list[bytes] = []
+        keys: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
         received = 0
+        calls = self.syscalls
         while received < limit:
             datagrams = self.read(sock, limit - received)
             if not datagrams:
                 break
             received += len(datagrams)
             chunks.append(b"\n".join(datagrams))
+            keys.append(self.keys(sock))
+            lengths.append(np.fromiter(map(len, datagrams), dtype=np.int64,
+                                       count=len(datagrams)))  # fmt: skip
             if len(datagrams) < self.slots and self.batched:
                 break  # the queue was empty
-        return b"\n".join([*chunks, b""]), received
+        return Chunk(
+            b"\n".join([*chunks, b""]) if received else b"", received, self.syscalls - calls,
+            np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64),
+            np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64),
+        )
 
     def _whole_lines(self, start: int, length: int) -> int:
         """A datagram cut off at ``length`` bytes: the length of its whole lines (up to its
@@ -393,11 +466,13 @@ class DatagramReader:
 
     def _read_one_by_one(self, sock: socket.socket, limit: int) -> list[memoryview]:
         datagrams: list[memoryview] = []
-        recv_into, view, size = sock.recv_into, self._view, self.slot_bytes
+        recv_from, view, size = sock.recvfrom_into, self._view, self.slot_bytes
+        keys = self._keys = []
+        family, own_key, known = sock.family, unix_key(sock), self._known
         for index in range(min(limit, self.slots)):
             start = index * size
             try:  # MSG_TRUNC: the datagram's whole length, even if longer than the slot
-                length = recv_into(view[start : start + size], 0, MSG_TRUNC)
+                length, address = recv_from(view[start : start + size], 0, MSG_TRUNC)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
@@ -409,4 +484,12 @@ class DatagramReader:
             if length > size:
                 length = self._whole_lines(start, size)
             datagrams.append(view[start : start + length])
+            key = known.get(address)
+            if key is None:  # a new sender: this path's Python call per datagram is enough
+                key = known[address] = sources.key_of_address(family, address, own_key)
+                if key & sources.IPV6:
+                    self._name_ipv6(key, address[0])
+                if len(known) > IPV6_NAMES_KEPT:
+                    known.clear()
+            keys.append(key)
         return datagrams

@@ -2,8 +2,10 @@
 sections of aligned tables.
 
 Sections: the daemon (what listens where), receivers (cumulative counts; lines/s between two
-readings with ``--watch``), segment streams, windows (watermark, lag, pending, published,
-last published, late), the store, and recent rejects by reason with a sample line each.
+readings with ``--watch``), clients (per sender: what arrived, and for a DogStatsD client
+with telemetry what fraction of what it sent), segment streams, windows (watermark, lag,
+pending, published, last published, late), the store, and recent rejects by reason with a
+sample line each.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def render(
     each receiver's lines/s."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     sections = [_daemon(document), _receivers(document, earlier, interval_s),
-                _streams(document, now_ms), _windows(document), _rejects(document)]  # fmt: skip
+                _clients(document), _streams(document, now_ms), _windows(document),
+                _rejects(document)]  # fmt: skip
     return "\n\n".join(s for s in sections if s) + "\n"
 
 
@@ -80,6 +83,46 @@ def _receivers(
     # lines/s is the difference of two readings: with --watch, from the second one on
     return "receivers (since start)\n" + aligned(
         columns + (() if earlier is None else ("LINES/S",)), rows, indent="  ")
+
+
+#: Clients shown, the most lines first (each receiver writes its STATS_CLIENTS busiest).
+CLIENT_ROWS = 20
+
+
+def completeness(telemetry: dict[str, Any] | None, sent: str = "metrics_sent",
+                 received: str = "metrics_received") -> str:
+    """What arrived of what a client said it sent, as a percentage; "unknown" without its
+    telemetry (a plain StatsD client), never 100 %."""
+    if not telemetry or not telemetry.get("reports") or not telemetry.get(sent):
+        return "unknown"
+    return f"{100.0 * float(telemetry[received] or 0) / float(telemetry[sent]):.1f}%"
+
+
+def _clients(document: dict[str, Any]) -> str:
+    ingest: dict[str, dict[str, Any]] = document.get("ingest") or {}
+    found = [(receiver, client) for receiver, stats in ingest.items()
+             for client in (stats.get("clients") or {}).get("clients", [])]  # fmt: skip
+    if not found:
+        return ""
+    found.sort(key=lambda item: -int(item[1].get("lines", 0)))
+    rows = []
+    for receiver, client in found[:CLIENT_ROWS]:
+        tags = client.get("tags") or {}
+        library = " ".join(v for v in (tags.get("client"), tags.get("client_version")) if v)
+        since = client.get("telemetry")
+        dropped = sum((since or {}).get("packets_dropped", {}).values())
+        rows.append((
+            client["source"], library or "-", receiver, f"{client.get('datagrams', 0):,}",
+            f"{client.get('lines', 0):,}", f"{sum(client.get('rejected', {}).values()):,}",
+            f"{client.get('kernel_drops', 0):,}", completeness(client.get("last_report")),
+            completeness(since), completeness(since, "packets_sent", "packets_received"),
+            "" if since is None or not since.get("reports") else f"{dropped:,}",
+        ))  # fmt: skip
+    columns = ("SOURCE", "CLIENT", "RECEIVER", "DATAGRAMS", "LINES", "REJECTED",
+               "KERNEL DROPS*", "COMPLETE (LAST)", "COMPLETE", "PACKETS", "CLIENT DROPS")
+    return ("clients (since start; COMPLETE: metrics arrived / metrics the client's telemetry "
+            "says it sent)\n" + aligned(columns, rows, indent="  ")
+            + "\n  * dropped by the kernel while the client was sending: some may be others'")
 
 
 def _streams(document: dict[str, Any], now_ms: int) -> str:

@@ -1224,10 +1224,92 @@ COMMENT ON VIEW window_latest IS
     'stop). Windows the job holds in memory between batches are not here.';
 """
 
+_MIGRATION_14 = """
+-- Per client and window: what a DogStatsD client said it sent (its telemetry) against what
+-- the receivers got from it, from the receivers' streamgauge.ingest.client.* counters
+-- (docs/completeness.md). A view: the counters are ordinary window rows already.
+CREATE VIEW client_completeness AS
+WITH c AS (
+    SELECT config_name, window_name, window_start, window_end, tags->>'source' AS source,
+           substr(metric, length('streamgauge.ingest.client.') + 1) AS counter,
+           tags, sum, is_final
+    FROM window_results
+    WHERE starts_with(metric, 'streamgauge.ingest.client.') AND tags ? 'source'
+      AND early_as_of IS NULL
+), s AS (
+    SELECT config_name, window_name, window_start, window_end, source,
+           max(tags->>'client') AS client,
+           max(tags->>'client_version') AS client_version,
+           max(tags->>'client_transport') AS client_transport,
+           sum(sum) FILTER (WHERE counter = 'datagrams')::bigint AS datagrams,
+           sum(sum) FILTER (WHERE counter = 'lines')::bigint AS lines,
+           sum(sum) FILTER (WHERE counter = 'rejected')::bigint AS rejected,
+           sum(sum) FILTER (WHERE counter = 'kernel_drops')::bigint AS kernel_drops,
+           coalesce(sum(sum) FILTER (WHERE counter = 'reports'), 0)::bigint AS reports,
+           coalesce(sum(sum) FILTER (WHERE counter = 'reports_unaligned'), 0)::bigint
+               AS reports_unaligned,
+           sum(sum) FILTER (WHERE counter = 'metrics_sent') AS metrics_sent,
+           sum(sum) FILTER (WHERE counter = 'metrics_received') AS metrics_received,
+           sum(sum) FILTER (WHERE counter = 'packets_sent') AS packets_sent,
+           sum(sum) FILTER (WHERE counter = 'packets_received') AS packets_received,
+           sum(sum) FILTER (WHERE counter = 'packets_dropped' AND tags->>'reason' = 'queue')
+               AS client_dropped_queue,
+           sum(sum) FILTER (WHERE counter = 'packets_dropped' AND tags->>'reason' = 'writer')
+               AS client_dropped_writer,
+           bool_and(is_final) AS is_final
+    FROM c
+    GROUP BY config_name, window_name, window_start, window_end, source
+)
+SELECT s.*,
+       CASE WHEN metrics_sent > 0 THEN metrics_received / metrics_sent END AS completeness,
+       CASE WHEN packets_sent > 0 THEN packets_received / packets_sent END
+           AS packet_completeness
+FROM s;
+
+COMMENT ON VIEW client_completeness IS
+    'One row per client (sender) and window: what the receivers got from it, and for a '
+    'DogStatsD client with telemetry on, what it said it sent over the same telemetry '
+    'intervals. Needs a window that keeps the source tag (group_by: [source, ...]) over '
+    'streamgauge.ingest.client.*. completeness is NULL (unknown) for a client without '
+    'telemetry, never 1.';
+COMMENT ON COLUMN client_completeness.source IS
+    'The sender: udp://address:port, tcp://peer of a connection, unixgram:///path (every '
+    'sender of that socket), or overflow (clients beyond the receiver''s limit).';
+COMMENT ON COLUMN client_completeness.client IS
+    'The client library, from its telemetry''s client tag (py, go, java, ...); NULL without.';
+COMMENT ON COLUMN client_completeness.datagrams IS 'Datagrams received from the client.';
+COMMENT ON COLUMN client_completeness.lines IS 'Non-empty lines received from the client.';
+COMMENT ON COLUMN client_completeness.rejected IS 'Of them, lines rejected (any reason).';
+COMMENT ON COLUMN client_completeness.kernel_drops IS
+    'Datagrams the kernel dropped on the receiver''s sockets in the seconds the client sent: '
+    'some of them may be the client''s.';
+COMMENT ON COLUMN client_completeness.reports IS
+    'Telemetry reports of the client whose interval the figures below cover.';
+COMMENT ON COLUMN client_completeness.reports_unaligned IS
+    'Reports left out: a client''s first one, and one that followed a lost report.';
+COMMENT ON COLUMN client_completeness.metrics_sent IS
+    'Metrics the client says it sent in those intervals (datadog.dogstatsd.client.metrics).';
+COMMENT ON COLUMN client_completeness.metrics_received IS
+    'Metric lines that arrived from it in the same intervals (telemetry lines excluded).';
+COMMENT ON COLUMN client_completeness.packets_sent IS
+    'Packets the client says it sent (datadog.dogstatsd.client.packets_sent); NULL on TCP.';
+COMMENT ON COLUMN client_completeness.packets_received IS
+    'Datagrams that arrived from it in the same intervals.';
+COMMENT ON COLUMN client_completeness.client_dropped_queue IS
+    'Packets the client dropped itself, its queue full (packets_dropped_queue).';
+COMMENT ON COLUMN client_completeness.client_dropped_writer IS
+    'Packets the client failed to write to its socket (packets_dropped_writer).';
+COMMENT ON COLUMN client_completeness.completeness IS
+    'metrics_received / metrics_sent: the fraction of the client''s metrics that arrived. '
+    'NULL (unknown) without telemetry.';
+COMMENT ON COLUMN client_completeness.packet_completeness IS
+    'packets_received / packets_sent. NULL without telemetry, and on TCP.';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6,
     _MIGRATION_7, _MIGRATION_8, _MIGRATION_9 + _WINDOW_LATEST_WITH_HELD, _MIGRATION_10,
-    _MIGRATION_11, _MIGRATION_12, _MIGRATION_13,
+    _MIGRATION_11, _MIGRATION_12, _MIGRATION_13, _MIGRATION_14,
 )
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 

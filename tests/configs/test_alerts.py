@@ -160,7 +160,7 @@ def test_every_mistake_is_reported_at_once_with_its_path() -> None:
         ("alerts[0].name", "'Bad-Name' is not a valid name; use only lowercase letters, digits and _"),
         ("alerts[0].window", "no window named 'per_10' (windows: per_10s, per_15s, hop, sessions); did you mean per_10s?"),
         ("alerts[0].metric", "'api.*' is a glob; an alert watches one exact metric"),
-        ("alerts[0].aggregate", "unknown aggregate 'p95'; one of count, sum, min, max, last, p50, p90, p99, p999, distinct_count, rate; did you mean p99?"),
+        ("alerts[0].aggregate", "unknown aggregate 'p95'; one of count, sum, min, max, last, p50, p90, p99, p999, distinct_count, rate, completeness, packet_completeness; did you mean p99?"),
         ("alerts[0].condition", "'~ 3' is not a condition; write an operator and a number, like \"> 250\", \">= 1\", \"< 0.5\" or \"== 0\" (operators: >, >=, <, <=, ==, !=)"),
         ("alerts[0].tags.host", "must be a string, not a number (1)"),
         ("alerts[0].labels.1x", "'1x' is not a label name; letters, digits and _, not starting with a digit or __"),
@@ -174,7 +174,7 @@ def test_every_mistake_is_reported_at_once_with_its_path() -> None:
         ("alerts[3]", "an alert must be a mapping, not a number (5)"),
         ("alerts[4].name", "required; every alert needs a name; it becomes the rule's title and UID"),
         ("alerts[4].metric", "required; the exact metric name the alert watches"),
-        ("alerts[4].aggregate", "required; one of count, sum, min, max, last, p50, p90, p99, p999, distinct_count, rate"),
+        ("alerts[4].aggregate", "required; one of count, sum, min, max, last, p50, p90, p99, p999, distinct_count, rate, completeness, packet_completeness"),
         ("alerts[4].condition", 'required; an operator and a number, like "> 250"'),
     ]  # fmt: skip
 
@@ -190,3 +190,44 @@ def test_alerts_must_be_a_list_and_keys_must_be_known() -> None:
 def test_alert_spec_refuses_what_the_loader_refuses() -> None:
     with pytest.raises(ValueError, match="aggregate: unknown aggregate 'p95'"):
         AlertSpec(name="a", window="w", metric="m", aggregate="p95", op=">", threshold=1)  # type: ignore[arg-type]
+
+
+CLIENT_WINDOWS = """\
+windows:
+  - {name: clients_1m, kind: tumbling, size: 1m, metrics: ["streamgauge.ingest.client.*"],
+     group_by: [source, client, reason]}
+  - {name: per_10s, kind: tumbling, size: 10s, group_by: [host]}
+alerts:
+"""
+
+
+def client_issues(alert: str) -> list[tuple[str, str]]:
+    text = CLIENT_WINDOWS + textwrap.indent(textwrap.dedent(alert), "  ")
+    try:
+        parse_config(text, "test.yaml")
+    except ConfigError as error:
+        return [(issue.path, issue.message) for issue in error.issues]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("alert", "expected"),
+    [
+        ("- {name: low, window: clients_1m, metric: streamgauge.ingest.client.metrics_received, aggregate: completeness, condition: '< 0.99', for: 2m}",
+         []),
+        ("- {name: low, window: clients_1m, metric: streamgauge.ingest.client.packets_received, aggregate: packet_completeness, condition: '< 0.9', tags: {client: py}}",
+         []),
+        ("- {name: low, window: clients_1m, metric: streamgauge.ingest.client.lines, aggregate: completeness, condition: '< 0.99'}",
+         [("alerts[0].metric", "aggregate completeness watches streamgauge.ingest.client.metrics_received (against what the clients said they sent), not 'streamgauge.ingest.client.lines'")]),
+        ("- {name: low, window: per_10s, metric: streamgauge.ingest.client.metrics_received, aggregate: completeness, condition: '< 0.99'}",
+         [("alerts[0].window", "window 'per_10s' does not keep the source tag; give it group_by: [source, ...] to tell the clients apart")]),
+        ("- {name: low, window: clients_1m, metric: streamgauge.ingest.client.metrics_received, aggregate: completeness, condition: '< 0.99', tags: {reason: queue}}",
+         [("alerts[0].tags.reason", "a completeness alert filters on source, client, client_version, client_transport, not 'reason'")]),
+        ("- {name: low, window: clients_1m, metric: streamgauge.ingest.client.metrics_received, aggregate: completenes, condition: '< 0.99'}",
+         [("alerts[0].aggregate", "unknown aggregate 'completenes'; one of count, sum, min, max, last, p50, p90, p99, p999, distinct_count, rate, completeness, packet_completeness; did you mean completeness?")]),
+    ],
+)
+def test_client_completeness_alerts(alert: str, expected: list[tuple[str, str]]) -> None:
+    """A completeness alert watches the received side of the fraction, on a window that
+    keeps ``source``, filtered on the view's client columns only."""
+    assert client_issues(alert) == expected

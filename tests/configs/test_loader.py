@@ -84,6 +84,7 @@ def test_reference_loads_one_window_of_each_kind() -> None:
         ("api_1m_every_10s", "hopping"),
         ("checkout_errors_5m", "sliding"),
         ("user_sessions", "session"),
+        ("clients_1m", "tumbling"),
     ]
     hopping = config.window("api_1m_every_10s")
     assert (hopping.size_ms, hopping.hop_ms, hopping.group_by) == (

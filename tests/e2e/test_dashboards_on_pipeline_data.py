@@ -457,6 +457,9 @@ def test_health_panels_count_what_the_receivers_got(
     drops = board.run(queries.kernel_drops_sql(board.config), **live)
     assert sum(n for _, _, n in drops) == 0
     assert board.run(queries.store_errors_sql(board.config), **live) == []
+    # no window here keeps the source tag, so no client has a row (its numbers:
+    # tests/e2e/test_client_completeness.py, tests/grafana/test_client_completeness_queries.py)
+    assert board.run(queries.client_completeness_sql(board.config), **live) == []
     lags = board.run(queries.watermark_lag_sql(board.config), **live)
     assert [w for w, _, _ in lags] == ["per_10s", "strict_10s"]
     for _, lag, age in lags:  # behind by the 1 s delay plus a heartbeat or two, fresh

@@ -439,7 +439,7 @@ def test_every_generated_query_runs(store_url: str, config: PipelineConfig) -> N
             for q in r["data"]
             if "rawSql" in q["model"]
         ]
-    assert len(sqls) == 2 * 11 + 3 + 1 + 2 + 1 + 1 + 1 + 7 + 3
+    assert len(sqls) == 2 * 11 + 3 + 1 + 2 + 1 + 1 + 1 + 8 + 3  # 8 health panels
     for sql in sqls:
         run(store_url, sql)
 

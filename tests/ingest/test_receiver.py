@@ -18,12 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import statsd
 from datadog.dogstatsd.base import DogStatsd
 
 from streamgauge.clock import ManualClock, SystemClock
 from streamgauge.ingest import read_ahead as read_ahead_module
+from streamgauge.ingest import sources
 from streamgauge.ingest import transports as transports_module
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.guard import CardinalityLimits
@@ -36,7 +38,7 @@ from streamgauge.ingest.log import (
 )
 from streamgauge.ingest.read_ahead import CompiledReadAhead, PythonReadAhead
 from streamgauge.ingest.receiver import Receiver, UdpReceiver, bind_udp
-from streamgauge.ingest.transports import bind_tcp, bind_unixgram
+from streamgauge.ingest.transports import Chunk, bind_tcp, bind_unixgram
 from streamgauge.retention import PASSED_OVER_FILE, safe_sequences
 
 T0 = 1_700_000_000_000
@@ -612,7 +614,7 @@ def test_read_ahead_threads_hand_datagrams_over_in_order_and_wait_when_full(
             time.sleep(0.001)
 
     def all_taken() -> bool:
-        taken.extend(buffer for buffer, _, _ in read_ahead.take())
+        taken.extend(chunk.buffer for chunk in read_ahead.take())
         return b"".join(taken).count(b"\n") == 50
 
     _wait_for(all_taken)
@@ -624,8 +626,13 @@ def test_read_ahead_threads_hand_datagrams_over_in_order_and_wait_when_full(
     sock.close()
 
 
+_SENDER_KEY: list[int] = []  # the key of _queue's last sender
+
+
 def _queue(port: int, datagrams: list[bytes]) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        sender.bind(("127.0.0.1", 0))
+        _SENDER_KEY[:] = [sources.key_of_address(socket.AF_INET, sender.getsockname())]
         for datagram in datagrams:
             sender.sendto(datagram, ("127.0.0.1", port))
 
@@ -640,21 +647,24 @@ def test_compiled_read_ahead_goes_round_its_ring_and_hands_over_whole_chunks() -
     _queue(sock.getsockname()[1], big + small)  # queued before the reader starts
     read_ahead = CompiledReadAhead([sock], limit_bytes=1)
     read_ahead.start()
-    taken: list[tuple[bytes, int, int]] = []
+    taken: list[Chunk] = []
 
     def all_taken() -> bool:
         now = read_ahead.take(100)
         if len(now) > 1:
-            assert sum(count for _, count, _ in now) <= 100
+            assert sum(chunk.count for chunk in now) <= 100
         taken.extend(now)
-        return sum(count for _, count, _ in taken) == len(big) + len(small)
+        return sum(chunk.count for chunk in taken) == len(big) + len(small)
 
     _wait_for(all_taken)
     read_ahead.stop()
     read_ahead.close()
-    assert b"".join(buffer for buffer, _, _ in taken) == b"".join(d + b"\n" for d in big + small)
-    assert max(len(buffer) for buffer, _, _ in taken) <= 128 << 10
-    assert sum(calls for _, _, calls in taken) >= 1
+    assert b"".join(c.buffer for c in taken) == b"".join(d + b"\n" for d in big + small)
+    assert max(len(c.buffer) for c in taken) <= 128 << 10
+    assert sum(c.calls for c in taken) >= 1
+    # each datagram's length and sender, in the order of the buffers
+    assert np.concatenate([c.lengths for c in taken]).tolist() == [len(d) for d in big + small]
+    assert set(np.concatenate([c.keys for c in taken]).tolist()) == {_SENDER_KEY[0]}
     sock.close()
 
 
@@ -668,7 +678,7 @@ def test_compiled_read_ahead_stopped_while_waiting_for_a_chunk_hands_everything_
     read_ahead.stop()  # takes the chunks back so that the reader can finish
     taken: list[bytes] = []
     while now := read_ahead.take():
-        taken.extend(buffer for buffer, _, _ in now)
+        taken.extend(chunk.buffer for chunk in now)
     read_ahead.close()
     # what was not read before the stop is still queued on the socket, whole
     rest = []
