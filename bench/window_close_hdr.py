@@ -8,7 +8,9 @@ windows' rows are published for the first time (``commit_batch(fresh=...)``, wit
 finalization and the watermark), each with its sketch, its HdrHistogram encoding and its HDR
 buckets. Timed per round: **build**, turning the windows' CSR buckets into what the store takes
 (``results.histogram_rows``: one row per window and bucket, or ``results.with_hdr_buckets``:
-two list columns of the window rows), and **commit**, the ``commit_batch`` call.
+two list columns of the window rows), **commit**, the ``commit_batch`` call, and **rows
+visible**, the part of it until the windows' rows commit (from schema version 15 their
+sketches commit after them; before, the whole call).
 
 Each version runs in its own process (``PYTHONPATH`` = its checkout) against its own database
 of one embedded PostgreSQL; the rounds alternate the order of the two, and each round closes
@@ -77,6 +79,15 @@ def _close_window(url: str, series: int, round_: int) -> dict[str, float]:
         "emitted_at_ms": pa.array([start + SIZE_MS] * series, pa.int64()),
     })  # fmt: skip
     watermark = start + SIZE_MS
+    rows_committed: list[float] = []
+    if hasattr(ResultStore, "_commit_fresh_sketches"):  # rows first, sketches after them
+        write_sketches = ResultStore._commit_fresh_sketches
+
+        def timed(self: Any, *args: Any) -> None:
+            rows_committed.append(time.perf_counter())
+            write_sketches(self, *args)
+
+        ResultStore._commit_fresh_sketches = timed  # type: ignore[method-assign]
     store = ResultStore(url, clock=ManualClock(watermark))
     store.ensure_schema()
     began = time.perf_counter()
@@ -98,7 +109,8 @@ def _close_window(url: str, series: int, round_: int) -> dict[str, float]:
     )  # fmt: skip
     done = time.perf_counter()
     store.close()
-    return {"build_s": built - began, "commit_s": done - built}
+    visible = rows_committed[0] if rows_committed else done
+    return {"build_s": built - began, "commit_s": done - built, "rows_s": visible - built}
 
 
 def main() -> None:
@@ -149,12 +161,14 @@ def main() -> None:
     print(f"window close: {args.series} timer series x {BUCKETS} buckets, embedded PostgreSQL, "
           f"{args.rounds} alternated rounds (first left out); load average "
           f"{' '.join(load_before)} before, {' '.join(load_after)} after")  # fmt: skip
-    print(f"{'':8} {'build median':>13} {'commit median':>14} {'commit min..max':>18}")
+    print(f"{'':8} {'build median':>13} {'rows visible':>13} {'commit median':>14} "
+          f"{'commit min..max':>18}")  # fmt: skip
     for name, rounds in timings.items():
         kept = rounds[1:] or rounds
         build = statistics.median(r["build_s"] for r in kept)
+        visible = statistics.median(r.get("rows_s", r["commit_s"]) for r in kept)
         commits = [r["commit_s"] for r in kept]
-        print(f"{name:8} {build:12.3f}s {statistics.median(commits):13.3f}s "
+        print(f"{name:8} {build:12.3f}s {visible:12.3f}s {statistics.median(commits):13.3f}s "
               f"{min(commits):8.3f}..{max(commits):.3f}s")  # fmt: skip
 
 

@@ -21,6 +21,8 @@ values, sets an HLL of 20 members), with the receiver's heartbeat. The real wind
 - CPU: cores used by this process and its children (the driver's JVM, Python workers,
   PostgreSQL) over the span, and the machine's load average.
 
+``--before CHECKOUT`` runs this same bench on the code of another checkout (a ``git worktree``
+of an earlier commit of this design) and on this code alternately, ``--pairs`` times each.
 ``--compare REV`` runs the bench of commit ``REV`` (its ``bench/windows.py``, in a git worktree
 of that commit, with its own code on ``PYTHONPATH``) and this one alternately, ``--pairs``
 times each, on the same arguments (``--types`` must then be one type; timers and sets go
@@ -180,29 +182,38 @@ class Batches:
         pane_writer.PaneWindowsWriter.__call__ = timed  # type: ignore[method-assign]
 
 
-def freshness(url: str, writer: Writer, delay_ms: int, measured_from_ms: int) -> list[float]:
-    """Seconds from the watermark passing each window's end to its row's commit."""
-    first_seen: dict[int, int] = {}
-    newest = 0
+def freshness(
+    url: str, writer: Writer, delay_ms: int, measured_from_ms: int
+) -> tuple[list[float], list[float]]:
+    """Seconds from the watermark passing each window's end to the commit of its row, and to
+    the commit of its sketches (the same where the row holds them: before schema version 15,
+    or a counter's window)."""
+    seen: dict[str, dict[int, int]] = {"rows": {}, "sketches": {}}
+    newest = {"rows": 0, "sketches": 0}
     with psycopg.connect(url, autocommit=True) as poll:
+        split = poll.execute("select to_regclass('window_sketches') is not null").fetchone()
+        tables = {"rows": "window_rows", "sketches": "window_sketches"} if split and split[0] \
+            else {"rows": "window_results", "sketches": "window_results"}  # fmt: skip
         while writer.is_alive():
-            rows = poll.execute(
-                "select (extract(epoch from window_end) * 1000)::bigint, "
-                "(extract(epoch from min(pg_xact_commit_timestamp(xmin))) * 1000)::bigint "
-                f"from window_results where window_end > to_timestamp({newest} / 1000.0) "
-                "group by 1"
-            ).fetchall()  # fmt: skip
-            now = time.time_ns() // 1_000_000
-            for end, committed in rows:
-                first_seen.setdefault(int(end), now if committed is None else int(committed))
-                newest = max(newest, int(end))
+            for what, table in tables.items():
+                rows = poll.execute(
+                    "select (extract(epoch from window_end) * 1000)::bigint, "
+                    "(extract(epoch from min(pg_xact_commit_timestamp(xmin))) * 1000)::bigint "
+                    f"from {table} where window_end > to_timestamp({newest[what]} / 1000.0) "
+                    "group by 1"
+                ).fetchall()  # fmt: skip
+                now = time.time_ns() // 1_000_000
+                for end, committed in rows:
+                    seen[what].setdefault(int(end), now if committed is None else int(committed))
+                    newest[what] = max(newest[what], int(end))
             time.sleep(0.1)
-    lags = []
-    for end, seen in sorted(first_seen.items()):
-        passed = [wall for beat, wall in writer.heartbeats if beat - delay_ms >= end]
-        if passed and passed[0] >= measured_from_ms:
-            lags.append((seen - passed[0]) / 1000)
-    return lags
+    lags: dict[str, list[float]] = {"rows": [], "sketches": []}
+    for what, ends in seen.items():
+        for end, at in sorted(ends.items()):
+            passed = [wall for beat, wall in writer.heartbeats if beat - delay_ms >= end]
+            if passed and passed[0] >= measured_from_ms:
+                lags[what].append((at - passed[0]) / 1000)
+    return lags["rows"], lags["sketches"]
 
 
 def cpu_seconds() -> float:
@@ -241,7 +252,9 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         writer.start()
         time.sleep(args.warmup)
         cpu_from = cpu_seconds()
-        lags = freshness(url, writer, config.windows[0].watermark_delay_ms, measured_from)
+        lags, sketch_lags = freshness(
+            url, writer, config.windows[0].watermark_delay_ms, measured_from
+        )
         cpu = cpu_seconds() - cpu_from
         span_s = (time.time_ns() // 1_000_000 - measured_from) / 1000
         load = os.getloadavg()
@@ -260,6 +273,7 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
             "taken": taken / batch_span if batch_span else 0.0,
             "batch_s": [s for _, s, _ in batches],
             "freshness_s": lags,
+            "sketch_freshness_s": sketch_lags,
             "cores": cpu / max(span_s, 1e-9),
             "load": load[0],
             "failed": failed,
@@ -311,6 +325,28 @@ def run_previous(revision: str, args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def run_beside(args: argparse.Namespace) -> None:
+    """This bench on ``--before``'s code and on this code, alternately, ``--pairs`` times."""
+    skip = {"--before", str(args.before), "--pairs", str(args.pairs)}
+    command = [sys.executable, str(Path(__file__).resolve()), "--json",
+               *[a for a in sys.argv[1:] if a not in skip]]  # fmt: skip
+    trees = {"before": args.before.resolve(), "this code": HERE.parent.resolve()}
+    rows = []
+    for _ in range(args.pairs):
+        for label, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            out = subprocess.run(command, capture_output=True, text=True, env=env).stdout
+            line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+            rows.append((label, json.loads(line[7:]) if line else {
+                "offered": args.series, "taken": 0.0, "freshness_s": [], "sustained": False,
+                "load": os.getloadavg()[0]}))  # fmt: skip
+    print(f"window job: {args.kind} {args.size}, {args.series} series of {args.types} at 1 s "
+          f"panes, {args.seconds} s ({args.warmup} s warm-up left out), local[2], alternated "
+          f"{args.before} / this code, {args.pairs} pair(s)")  # fmt: skip
+    for label, result in rows:
+        print_result(label, result)
+
+
 def _p(values: list[float], q: float) -> str:
     return f"{float(np.percentile(values, q)):.2f}" if values else "n/a"
 
@@ -324,6 +360,9 @@ def print_result(label: str, r: dict[str, Any]) -> None:
           f"{r['offered']:,}  batch p50/p99 {batch_fig:<12} freshness p50/p99 "
           f"{_p(r['freshness_s'], 50)} / {_p(r['freshness_s'], 99)} s  ({len(r['freshness_s'])} "
           f"windows)  cores {cores}  load {r['load']:.1f}")  # fmt: skip
+    sketches = r.get("sketch_freshness_s")
+    if sketches:
+        print(f"{'':<10} sketches visible p50/p99 {_p(sketches, 50)} / {_p(sketches, 99)} s")
 
 
 def main() -> None:
@@ -339,9 +378,14 @@ def main() -> None:
     parser.add_argument("--hop", default="5s")
     parser.add_argument("--trigger", default="0.5 seconds")
     parser.add_argument("--compare", metavar="REV", help="alternate with REV's bench/windows.py")
+    parser.add_argument("--before", type=Path, metavar="CHECKOUT",
+                        help="alternate with this bench run on CHECKOUT's code (PYTHONPATH)")
     parser.add_argument("--pairs", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON line (for --compare)")
     args = parser.parse_args()
+    if args.before is not None:
+        run_beside(args)
+        return
     if args.compare is None:
         result = run_here(args)
         if args.json:

@@ -16,7 +16,7 @@ read is never deleted for the quota: the receivers refuse new data instead
 (``streamgauge.ingest.refused{reason=spool_quota}``).
 
 **Results.** Windows that ended before the retention age are deleted from
-``window_results``, ``window_pending`` (their HDR buckets with them) and ``late_events``, and old
+``window_results``, ``window_pending`` (their sketches with them) and ``late_events``, and old
 ``sink_batches`` records with them (a batch that old can no longer be replayed by Spark: its
 segments are gone too).
 """

@@ -68,7 +68,7 @@ def clean_store(postgres_url: str) -> str:
         store.ensure_schema()
     run_sql(
         postgres_url,
-        "TRUNCATE window_results, window_pending, "
+        "TRUNCATE window_rows, window_sketches, window_pending, "
         "window_open_ends, "
         "sink_batches, pipeline_state, late_events, pipeline_metrics",
     )

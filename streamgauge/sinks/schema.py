@@ -1306,10 +1306,142 @@ COMMENT ON COLUMN client_completeness.packet_completeness IS
     'packets_received / packets_sent. NULL without telemetry, and on TCP.';
 """
 
+_HISTOGRAMS_VIEW_12 = _MIGRATION_12[_MIGRATION_12.index("CREATE VIEW window_histograms AS"):]
+_SKETCH_COLUMNS = (
+    "sketch, hdr_histogram, hll_registers, hdr_buckets, hdr_counts, hdr_unit_magnitude, "
+    "hdr_half_count_magnitude, hdr_value_scale"
+)
+_MIGRATION_15 = f"""
+-- A window's sketches in a table of their own, beside its row. A timer window's row with its
+-- t-digest, HDR arrays and encoding was ~2.6 kB: publishing 100k of them took seconds, and
+-- their finalization rewrote each whole. The row without them is ~0.2 kB: the window job
+-- commits the rows of a closing window first and their sketches in the next transaction, and
+-- the finalization rewrites only the rows. window_results becomes a view joining the two,
+-- with the same columns in the same order, so every reader keeps working; window_latest,
+-- which reads no sketch, follows the table to its new name.
+CREATE TEMPORARY TABLE sg_column_comments AS
+SELECT a.attname AS name, col_description(a.attrelid, a.attnum) AS comment
+FROM pg_attribute a
+WHERE a.attrelid = 'window_results'::regclass AND a.attnum > 0 AND NOT a.attisdropped;
+DROP AGGREGATE streamgauge_histogram(window_histograms);
+DROP FUNCTION streamgauge_hdr_merge_rows(window_histograms[]);
+DROP VIEW window_histograms;
+ALTER TABLE window_results RENAME TO window_rows;
+CREATE TABLE window_sketches (
+    config_name  text        NOT NULL,
+    window_name  text        NOT NULL,
+    metric       text        NOT NULL,
+    tags         jsonb       NOT NULL,
+    window_start timestamptz NOT NULL,
+    window_end   timestamptz NOT NULL,
+    sketch bytea, hdr_histogram text, hll_registers bytea,
+    hdr_buckets int4[], hdr_counts int8[], hdr_unit_magnitude int2,
+    hdr_half_count_magnitude int2, hdr_value_scale float8,
+    PRIMARY KEY (config_name, window_name, metric, tags, window_start, window_end),
+    CONSTRAINT window_sketches_hdr_check CHECK (cardinality(hdr_buckets) = cardinality(hdr_counts))
+);
+ALTER TABLE window_sketches ALTER COLUMN hdr_buckets SET STORAGE MAIN,
+    ALTER COLUMN hdr_counts SET STORAGE MAIN;
+INSERT INTO window_sketches
+SELECT config_name, window_name, metric, tags, window_start, window_end, {_SKETCH_COLUMNS}
+FROM window_rows
+WHERE sketch IS NOT NULL OR hll_registers IS NOT NULL OR hdr_buckets IS NOT NULL;
+ALTER TABLE window_rows DROP COLUMN sketch, DROP COLUMN hdr_histogram,
+    DROP COLUMN hll_registers, DROP COLUMN hdr_buckets, DROP COLUMN hdr_counts,
+    DROP COLUMN hdr_unit_magnitude, DROP COLUMN hdr_half_count_magnitude,
+    DROP COLUMN hdr_value_scale;
+COMMENT ON TABLE window_rows IS
+    'Internal: the published windows'' values (window_results shows them with their sketches).';
+COMMENT ON TABLE window_sketches IS
+    'Internal: the sketches of the published windows that have one (window_results shows '
+    'them in the window''s row). Written with the row, or, for a window published for the '
+    'first time, by the next transaction of the same micro-batch.';
+
+CREATE VIEW window_results AS
+SELECT r.config_name, r.window_name, r.metric, r.tags, r.window_start, r.window_end,
+       r.metric_type, r.count, r.sum, r.min, r.max, r.last, r.p50, r.p90, r.p99,
+       r.distinct_count, r.revision, r.is_final, r.late_events, r.emitted_at, r.corrections,
+       r.p999, k.sketch, k.hdr_histogram, k.hll_registers, r.early_as_of, k.hdr_buckets,
+       k.hdr_counts, k.hdr_unit_magnitude, k.hdr_half_count_magnitude, k.hdr_value_scale
+FROM window_rows r
+LEFT JOIN window_sketches k
+    ON k.config_name = r.config_name AND k.window_name = r.window_name
+   AND k.metric = r.metric AND k.tags = r.tags
+   AND k.window_start = r.window_start AND k.window_end = r.window_end;
+COMMENT ON VIEW window_results IS
+    'One row per published window (metric, tag set, window bounds) at its latest revision: '
+    'its values, finality, late samples and sketches. A window published for the first time '
+    'shows its sketch columns NULL until the transaction after its row commits (the same '
+    'micro-batch, docs/store.md).';
+-- Writes through the view (a script, a psql session: the window job writes the tables) go
+-- to the two tables, with the table's defaults.
+CREATE FUNCTION window_results_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        DELETE FROM window_sketches k
+        WHERE (k.config_name, k.window_name, k.metric, k.tags, k.window_start, k.window_end)
+            = (OLD.config_name, OLD.window_name, OLD.metric, OLD.tags, OLD.window_start,
+               OLD.window_end);
+        DELETE FROM window_rows r
+        WHERE (r.config_name, r.window_name, r.metric, r.tags, r.window_start, r.window_end)
+            = (OLD.config_name, OLD.window_name, OLD.metric, OLD.tags, OLD.window_start,
+               OLD.window_end);
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    INSERT INTO window_rows (config_name, window_name, metric, tags, window_start, window_end,
+        metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count, revision,
+        is_final, late_events, emitted_at, corrections, p999, early_as_of)
+    VALUES (NEW.config_name, NEW.window_name, NEW.metric, NEW.tags, NEW.window_start,
+        NEW.window_end, NEW.metric_type, NEW.count, NEW.sum, NEW.min, NEW.max, NEW.last,
+        NEW.p50, NEW.p90, NEW.p99, NEW.distinct_count, NEW.revision, NEW.is_final,
+        NEW.late_events, NEW.emitted_at, NEW.corrections, NEW.p999, NEW.early_as_of);
+    IF NEW.sketch IS NOT NULL OR NEW.hll_registers IS NOT NULL OR NEW.hdr_buckets IS NOT NULL
+       OR NEW.hdr_histogram IS NOT NULL THEN
+        INSERT INTO window_sketches (config_name, window_name, metric, tags, window_start,
+            window_end, {_SKETCH_COLUMNS})
+        VALUES (NEW.config_name, NEW.window_name, NEW.metric, NEW.tags, NEW.window_start,
+            NEW.window_end, NEW.sketch, NEW.hdr_histogram, NEW.hll_registers, NEW.hdr_buckets,
+            NEW.hdr_counts, NEW.hdr_unit_magnitude, NEW.hdr_half_count_magnitude,
+            NEW.hdr_value_scale);
+    END IF;
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION window_results_write() IS
+    'INSTEAD OF trigger of the window_results view: writes go to window_rows and '
+    'window_sketches.';
+CREATE TRIGGER window_results_write INSTEAD OF INSERT OR UPDATE OR DELETE ON window_results
+    FOR EACH ROW EXECUTE FUNCTION window_results_write();
+
+DO $$
+DECLARE c record;
+BEGIN
+    FOR c IN SELECT a.attname AS name, pg_get_expr(d.adbin, d.adrelid) AS value
+             FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+             WHERE a.attrelid = 'window_rows'::regclass LOOP
+        EXECUTE format('ALTER VIEW window_results ALTER COLUMN %I SET DEFAULT %s',
+                       c.name, c.value);
+    END LOOP;
+    FOR c IN SELECT * FROM sg_column_comments LOOP
+        EXECUTE format('COMMENT ON COLUMN window_results.%I IS %L', c.name, c.comment);
+        IF EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = 'window_sketches'::regclass
+                   AND a.attname = c.name) THEN
+            EXECUTE format('COMMENT ON COLUMN window_sketches.%I IS %L', c.name, c.comment);
+        END IF;
+    END LOOP;
+END
+$$;
+DROP TABLE sg_column_comments;
+{_HISTOGRAMS_VIEW_12}"""
+
+
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6,
     _MIGRATION_7, _MIGRATION_8, _MIGRATION_9 + _WINDOW_LATEST_WITH_HELD, _MIGRATION_10,
     _MIGRATION_11, _MIGRATION_12, _MIGRATION_13, _MIGRATION_14,
+    _MIGRATION_15,
 )
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 

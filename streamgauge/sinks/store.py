@@ -15,6 +15,13 @@ transaction:
 4. mark windows final whose ``window_end + allowed lateness <= watermark``;
 5. upsert ``pipeline_state`` (e.g. the watermark) and record the batch's row count.
 
+A published window is a row of ``window_rows`` (its values) and, if it has sketches, a row of
+``window_sketches`` (``window_results`` is the view joining them, schema version 15); every
+statement that writes or deletes the one does the same to the other. The exception is the
+windows a batch publishes for the first time (``fresh``): their rows commit in the batch's
+transaction and their sketches in a second one, claimed under ``<query>.sketches``, so a
+closing batch's values are visible without waiting for the sketches' bytes.
+
 Times cross the wire as integer epoch milliseconds and become ``timestamptz`` in SQL as
 ``timestamptz 'epoch' + ms * interval '1 millisecond'``: exact to the microsecond for any ms
 below 2**53 / 1000 (the interval multiply is done in float8 but every such product is an
@@ -148,25 +155,14 @@ _VALUES = (
 _ENCODINGS = ("sketch", "hdr_histogram", "hll_registers", *HDR_COLUMNS)
 """Serialized forms of the same values (they change exactly when the values do)."""
 _VALUE_COLUMNS = (*_VALUES, *_ENCODINGS, "revision", "is_final", "late_events", "emitted_at")
+"""A ``window_pending`` row's columns besides the key."""
+_ROW_COLUMNS = (*_VALUES, "revision", "is_final", "late_events", "emitted_at")
+"""A ``window_rows`` row's columns besides the key: a published window without its sketches,
+which ``window_sketches`` holds (``window_results`` joins the two; schema version 15)."""
 
 
 def _ms_to_ts(expr: str) -> str:
     return f"(timestamptz 'epoch' + {expr} * interval '1 millisecond')"
-
-
-#: ``prune``'s statements: what it deletes from each table, by the time column that ages it.
-_PRUNE = {
-    table: f"DELETE FROM {table} WHERE {column} < {_ms_to_ts('%(before)s')}"
-    for table, column in (
-        ("window_results", "window_end"),
-        ("window_pending", "window_end"),
-        ("pipeline_metrics", "ts"),
-        ("late_events", "window_end"),
-        ("sink_batches", "committed_at"),
-        # Ends listed for rows since deleted (a retracted session, a pruned window).
-        ("window_open_ends", "window_end"),
-    )
-}
 
 
 def _window_key(alias: str) -> str:
@@ -194,22 +190,73 @@ def _late_samples_of(window_key: str, also: str | None = None) -> str:
 _LATE_SAMPLES_OF_STAGED = _late_samples_of(_staged_window_key("s"))
 
 _VALUES_CHANGED = (
-    f"({', '.join(f'window_results.{c}' for c in _VALUES)}) IS DISTINCT FROM "
+    f"({', '.join(f'window_rows.{c}' for c in _VALUES)}) IS DISTINCT FROM "
     f"({', '.join(f'excluded.{c}' for c in _VALUES)})"
 )  # the values, not their encodings, revision, finality or emission
 _STAGED_VALUES = ", ".join(f"s.{c}" for c in (*_VALUES, *_ENCODINGS))
+_STAGED_ROW_VALUES = ", ".join(f"s.{c}" for c in _VALUES)
+_HAS_SKETCH = "(s.sketch IS NOT NULL OR s.hll_registers IS NOT NULL OR s.hdr_buckets IS NOT NULL)"
+
+
+def _with_sketches(write: str, source: str, source_key: str, returning: str = "") -> str:
+    """``write`` (a statement writing ``window_rows``) with the sketches of the rows it wrote:
+    from ``source`` (a FROM item aliased ``s``, whose key row is ``source_key``) into
+    ``window_sketches``, in the same statement. A row the statement did not write (an older
+    revision) keeps its sketches too. The statement returns the number of rows it wrote.
+    ``returning``: the target's alias, when the write names one (an UPDATE ... FROM)."""
+    keys = ", ".join(f"{returning}.{c}" if returning else c for c in _KEY.split(", "))
+    return f"""
+WITH written AS ({write.strip()}
+RETURNING {keys}),
+sketched AS (
+INSERT INTO window_sketches ({_KEY}, {", ".join(_ENCODINGS)})
+SELECT {", ".join(f"w.{c}" for c in _KEY.split(", "))}, {", ".join(f"s.{c}" for c in _ENCODINGS)}
+FROM written w JOIN {source} ON {_window_key("w")} = {source_key}
+WHERE {_HAS_SKETCH}
+ON CONFLICT ({_KEY}) DO UPDATE SET {", ".join(f"{c} = excluded.{c}" for c in _ENCODINGS)})
+SELECT count(*) FROM written"""
+
+
+def _without_sketches(delete: str) -> str:
+    """``delete`` (a DELETE from ``window_rows`` aliased ``w``) with the deleted rows'
+    sketches; the statement returns the number of rows deleted."""
+    return f"""
+WITH gone AS ({delete.strip()}
+RETURNING {", ".join(f"w.{c}" for c in _KEY.split(", "))}),
+unsketched AS (
+DELETE FROM window_sketches k USING gone g WHERE {_window_key("k")} = {_window_key("g")})
+SELECT count(*) FROM gone"""
+
+
+#: ``prune``'s statements: what it deletes from each table, by the time column that ages it
+#: (a window's sketches with its row).
+_PRUNE = {
+    table: f"DELETE FROM {table} w WHERE w.{column} < {_ms_to_ts('%(before)s')}"
+    for table, column in (
+        ("window_rows", "window_end"),
+        ("window_pending", "window_end"),
+        ("pipeline_metrics", "ts"),
+        ("late_events", "window_end"),
+        ("sink_batches", "committed_at"),
+        # Ends listed for rows since deleted (a retracted session, a pruned window).
+        ("window_open_ends", "window_end"),
+    )
+}
+_PRUNE["window_rows"] = _without_sketches(_PRUNE["window_rows"])
 
 
 def _upsert_sql(table: str, where: str | None, staging: str = _STAGING) -> str:
-    """The upsert from ``staging`` into ``table`` keeping the highest revision, of the staged
-    rows ``where`` says (it may test the batch's hold, ``h``); ``None``: every staged row."""
+    """The upsert from ``staging`` into ``table`` (``window_rows`` with the sketches, or
+    ``window_pending``) keeping the highest revision, of the staged rows ``where`` says (it
+    may test the batch's hold, ``h``); ``None``: every staged row."""
+    published = table == "window_rows"
     # A window emitted early (early_as_of set) and changed by the time the watermark passes
     # its end is not corrected: its on-time row is the first complete one.
     corrections = (
-        ", corrections = window_results.corrections + (CASE WHEN "
-        f"window_results.early_as_of IS NULL AND {_VALUES_CHANGED} THEN 1 ELSE 0 END), "
+        ", corrections = window_rows.corrections + (CASE WHEN "
+        f"window_rows.early_as_of IS NULL AND {_VALUES_CHANGED} THEN 1 ELSE 0 END), "
         "early_as_of = NULL"
-        if table == "window_results"
+        if published
         else ""
     )
     selected = (
@@ -217,17 +264,19 @@ def _upsert_sql(table: str, where: str | None, staging: str = _STAGING) -> str:
         if where is None
         else f"\nLEFT JOIN {_HOLD} h USING (config_name, window_name)\nWHERE {where}"
     )
-    return f"""
-INSERT INTO {table} ({_KEY}, {", ".join(_VALUE_COLUMNS)})
+    columns = _ROW_COLUMNS if published else _VALUE_COLUMNS
+    upsert = f"""
+INSERT INTO {table} ({_KEY}, {", ".join(columns)})
 SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
        {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
-       {_STAGED_VALUES}, s.revision, s.is_final, {_LATE_SAMPLES_OF_STAGED},
-       {_ms_to_ts("s.emitted_at_ms")}
+       {_STAGED_ROW_VALUES if published else _STAGED_VALUES}, s.revision, s.is_final,
+       {_LATE_SAMPLES_OF_STAGED}, {_ms_to_ts("s.emitted_at_ms")}
 FROM {staging} s{selected}
 ON CONFLICT ({_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}{corrections}
+    {", ".join(f"{c} = excluded.{c}" for c in columns)}{corrections}
 WHERE {table}.revision < excluded.revision
-""".replace("window_results.corrections", f"{table}.corrections")
+"""
+    return _with_sketches(upsert, f"{staging} s", _staged_window_key("s")) if published else upsert
 
 
 # Which windows are held back until the watermark passes their end, per (config, window),
@@ -243,7 +292,7 @@ CREATE TEMPORARY TABLE IF NOT EXISTS {_HOLD} (
 """
 _HOLD_INSERT = f"INSERT INTO {_HOLD} VALUES (%s, %s, %s, %s, %s)"
 _UPSERT = _upsert_sql(
-    "window_results", "h.watermark_ms IS NULL OR s.window_end_ms <= h.watermark_ms"
+    "window_rows", "h.watermark_ms IS NULL OR s.window_end_ms <= h.watermark_ms"
 )
 _UPSERT_PENDING = _upsert_sql("window_pending", "s.window_end_ms > h.watermark_ms")
 
@@ -255,16 +304,36 @@ _UPSERT_PENDING = _upsert_sql("window_pending", "s.window_end_ms > h.watermark_m
 # rows a window stored after all sends back to the upsert.
 _FRESH_STAGING = "sg_fresh_staging"
 _FRESH_STAGING_DDL = _staging_ddl(_FRESH_STAGING, _STAGED_SCHEMA)
-_FRESH_COLUMNS = (*_KEY.split(", "), *_VALUE_COLUMNS)
-"""What a fresh window's ``COPY`` writes: every column of window_results it sets."""
+_FRESH_COLUMNS = (*_KEY.split(", "), *_ROW_COLUMNS)
+"""What a fresh window's ``COPY`` writes: every column of window_rows it sets."""
+_FRESH_SKETCH_COLUMNS = (*_KEY.split(", "), *_ENCODINGS)
+"""What the ``COPY`` of fresh windows' sketches writes into window_sketches."""
+_SKETCHED_COLUMNS = (
+    "config_name", "window_name", "metric", "tags", "window_start_ms", "window_end_ms",
+    *_ENCODINGS,
+)  # fmt: skip
+"""The staged columns the fresh windows' sketches are written from."""
 _TIMESTAMP_COLUMNS = frozenset({"window_start", "window_end", "emitted_at"})
-_UPSERT_FRESH = _upsert_sql("window_results", None, staging=_FRESH_STAGING)
+_UPSERT_FRESH = _upsert_sql("window_rows", None, staging=_FRESH_STAGING)
+# The fresh windows' sketches, after their rows committed: a window whose row was stored
+# before (by another run of the batch, or replay) keeps the sketches stored with it.
+_FRESH_SKETCHES_STAGING = "sg_fresh_sketches_staging"
+_FRESH_SKETCHES_STAGING_DDL = _staging_ddl(_FRESH_SKETCHES_STAGING, _STAGED_SCHEMA)
+_INSERT_FRESH_SKETCHES = f"""
+INSERT INTO window_sketches ({_KEY}, {", ".join(_ENCODINGS)})
+SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
+       {", ".join(f"s.{c}" for c in _ENCODINGS)}
+FROM {_FRESH_SKETCHES_STAGING} s
+WHERE {_HAS_SKETCH}
+ON CONFLICT ({_KEY}) DO NOTHING
+"""
 # A fresh window can still have late samples, recorded before its first row: by the same
 # batch (``commit_batch(late=...)`` runs first), or by another query of the window that ran
 # ahead. late_events is derived from them, so it is set for the windows of the batch's range
 # that have any (one scan of late_events' window index, not one per row).
 _LATE_SAMPLES_ON_FRESH = f"""
-UPDATE window_results w SET late_events = l.samples
+UPDATE window_rows w SET late_events = l.samples
 FROM (SELECT l.config_name, l.window_name, l.metric, l.tags, l.window_start, l.window_end,
              sum(l.count) AS samples
       FROM late_events l
@@ -277,7 +346,7 @@ WHERE {_window_key("w")} = {_window_key("l")} AND w.late_events IS DISTINCT FROM
 # After a refused fresh insert: up to where the window's rows are stored already, so the
 # caller stops offering windows as fresh until its watermark is past them.
 _STORED_UNTIL = f"""
-SELECT (extract(epoch FROM max(r.window_end)) * 1000)::bigint FROM window_results r
+SELECT (extract(epoch FROM max(r.window_end)) * 1000)::bigint FROM window_rows r
 WHERE (r.config_name, r.window_name) IN (SELECT DISTINCT config_name, window_name
                                          FROM {_FRESH_STAGING})
 """
@@ -287,20 +356,22 @@ WHERE (r.config_name, r.window_name) IN (SELECT DISTINCT config_name, window_nam
 # _FINALIZE, later in the transaction, would set exactly that (same revision, same emitted_at)
 # by rewriting the row just inserted, index entries and all. When the batches are long
 # (100k series: ~6 s of watermark per batch against 2 s of lateness) that is most windows.
+_PROMOTE_ROWS = f"""
+INSERT INTO window_rows ({_KEY}, {", ".join(_ROW_COLUMNS)})
+SELECT {_KEY}, {", ".join(_VALUES)}, %(revision)s, final, late_events, {_ms_to_ts("%(now_ms)s")}
+FROM moved
+ON CONFLICT ({_KEY}) DO UPDATE SET
+    {", ".join(f"{c} = excluded.{c}" for c in _ROW_COLUMNS)}, early_as_of = NULL
+WHERE window_rows.revision < excluded.revision"""
+_PROMOTE_WRITES = _with_sketches(_PROMOTE_ROWS, "moved s", _window_key("s"))
 _PROMOTE = f"""
 WITH moved AS (
     DELETE FROM window_pending p USING {_HOLD} h
     WHERE p.config_name = h.config_name AND p.window_name = h.window_name
       AND p.window_end <= {_ms_to_ts("h.watermark_ms")}
     RETURNING p.*, coalesce(p.window_end <= {_ms_to_ts("h.final_before_ms")}, false) AS final
-)
-INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
-SELECT {_KEY}, {", ".join((*_VALUES, *_ENCODINGS))},
-       %(revision)s, final, late_events, {_ms_to_ts("%(now_ms)s")}
-FROM moved
-ON CONFLICT ({_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}, early_as_of = NULL
-WHERE window_results.revision < excluded.revision
+),
+{_PROMOTE_WRITES.strip().removeprefix("WITH ")}
 """
 
 # Early emission (a window's early_every): a window the watermark W has not passed, whose
@@ -321,15 +392,15 @@ WHERE window_results.revision < excluded.revision
 # changes, and _PROMOTE moves it when W passes the end.
 # An early row replaces the stored one only at a later tick and only if a value changed.
 _EARLY_REPLACES = f"""ON CONFLICT ({_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in _VALUE_COLUMNS)}, early_as_of = excluded.early_as_of
-WHERE window_results.early_as_of < excluded.early_as_of
-  AND window_results.revision < excluded.revision
+    {", ".join(f"{c} = excluded.{c}" for c in _ROW_COLUMNS)}, early_as_of = excluded.early_as_of
+WHERE window_rows.early_as_of < excluded.early_as_of
+  AND window_rows.revision < excluded.revision
   AND {_VALUES_CHANGED}
 """
-_EARLY = f"""
-INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)}, early_as_of)
+_EARLY = _with_sketches(f"""
+INSERT INTO window_rows ({_KEY}, {", ".join(_ROW_COLUMNS)}, early_as_of)
 SELECT {", ".join(f"p.{c}" for c in _KEY.split(", "))},
-       {", ".join(f"p.{c}" for c in (*_VALUES, *_ENCODINGS))},
+       {", ".join(f"p.{c}" for c in _VALUES)},
        %(revision)s, false, p.late_events, {_ms_to_ts("%(now_ms)s")}, {_ms_to_ts("tick.ms")}
 FROM window_pending p
 JOIN {_HOLD} h ON p.config_name = h.config_name AND p.window_name = h.window_name
@@ -341,26 +412,26 @@ CROSS JOIN LATERAL (
 WHERE h.early_every_ms IS NOT NULL
   AND p.window_end > {_ms_to_ts("h.watermark_ms")}
   AND h.watermark_ms - start.ms >= h.early_every_ms
-{_EARLY_REPLACES}"""
+{_EARLY_REPLACES}""", "window_pending s", _window_key("s"))
 
 # Corrections from `streamgauge replay`: a recomputed final window replaces the stored one
 # with the next revision, only where a value changed (so replaying twice changes nothing).
 _CORRECTED = _VALUES
-_PUBLISH_CORRECTIONS = f"""
-INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)})
+_PUBLISH_CORRECTIONS = _with_sketches(f"""
+INSERT INTO window_rows ({_KEY}, {", ".join(_ROW_COLUMNS)})
 SELECT config_name, window_name, metric, tags::jsonb,
        {_ms_to_ts("window_start_ms")}, {_ms_to_ts("window_end_ms")},
-       {", ".join((*_VALUES, *_ENCODINGS))},
+       {", ".join(_VALUES)},
        1, true, {_LATE_SAMPLES_OF_STAGED}, {_ms_to_ts("emitted_at_ms")}
 FROM {_STAGING} s
 ON CONFLICT ({_KEY}) DO UPDATE SET
-    {", ".join(f"{c} = excluded.{c}" for c in (*_CORRECTED, *_ENCODINGS))},
-    revision = window_results.revision + 1, is_final = true,
-    corrections = window_results.corrections + 1,
+    {", ".join(f"{c} = excluded.{c}" for c in _CORRECTED)},
+    revision = window_rows.revision + 1, is_final = true,
+    corrections = window_rows.corrections + 1,
     late_events = excluded.late_events, emitted_at = excluded.emitted_at
-WHERE ({", ".join(f"window_results.{c}" for c in _CORRECTED)})
+WHERE ({", ".join(f"window_rows.{c}" for c in _CORRECTED)})
     IS DISTINCT FROM ({", ".join(f"excluded.{c}" for c in _CORRECTED)})
-"""
+""", f"{_STAGING} s", _staged_window_key("s"))
 
 _MARK_LATE_REPLAYED = f"""
 UPDATE late_events l SET replayed_at = {_ms_to_ts("%(now_ms)s")}
@@ -396,7 +467,7 @@ SELECT {", ".join(f"s.{c}" for c in _STAGED_KEY_COLUMNS.split(", "))},
        max(w.revision), max(w.corrections),
        count(*) FILTER (WHERE w.pending OR NOT ({_SAME_KEY_AS_STAGED}))
 FROM {_STAGING} s JOIN (
-    SELECT {_KEY}, revision, corrections, false AS pending FROM window_results
+    SELECT {_KEY}, revision, corrections, false AS pending FROM window_rows
     UNION ALL
     SELECT {_KEY}, revision, 0, true FROM window_pending
 ) w ON {_CONTAINED_IN_STAGED}
@@ -404,18 +475,18 @@ GROUP BY {", ".join(f"s.{c}" for c in _STAGED_KEY_COLUMNS.split(", "))}
 """
 
 _DELETE_SUPERSEDED = {
-    "window_results": f"""
-DELETE FROM window_results w USING {_STAGING} s
-WHERE {_CONTAINED_IN_STAGED} AND NOT ({_SAME_KEY_AS_STAGED})""",
+    "window_rows": _without_sketches(f"""
+DELETE FROM window_rows w USING {_STAGING} s
+WHERE {_CONTAINED_IN_STAGED} AND NOT ({_SAME_KEY_AS_STAGED})"""),
     "window_pending": f"""
 DELETE FROM window_pending w USING {_STAGING} s WHERE {_CONTAINED_IN_STAGED}""",
 }
 
 # A stored session with the recomputed one's key: corrected when its values changed or when
 # it now also stands for superseded rows; revision and corrections go above all it covers.
-_UPDATE_SUPERSEDING = f"""
-UPDATE window_results w SET
-    ({", ".join((*_VALUES, *_ENCODINGS))}) = ({_STAGED_VALUES}),
+_UPDATE_SUPERSEDING = _with_sketches(f"""
+UPDATE window_rows w SET
+    ({", ".join(_VALUES)}) = ({_STAGED_ROW_VALUES}),
     revision = p.revision + 1, is_final = true, corrections = p.corrections + 1,
     late_events = {_LATE_SAMPLES_OF_STAGED}, emitted_at = {_ms_to_ts("s.emitted_at_ms")}
 FROM {_STAGING} s JOIN {_REPLAY_PRIOR} p USING ({_STAGED_KEY_COLUMNS})
@@ -423,20 +494,20 @@ WHERE {_SAME_KEY_AS_STAGED}
   AND (p.superseded > 0
        OR ({", ".join(f"w.{c}" for c in _VALUES)}) IS DISTINCT FROM
           ({", ".join(f"s.{c}" for c in _VALUES)}))
-"""
+""", f"{_STAGING} s", _staged_window_key("s"), returning="w")
 
 # A recomputed session with a new key: a correction of the rows it supersedes (revision and
 # corrections above theirs), or an insert (revision 1, corrections 0) where it covers none.
-_INSERT_SUPERSEDING = f"""
-INSERT INTO window_results ({_KEY}, {", ".join(_VALUE_COLUMNS)}, corrections)
+_INSERT_SUPERSEDING = _with_sketches(f"""
+INSERT INTO window_rows ({_KEY}, {", ".join(_ROW_COLUMNS)}, corrections)
 SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")}, {_STAGED_VALUES},
+       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")}, {_STAGED_ROW_VALUES},
        coalesce(p.revision, 0) + 1, true, {_LATE_SAMPLES_OF_STAGED},
        {_ms_to_ts("s.emitted_at_ms")},
        CASE WHEN p.revision IS NULL THEN 0 ELSE p.corrections + 1 END
 FROM {_STAGING} s LEFT JOIN {_REPLAY_PRIOR} p USING ({_STAGED_KEY_COLUMNS})
-WHERE NOT EXISTS (SELECT 1 FROM window_results w WHERE {_SAME_KEY_AS_STAGED})
-"""
+WHERE NOT EXISTS (SELECT 1 FROM window_rows w WHERE {_SAME_KEY_AS_STAGED})
+""", f"{_STAGING} s", _staged_window_key("s"))
 
 _MARK_LATE_IDS_REPLAYED = f"""
 UPDATE late_events SET replayed_at = {_ms_to_ts("%(now_ms)s")}
@@ -473,7 +544,7 @@ l.config_name = %(c)s AND l.window_name = %(w)s AND EXISTS (
     WHERE f.receiver = l.receiver AND l.closed_by >= {_ms_to_ts("f.ms")})"""
 # The windows' counts first (from the rows that stay), then the rows: one transaction.
 _RECOUNT_WITHOUT_FORGOTTEN_LATE = f"""
-UPDATE window_results w SET late_events = {
+UPDATE window_rows w SET late_events = {
     _late_samples_of(_window_key("w"), f"NOT ({_FORGOTTEN_LATE})")}
 WHERE w.config_name = %(c)s AND w.window_name = %(w)s AND EXISTS (
     SELECT 1 FROM late_events l WHERE {_window_key("l")} = {_window_key("w")}
@@ -502,7 +573,7 @@ _ENDS_TO_FINALIZE = f"""
 e.config_name = %(config_name)s AND e.window_name = %(window_name)s
   AND e.window_end <= {_ms_to_ts("%(final_before_ms)s")}"""
 _FINALIZE = f"""
-UPDATE window_results w
+UPDATE window_rows w
 SET is_final = true, revision = %(revision)s, emitted_at = {_ms_to_ts("%(now_ms)s")},
     early_as_of = NULL
 FROM window_open_ends e
@@ -517,7 +588,7 @@ _FORGET_FINAL_ENDS = f"""
 DELETE FROM window_open_ends e
 WHERE {_ENDS_TO_FINALIZE}
   AND NOT EXISTS (
-    SELECT 1 FROM window_results w
+    SELECT 1 FROM window_rows w
     WHERE w.config_name = e.config_name AND w.window_name = e.window_name
       AND w.metric_type = e.metric_type AND w.window_end = e.window_end AND NOT w.is_final)
 """
@@ -583,7 +654,7 @@ FROM {_LATE_STAGING}
 # window_results sees that a final value is missing something (until `replay` applies it).
 # Recomputed from the table (not incremented), like the upsert does: one definition.
 _COUNT_LATE_ON_WINDOWS = f"""
-UPDATE window_results w SET late_events = {_late_samples_of(_window_key("w"))}
+UPDATE window_rows w SET late_events = {_late_samples_of(_window_key("w"))}
 FROM (SELECT DISTINCT config_name, window_name, metric, tags::jsonb AS tags,
              {_ms_to_ts("window_start_ms")} AS window_start,
              {_ms_to_ts("window_end_ms")} AS window_end
@@ -616,8 +687,8 @@ WHERE {_window_key("w")} = {_staged_window_key("r")}
   AND w.revision < %(revision)s
 """
 _RETRACT_FROM = {
-    table: _RETRACT.format(table=table)
-    for table in ("window_results", "window_pending")
+    "window_rows": _without_sketches(_RETRACT.format(table="window_rows")),
+    "window_pending": _RETRACT.format(table="window_pending"),
 }
 
 
@@ -721,6 +792,11 @@ class BatchOutcome:
     fresh_stored_until_ms: int | None = None
     """Set when a window of ``fresh`` was stored already: the latest ``window_end`` stored
     for the batch's windows (the caller offers no window up to it as fresh again)."""
+
+
+def sketches_query_name(query_name: str) -> str:
+    """The name under which the sketches of a batch's fresh windows are claimed."""
+    return f"{query_name}.sketches"
 
 
 class ResultStoreUnavailable(RuntimeError):
@@ -880,9 +956,9 @@ class ResultStore:
                 retracted = 0
                 if retracted_rows is not None and retracted_rows.num_rows:
                     _copy_into(cur, _RETRACT_STAGING_DDL, _RETRACT_STAGING, retracted_rows)
-                    for target in ("window_results", "window_pending"):
-                        cur.execute(_RETRACT_FROM[target], {"revision": revision})
-                        retracted += max(cur.rowcount, 0)
+                    for target, statement in _RETRACT_FROM.items():
+                        cur.execute(statement, {"revision": revision})
+                        retracted += _written(cur, target)
                 recorded = 0
                 if late_rows is not None and late_rows.num_rows:
                     _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, late_rows)
@@ -899,10 +975,10 @@ class ResultStore:
                     upserted += inserted
                 if hold_after:
                     cur.execute(_PROMOTE, {"revision": revision, "now_ms": now_ms})
-                    upserted += max(cur.rowcount, 0)
+                    upserted += _written(cur)
                     if early_every:
                         cur.execute(_EARLY, {"revision": revision, "now_ms": now_ms})
-                        early = max(cur.rowcount, 0)
+                        early = _written(cur)
                         upserted += early
                 finalized = 0
                 for fin in finalizations:
@@ -935,7 +1011,45 @@ class ResultStore:
         outcome = self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
         self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
         self._recorded = collections.Counter()
+        if fresh_rows is not None and fresh_rows.num_rows:
+            self._commit_fresh_sketches(query_name, batch_id, fresh_rows, lock_name)
         return outcome
+
+    def _commit_fresh_sketches(
+        self, query_name: str, batch_id: int, fresh: pa.Table, lock_name: str | None
+    ) -> None:
+        """The sketches of the windows ``commit_batch`` published fresh, in a transaction of
+        their own after the one that made the windows' rows visible: most of the bytes of a
+        closing batch are sketches (a timer window's row is ~0.2 kB, its sketches ~2.4 kB),
+        and the rows need not wait for them. Claimed under ``<query_name>.sketches``, so a
+        batch run again after a crash between the two writes what is missing, once."""
+        sketched = fresh.select(list(_SKETCHED_COLUMNS))
+        has = pc.or_(pc.or_(pc.is_valid(sketched["sketch"]),
+                            pc.is_valid(sketched["hll_registers"])),
+                     pc.is_valid(sketched["hdr_buckets"]))  # fmt: skip
+        if not pc.any(has).as_py():
+            return
+        if not pc.all(has).as_py():  # counters and gauges beside: no row of theirs
+            sketched = sketched.filter(has)
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
+                claim = (sketches_query_name(query_name), batch_id, self._clock.now_ms())
+                cur.execute(_CLAIM_BATCH, claim)
+                if cur.rowcount == 0:
+                    return
+                try:
+                    with conn.transaction():  # a savepoint: only the copy is undone
+                        _copy_arrow(cur, "window_sketches",
+                                    _as_window_rows(sketched, _FRESH_SKETCH_COLUMNS),
+                                    _FRESH_ENCODERS)  # fmt: skip
+                except pgerrors.UniqueViolation:
+                    _copy_into(cur, _FRESH_SKETCHES_STAGING_DDL, _FRESH_SKETCHES_STAGING,
+                               sketched)  # fmt: skip
+                    cur.execute(_INSERT_FRESH_SKETCHES)
+
+        self._with_retry(f"commit the sketches of batch {batch_id} of {query_name!r}", work)
 
     def commit_late_batch(
         self, query_name: str, batch_id: int, late: pa.Table, lock_name: str | None = None
@@ -1011,16 +1125,16 @@ class ResultStore:
                 if supersede:
                     cur.execute(_REPLAY_PRIOR_DDL)
                     cur.execute(_FIND_SUPERSEDED)
-                    for statement in _DELETE_SUPERSEDED.values():
+                    for target, statement in _DELETE_SUPERSEDED.items():
                         cur.execute(statement)
-                        retracted += max(cur.rowcount, 0)
+                        retracted += _written(cur, target)
                     cur.execute(_UPDATE_SUPERSEDING)
-                    corrected = max(cur.rowcount, 0)
+                    corrected = _written(cur)
                     cur.execute(_INSERT_SUPERSEDING)
-                    corrected += max(cur.rowcount, 0)
+                    corrected += _written(cur)
                 else:
                     cur.execute(_PUBLISH_CORRECTIONS)
-                    corrected = max(cur.rowcount, 0)
+                    corrected = _written(cur)
                 if late_ids is None:
                     cur.execute(_MARK_LATE_REPLAYED, {"now_ms": now_ms})
                 else:
@@ -1055,7 +1169,7 @@ class ResultStore:
             with conn.transaction(), conn.cursor() as cur:
                 for table, statement in _PRUNE.items():
                     cur.execute(statement, {"before": before_ms})
-                    deleted[table] = max(cur.rowcount, 0)
+                    deleted[table] = _written(cur, table)
             return deleted
 
         return self._with_retry("prune old results", work)
@@ -1077,14 +1191,13 @@ class ResultStore:
 
         def work(conn: psycopg.Connection[Any]) -> int:
             with conn.transaction():
-                conn.execute(
-                    "DELETE FROM sink_batches WHERE query_name = ANY(%s)", (list(query_names),)
-                )
+                names = [*query_names, *map(sketches_query_name, query_names)]
+                conn.execute("DELETE FROM sink_batches WHERE query_name = ANY(%s)", (names,))
                 if late_reread is not None:
                     self._forget_late_rows(conn, config_name, window_name, late_reread)
                 row = conn.execute(
                     "SELECT greatest("
-                    " (SELECT max(revision) FROM window_results"
+                    " (SELECT max(revision) FROM window_rows"
                     "  WHERE config_name = %(c)s AND window_name = %(w)s),"
                     " (SELECT max(revision) FROM window_pending"
                     "  WHERE config_name = %(c)s AND window_name = %(w)s))",
@@ -1160,7 +1273,7 @@ class ResultStore:
         _copy_into(cur, _STAGING_DDL, _STAGING, table)
         try:
             cur.execute(_UPSERT)
-            upserted = max(cur.rowcount, 0)
+            upserted = _written(cur)
             cur.execute(_UPSERT_PENDING)
         except pgerrors.CardinalityViolation as exc:
             raise ValueError(
@@ -1186,11 +1299,11 @@ class ResultStore:
         try:
             try:
                 with conn.transaction():  # a savepoint: only the copy is undone
-                    _copy_arrow(cur, "window_results", _as_window_results(table), _FRESH_ENCODERS)
+                    _copy_arrow(cur, "window_rows", _as_window_rows(table), _FRESH_ENCODERS)
             except pgerrors.UniqueViolation:
                 _copy_into(cur, _FRESH_STAGING_DDL, _FRESH_STAGING, table)
                 cur.execute(_UPSERT_FRESH)
-                upserted = max(cur.rowcount, 0)
+                upserted = _written(cur)
                 cur.execute(_STORED_UNTIL)
                 row = cur.fetchone()
                 return upserted, None if row is None or row[0] is None else int(row[0])
@@ -1297,18 +1410,28 @@ def _jsonb_encoder(field: pa.Field) -> Any:
 _FRESH_ENCODERS: Mapping[str, Callable[[pa.Field], Any]] = {"tags": _jsonb_encoder}
 
 
-def _as_window_results(table: pa.Table) -> pa.Table:
-    """Staged rows (``_STAGED_SCHEMA``) as window_results' own columns, for a COPY into it:
-    epoch milliseconds as UTC timestamps, ``late_events`` 0 (the caller derives it)."""
+def _as_window_rows(table: pa.Table, names: Sequence[str] = _FRESH_COLUMNS) -> pa.Table:
+    """Staged rows (``_STAGED_SCHEMA``) as the columns ``names`` of window_rows (or of
+    window_sketches), for a COPY into it: epoch milliseconds as UTC timestamps,
+    ``late_events`` 0 (the caller derives it)."""
     columns = []
-    for name in _FRESH_COLUMNS:
+    for name in names:
         if name in _TIMESTAMP_COLUMNS:
             columns.append(table[f"{name}_ms"].cast(pa.timestamp("ms", tz="UTC")))
         elif name == "late_events":
             columns.append(pa.repeat(pa.scalar(0, pa.int64()), table.num_rows))
         else:
             columns.append(table[name])
-    return pa.table(columns, names=list(_FRESH_COLUMNS))
+    return pa.table(columns, names=list(names))
+
+
+def _written(cur: psycopg.Cursor[Any], table: str = "window_rows") -> int:
+    """Rows a statement wrote: its count row for ``window_rows`` (``_with_sketches``,
+    ``_without_sketches``), its row count otherwise."""
+    if table != "window_rows":
+        return max(cur.rowcount, 0)
+    row = cur.fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def canonical_tags_text(tags: Any) -> str:

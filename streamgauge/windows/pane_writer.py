@@ -240,10 +240,11 @@ class PaneWindowsWriter:
         first = pc.less_equal(ends, watermark)
         if previous is not None:
             first = pc.and_(first, pc.greater(ends, previous))
-        fresh = rows.filter(first)
-        if not fresh.num_rows:
+        if pc.all(first).as_py():  # a closing batch: no copy of 100k rows and sketches
+            return rows.slice(0, 0), rows
+        if not pc.any(first).as_py():
             return rows, None
-        return rows.filter(pc.invert(first)), fresh
+        return rows.filter(pc.invert(first)), rows.filter(first)
 
     def _rebuilt(self, start: dict[str, dict[str, Any]], committed: int | None) -> WindowLogic:
         """The open windows as of the batch before this one (the logic's ``rebuild``)."""

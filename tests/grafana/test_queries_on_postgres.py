@@ -105,7 +105,7 @@ def store_url(postgres_url: str) -> Iterator[str]:
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.ensure_schema()
     run_sql(
-        postgres_url, "TRUNCATE window_results, window_pending, sink_batches, pipeline_state"
+        postgres_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches, pipeline_state"
     )
     batch1 = [
         _row("api.latency", {"host": "a"}, 0, 1, count=2, sum=30.0, min=10.0, max=20.0, last=20.0, p99=19.0, **_buckets("a", 0)),
@@ -165,7 +165,7 @@ def store_url(postgres_url: str) -> Iterator[str]:
     yield postgres_url
     run_sql(
         postgres_url,
-        "TRUNCATE window_results, window_pending, sink_batches, pipeline_state,"
+        "TRUNCATE window_rows, window_sketches, window_pending, sink_batches, pipeline_state,"
         " pipeline_metrics, late_events",
     )
 

@@ -102,11 +102,11 @@ def store_windows(
 def histograms(postgres_url: str) -> Iterator[str]:
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.ensure_schema()
-    run_sql(postgres_url, "TRUNCATE window_results, window_pending, sink_batches")
+    run_sql(postgres_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches")
     windows = [(host, window, samples(host, window)) for host in HOSTS for window in range(WINDOWS)]
     store_windows(postgres_url, "cfg", windows)
     yield postgres_url
-    run_sql(postgres_url, "TRUNCATE window_results, window_pending, sink_batches")
+    run_sql(postgres_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches")
 
 
 def test_the_view_shows_each_window_bucket_as_the_bucket_table_held_it(histograms: str) -> None:

@@ -94,7 +94,7 @@ def schema_url(postgres_url: str) -> str:
 @pytest.fixture(scope="module")
 def trials(schema_url: str) -> Iterator[dict[tuple[int, int], float]]:
     """Writes every trial through the store; maps (n, trial) to the Python union estimate."""
-    run_sql(schema_url, "TRUNCATE window_results, window_pending, sink_batches")
+    run_sql(schema_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches")
     expected: dict[tuple[int, int], float] = {}
     with ResultStore(schema_url, clock=ManualClock(T0), retry=RetryPolicy(max_attempts=3)) as store:
         batch = 0
@@ -107,7 +107,7 @@ def trials(schema_url: str) -> Iterator[dict[tuple[int, int], float]]:
                 store.commit_batch("hll", batch, result_rows(f"users.{n}.{trial}", sketches, 1),
                                    [], revision=1)  # fmt: skip
     yield expected
-    run_sql(schema_url, "TRUNCATE window_results, sink_batches")
+    run_sql(schema_url, "TRUNCATE window_rows, window_sketches, sink_batches")
 
 
 DISTINCT_OVER_RANGE = """
@@ -200,7 +200,7 @@ def test_empty_registers_count_zero_and_null_stays_null(schema_url: str) -> None
 def test_the_store_writes_registers_for_set_rows_only_on_every_path(schema_url: str) -> None:
     """commit_batch (emitted and pending windows, then promoted) and publish_corrections
     (``streamgauge replay``) all write ``hll_registers``; rows without a set sketch get NULL."""
-    run_sql(schema_url, "TRUNCATE window_results, window_pending, sink_batches")
+    run_sql(schema_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches")
     small, big = serialize_hll(build_hll(range(5))), serialize_hll(build_hll(range(3_000)))
     rows = result_rows("users", [small, big], 1)  # host a, windows 0 and 1
     timer = rows.slice(0, 1).set_column(4, "metric_type", pa.array(["ms"]))

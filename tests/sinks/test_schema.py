@@ -282,9 +282,9 @@ def test_version_seven_leaves_room_on_window_pending_pages(database: str) -> Non
     _, options = run_sql(
         database,
         "SELECT relname, reloptions FROM pg_class"
-        " WHERE relname IN ('window_pending', 'window_results') ORDER BY relname",
-    )
-    assert options == [("window_pending", ["fillfactor=50"]), ("window_results", ["fillfactor=50"])]
+        " WHERE relname IN ('window_pending', 'window_rows') ORDER BY relname",
+    )  # window_rows: window_results' table since version 15
+    assert options == [("window_pending", ["fillfactor=50"]), ("window_rows", ["fillfactor=50"])]
     _, rows = run_sql(database, "SELECT count FROM window_pending")
     assert rows == [(3,)]
 
@@ -316,3 +316,42 @@ def test_version_ten_lists_the_open_ends_of_version_nine_rows(database: str) -> 
         assert conn.execute(listed).fetchall() == [
             ("c", "2024-01-01 00:00:10+00"), ("c", "2024-01-01 00:00:20+00"),
             ("ms", "2024-01-01 00:00:30+00")]  # fmt: skip
+
+
+def test_version_fifteen_moves_the_sketches_beside_the_rows(database: str) -> None:
+    """Migration 15 over version-14 rows: window_results becomes a view of window_rows and
+    window_sketches that shows every row as it was, sketches and buckets included; the
+    sketches are stored once, for the windows that have any; window_histograms still
+    unnests the buckets; and a write through the view lands in the two tables."""
+    _apply(database, 14)
+    insert = (
+        "INSERT INTO window_results (config_name, window_name, metric, window_start, window_end,"
+        " metric_type, count, revision, emitted_at, sketch, hdr_buckets, hdr_counts,"
+        " hdr_unit_magnitude, hdr_half_count_magnitude, hdr_value_scale) VALUES ('c', 'w', %s,"
+        " '2024-01-01', '2024-01-01 00:00:10', %s, 3, 1, now(), %s, %s, %s, %s, %s, %s)"
+    )
+    before = "SELECT * FROM window_results ORDER BY metric"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(insert, ("t", "ms", b"digest", [1000, 1001], [2, 1], 0, 7, 1000.0))
+        conn.execute(insert, ("n", "c", None, None, None, None, None, None))
+        rows_14 = conn.execute(before).fetchall()
+        ensure_schema(conn)
+        assert conn.execute(before).fetchall() == rows_14
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'window_results'"
+                            ).fetchone() == ("v",)  # fmt: skip
+        assert conn.execute("SELECT metric, sketch FROM window_sketches").fetchall() == [
+            ("t", b"digest")]  # fmt: skip
+        assert conn.execute(
+            "SELECT bucket, count FROM window_histograms ORDER BY bucket").fetchall() == [
+            (1000, 2), (1001, 1)]  # fmt: skip
+        conn.execute("INSERT INTO window_results (config_name, window_name, metric, window_start,"
+                     " window_end, metric_type, count, revision, emitted_at, sketch) VALUES"
+                     " ('c', 'w', 'u', '2024-01-01', '2024-01-01 00:00:10', 's', 1, 1, now(),"
+                     " '\\x01')")  # fmt: skip
+        assert conn.execute(
+            "SELECT r.tags, r.corrections, r.is_final, k.sketch FROM window_rows r"
+            " JOIN window_sketches k USING (config_name, window_name, metric, tags,"
+            " window_start, window_end) WHERE r.metric = 'u'").fetchall() == [
+            ({}, 0, False, b"\x01")]  # fmt: skip  (the table's defaults through the view)
+        conn.execute("DELETE FROM window_results WHERE metric IN ('t', 'u')")
+        assert conn.execute("SELECT count(*) FROM window_sketches").fetchone() == (0,)

@@ -964,3 +964,73 @@ def test_a_fresh_window_stored_already_takes_the_upsert_and_says_how_far_rows_ar
     with pytest.raises(ValueError, match="twice"):
         store.commit_batch("q", 1, table(), [], revision=3,
                            fresh=table(window(5, revision=3), window(5, revision=3)))  # fmt: skip
+
+
+def test_fresh_windows_rows_commit_before_their_sketches_and_a_rerun_writes_those_once(
+    store: ResultStore, clean_store: str
+) -> None:
+    """A batch publishing windows for the first time commits their rows, then their sketches
+    in a transaction of its own. When that second transaction fails (here PostgreSQL refuses
+    it: a trigger on window_sketches raises), the rows are visible without sketches and the
+    batch fails; the same batch run again writes the sketches, once, and the rows stay as
+    they were (no second revision, nothing counted twice)."""
+    from streamgauge.sketches.hll import build_hll, serialize_hll
+
+    sketch = serialize_hll(build_hll(["u1", "u2"]))
+    fresh = table(
+        window(0, sketch=b"\x01digest", hdr_histogram="HISTFAAAAB"),
+        window(1, metric="users", metric_type="s", sum=None, min=None, max=None, last=None,
+               p50=None, p90=None, p99=None, distinct_count=2.0, sketch=sketch),
+        window(2, metric="requests", metric_type="c"),  # no sketch: no sketch row
+    )  # fmt: skip
+    run_sql(clean_store, """
+        CREATE FUNCTION test_refuse_sketches() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'sketches refused'; END $$;
+        CREATE TRIGGER test_refuse_sketches BEFORE INSERT ON window_sketches
+            FOR EACH STATEMENT EXECUTE FUNCTION test_refuse_sketches();
+    """)  # fmt: skip
+    try:
+        with pytest.raises(psycopg.Error, match="sketches refused"):
+            store.commit_batch("q", 0, table(), [], revision=2, fresh=fresh)
+        _, visible = run_sql(
+            clean_store, "SELECT metric, count, sketch IS NULL FROM window_results ORDER BY 1"
+        )
+        assert visible == [("api.latency", 3, True), ("requests", 3, True), ("users", 3, True)]
+    finally:
+        run_sql(clean_store, "DROP TRIGGER test_refuse_sketches ON window_sketches;"
+                             "DROP FUNCTION test_refuse_sketches()")  # fmt: skip
+    again = store.commit_batch("q", 0, table(), [], revision=2, fresh=fresh)
+    assert again.already_committed  # the rows' transaction: not written twice
+    store.commit_batch("q", 0, table(), [], revision=2, fresh=fresh)  # a third run: nothing
+    _, rows = run_sql(
+        clean_store,
+        "SELECT metric, revision, sketch, hdr_histogram, hll_registers IS NOT NULL"
+        " FROM window_results ORDER BY 1",
+    )
+    assert rows == [
+        ("api.latency", 1, b"\x01digest", "HISTFAAAAB", False),
+        ("requests", 1, None, None, False),
+        ("users", 1, sketch, None, True),
+    ]
+    _, counts = run_sql(clean_store, "SELECT (SELECT count(*) FROM window_rows),"
+                                     " (SELECT count(*) FROM window_sketches)")  # fmt: skip
+    assert counts == [(3, 2)]
+
+
+def test_a_retracted_or_pruned_window_takes_its_sketches_with_it(
+    store: ResultStore, clean_store: str
+) -> None:
+    """Sketches live beside the window's row: a retraction (a session that grew) and
+    retention delete both, so no sketch outlives its window."""
+    store.commit_batch("q", 0, table(), [], revision=1, fresh=table(
+        window(0, sketch=b"a"), window(1, sketch=b"b"), window(5, sketch=b"c")))  # fmt: skip
+    gone = pa.Table.from_pylist([_retraction(T0, T0 + MINUTE)])
+    out = store.commit_batch("q", 1, table(), [], revision=2, retractions=gone)
+    assert out.rows_retracted == 1
+    assert store.prune(T0 + 3 * MINUTE)["window_rows"] == 1
+    _, left = run_sql(
+        clean_store,
+        "SELECT (extract(epoch FROM k.window_start) * 1000)::bigint, k.sketch"
+        " FROM window_sketches k",
+    )
+    assert left == [(T0 + 5 * MINUTE, b"c")]
