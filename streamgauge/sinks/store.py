@@ -229,7 +229,7 @@ SELECT count(*) FROM gone"""
 
 
 #: ``prune``'s statements: what it deletes from each table, by the time column that ages it
-#: (a window's sketches with its row).
+#: (``window_results``: a window's row and its sketches).
 _PRUNE = {
     table: f"DELETE FROM {table} w WHERE w.{column} < {_ms_to_ts('%(before)s')}"
     for table, column in (
@@ -242,7 +242,7 @@ _PRUNE = {
         ("window_open_ends", "window_end"),
     )
 }
-_PRUNE["window_rows"] = _without_sketches(_PRUNE["window_rows"])
+_PRUNE = {"window_results": _without_sketches(_PRUNE.pop("window_rows")), **_PRUNE}
 
 
 def _upsert_sql(table: str, where: str | None, staging: str = _STAGING) -> str:
@@ -958,7 +958,7 @@ class ResultStore:
                     _copy_into(cur, _RETRACT_STAGING_DDL, _RETRACT_STAGING, retracted_rows)
                     for target, statement in _RETRACT_FROM.items():
                         cur.execute(statement, {"revision": revision})
-                        retracted += _written(cur, target)
+                        retracted += _written(cur, target == "window_rows")
                 recorded = 0
                 if late_rows is not None and late_rows.num_rows:
                     _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, late_rows)
@@ -1127,7 +1127,7 @@ class ResultStore:
                     cur.execute(_FIND_SUPERSEDED)
                     for target, statement in _DELETE_SUPERSEDED.items():
                         cur.execute(statement)
-                        retracted += _written(cur, target)
+                        retracted += _written(cur, target == "window_rows")
                     cur.execute(_UPDATE_SUPERSEDING)
                     corrected = _written(cur)
                     cur.execute(_INSERT_SUPERSEDING)
@@ -1169,7 +1169,7 @@ class ResultStore:
             with conn.transaction(), conn.cursor() as cur:
                 for table, statement in _PRUNE.items():
                     cur.execute(statement, {"before": before_ms})
-                    deleted[table] = _written(cur, table)
+                    deleted[table] = _written(cur, table == "window_results")
             return deleted
 
         return self._with_retry("prune old results", work)
@@ -1425,10 +1425,10 @@ def _as_window_rows(table: pa.Table, names: Sequence[str] = _FRESH_COLUMNS) -> p
     return pa.table(columns, names=list(names))
 
 
-def _written(cur: psycopg.Cursor[Any], table: str = "window_rows") -> int:
-    """Rows a statement wrote: its count row for ``window_rows`` (``_with_sketches``,
-    ``_without_sketches``), its row count otherwise."""
-    if table != "window_rows":
+def _written(cur: psycopg.Cursor[Any], counted: bool = True) -> int:
+    """Rows a statement wrote: its count row if it returns one (``counted``: a statement of
+    ``_with_sketches`` or ``_without_sketches``), its row count otherwise."""
+    if not counted:
         return max(cur.rowcount, 0)
     row = cur.fetchone()
     return 0 if row is None else int(row[0])

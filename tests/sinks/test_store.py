@@ -1027,7 +1027,7 @@ def test_a_retracted_or_pruned_window_takes_its_sketches_with_it(
     gone = pa.Table.from_pylist([_retraction(T0, T0 + MINUTE)])
     out = store.commit_batch("q", 1, table(), [], revision=2, retractions=gone)
     assert out.rows_retracted == 1
-    assert store.prune(T0 + 3 * MINUTE)["window_rows"] == 1
+    assert store.prune(T0 + 3 * MINUTE)["window_results"] == 1
     _, left = run_sql(
         clean_store,
         "SELECT (extract(epoch FROM k.window_start) * 1000)::bigint, k.sketch"
