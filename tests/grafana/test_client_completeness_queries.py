@@ -66,6 +66,9 @@ def _row(minute: int, tags: dict[str, str], counter: str, value: float) -> dict[
     return row
 
 
+TRUNCATE = "TRUNCATE window_rows, window_sketches, window_pending, sink_batches, pipeline_state"
+
+
 @pytest.fixture(scope="module")
 def config() -> PipelineConfig:
     return parse_config(CONFIG, "fleet.yaml")
@@ -75,12 +78,12 @@ def config() -> PipelineConfig:
 def store_url(postgres_url: str) -> Iterator[str]:
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.ensure_schema()
-    run_sql(postgres_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches, pipeline_state")
+    run_sql(postgres_url, TRUNCATE)
     table = pa.Table.from_pylist([_row(*r) for r in ROWS], schema=RESULT_SCHEMA)
     with ResultStore(postgres_url, retry=RetryPolicy(max_attempts=3)) as store:
         store.commit_batch("fleet/clients_1m", 1, table, [], revision=1)
     yield postgres_url
-    run_sql(postgres_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches, pipeline_state")
+    run_sql(postgres_url, TRUNCATE)
 
 
 def _run(url: str, sql: str) -> list[tuple[Any, ...]]:
