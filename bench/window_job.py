@@ -325,26 +325,37 @@ def run_previous(revision: str, args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run_beside(args: argparse.Namespace) -> None:
-    """This bench on ``--before``'s code and on this code, alternately, ``--pairs`` times."""
-    skip = {"--before", str(args.before), "--pairs", str(args.pairs)}
+def run_this_bench(
+    args: argparse.Namespace, options: tuple[str, ...], tree: Path | None = None
+) -> dict[str, Any]:
+    """One run of this bench in a child process, on the same arguments less ``options`` (the
+    alternation's own), on ``tree``'s code (``PYTHONPATH``; None: this checkout's)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--json",
-               *[a for a in sys.argv[1:] if a not in skip]]  # fmt: skip
-    trees = {"before": args.before.resolve(), "this code": HERE.parent.resolve()}
-    rows = []
-    for _ in range(args.pairs):
-        for label, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": str(tree)}
-            out = subprocess.run(command, capture_output=True, text=True, env=env).stdout
-            line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
-            rows.append((label, json.loads(line[7:]) if line else {
-                "offered": args.series, "taken": 0.0, "freshness_s": [], "sustained": False,
-                "load": os.getloadavg()[0]}))  # fmt: skip
+               *[a for a in sys.argv[1:] if a not in options]]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
+    out = subprocess.run(command, capture_output=True, text=True, env=env).stdout
+    line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+    return json.loads(line[7:]) if line else {
+        "offered": args.series, "taken": 0.0, "freshness_s": [], "sustained": False,
+        "load": os.getloadavg()[0]}  # fmt: skip
+
+
+def print_alternated(args: argparse.Namespace, other: str,
+                     rows: list[tuple[str, dict[str, Any]]]) -> None:  # fmt: skip
     print(f"window job: {args.kind} {args.size}, {args.series} series of {args.types} at 1 s "
           f"panes, {args.seconds} s ({args.warmup} s warm-up left out), local[2], alternated "
-          f"{args.before} / this code, {args.pairs} pair(s)")  # fmt: skip
+          f"{other} / this code, {args.pairs} pair(s)")  # fmt: skip
     for label, result in rows:
         print_result(label, result)
+
+
+def run_beside(args: argparse.Namespace) -> None:
+    """This bench on ``--before``'s code and on this code, alternately, ``--pairs`` times."""
+    options = ("--before", str(args.before), "--pairs", str(args.pairs))
+    trees = {"before": args.before.resolve(), "this code": HERE.parent.resolve()}
+    rows = [(label, run_this_bench(args, options, tree))
+            for _ in range(args.pairs) for label, tree in trees.items()]  # fmt: skip
+    print_alternated(args, str(args.before), rows)
 
 
 def _p(values: list[float], q: float) -> str:
@@ -399,21 +410,11 @@ def main() -> None:
     if len(parse_types(args.types, args.series)) != 1:
         parser.error("--compare needs --types of one type (the previous bench has no mix)")
     rows: list[tuple[str, dict[str, Any]]] = []
-    here = [sys.executable, str(Path(__file__).resolve()), "--json",
-            *[a for a in sys.argv[1:] if a not in ("--compare", args.compare, "--pairs",
-                                                  str(args.pairs))]]  # fmt: skip
+    options = ("--compare", args.compare, "--pairs", str(args.pairs))
     for _ in range(args.pairs):
         rows.append((args.compare, run_previous(args.compare, args)))
-        out = subprocess.run(here, capture_output=True, text=True).stdout
-        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
-        rows.append(("this code", json.loads(line[7:]) if line else {
-            "offered": args.series, "taken": 0.0, "freshness_s": [], "sustained": False,
-            "load": os.getloadavg()[0]}))  # fmt: skip
-    print(f"window job: {args.kind} {args.size}, {args.series} series of {args.types} at 1 s "
-          f"panes, {args.seconds} s ({args.warmup} s warm-up left out), local[2], alternated "
-          f"{args.compare} / this code, {args.pairs} pair(s)")  # fmt: skip
-    for label, result in rows:
-        print_result(label, result)
+        rows.append(("this code", run_this_bench(args, options)))
+    print_alternated(args, args.compare, rows)
 
 
 if __name__ == "__main__":
