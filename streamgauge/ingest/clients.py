@@ -1,11 +1,12 @@
 """What each client sent and what arrived of it: per-sender counts, and the DogStatsD clients'
 own telemetry set beside them (docs/completeness.md).
 
-A client is a sender (``sources.py``: an address and port on UDP, a connection on TCP, a Unix
-datagram socket). Per client the receiver counts datagrams, lines, rejected lines by reason,
-and the kernel drops of its sockets while the client was sending. The DogStatsD clients
-(datadogpy, datadog-go, the Java client, ...) also report what they sent, every 10 s unless
-turned off, as ordinary counters from the same socket::
+A client is a sender (``sources.py``: an address and port on UDP, a connection on TCP, a
+sending process on a Unix datagram socket, named ``unixgram pid N``). Per client the receiver
+counts datagrams, lines, rejected lines by reason, and the kernel drops of its sockets while
+the client was sending. The DogStatsD clients (datadogpy, datadog-go, the Java client, ...)
+also report what they sent, every 10 s unless turned off, as ordinary counters from the same
+socket::
 
     datadog.dogstatsd.client.metrics:120|c|#client:py,client_version:0.50.0,client_transport:udp
     datadog.dogstatsd.client.packets_sent:12|c|#...
@@ -144,7 +145,8 @@ class Clients:
         ttl_ms: int = CLIENT_TTL_MS,
         name_of: Callable[[int], str | None] | None = None,
     ) -> None:
-        """``name_of``: names keys that hold no address (IPv6, TCP, Unix: ``sources``)."""
+        """``name_of``: names keys that hold no address (IPv6, TCP, a Unix datagram socket's
+        senders without credentials: ``sources``)."""
         if limit < 1:
             raise ValueError(f"the client limit must be at least 1, got {limit}")
         self.limit = limit

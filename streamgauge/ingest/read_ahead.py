@@ -270,7 +270,8 @@ class PythonReadAhead:
 #   descriptors[k % DESCRIPTORS] = (start, used, count, calls, first), start and the counters
 #   below counted in bytes since the start (monotonic; the ring position is start % capacity)
 #   senders[d % SENDER_SLOTS], lengths[d % SENDER_SLOTS]: datagram d's sender
-#   (sources.source_key) and length; a chunk's datagrams are first .. first + count - 1
+#   (sources.source_key, on a Unix socket sources.credentials_key) and length; a chunk's
+#   datagrams are first .. first + count - 1
 #
 # The reader copies datagrams into the open chunk and publishes it (release store of
 # control[_PUBLISHED]); the owner takes published chunks in order and frees their bytes
@@ -383,7 +384,8 @@ def _read_loop(
     descriptors: np.ndarray,
     control: np.ndarray, wake_fd: int, scratch: np.ndarray, min_datagrams: int,
     max_datagrams: int, names: np.ndarray, namelens: np.ndarray, own_key: int,
-    senders: np.ndarray, sender_lengths: np.ndarray, ipv6: np.ndarray,
+    senders: np.ndarray, sender_lengths: np.ndarray, ipv6: np.ndarray, controls: np.ndarray,
+    controllens: np.ndarray, control_bytes: int,
 ) -> int:
     """Read ``fd`` until ``control[_STOP]``; returns 0, or the errno that ended it.
 
@@ -398,7 +400,11 @@ def _read_loop(
     ``control[_READ_ERRORS]`` and retried after a pause; any other error ends the loop.
     Each datagram's sender (``sources.source_key`` of its slot's ``names``, their lengths in
     ``namelens``; ``own_key`` for a Unix socket's) and length go to ``senders`` and
-    ``sender_lengths``, an IPv6 sender's address to ``ipv6``.
+    ``sender_lengths``, an IPv6 sender's address to ``ipv6``. A Unix datagram socket's
+    slots have ``control_bytes`` of ``controls`` each (0 for other sockets: no control
+    buffers, and none of this per datagram), their lengths in ``controllens``: its
+    senders are ``sources.credentials_key`` of them, their processes (``own_key`` for a
+    datagram without credentials).
     ``scratch``: int64s for the C calls — [0:2] the pause (a timespec), [2] the pollfd, [3]
     the wake-up byte, [4:6] the pause after a transient error (a timespec).
     """
@@ -444,10 +450,14 @@ def _read_loop(
             ring[at : at + first] = slots[source : source + first]
             ring[: length - first] = slots[source + first : source + length]
             ring[(at + length) % capacity] = _NL
-            name = copied * sources.NAME_BYTES
-            key = sources.source_key(names, name, int(namelens[copied]), own_key)
-            if key & sources.IPV6:
-                _record_ipv6(names, name, key, ipv6)
+            if control_bytes:
+                key = sources.credentials_key(controls, copied * control_bytes,
+                                              int(controllens[copied]), own_key)  # fmt: skip
+            else:
+                name = copied * sources.NAME_BYTES
+                key = sources.source_key(names, name, int(namelens[copied]), own_key)
+                if key & sources.IPV6:
+                    _record_ipv6(names, name, key, ipv6)
             senders[sequence % SENDER_SLOTS] = key
             sender_lengths[sequence % SENDER_SLOTS] = length
             sequence += 1
@@ -470,6 +480,9 @@ def _read_loop(
             call_poll(poll, pollfd, 1, POLL_TIMEOUT_MS)  # idle: until readable, or a while
         for slot in range(staged):  # value-result: the room for the next sender's address
             namelens[slot] = sources.NAME_BYTES
+        if control_bytes:  # and for its credentials
+            for slot in range(staged):
+                controllens[slot] = control_bytes
         received = call_recvmmsg(recvmmsg, fd, headers, n_slots, _MSG_DONTWAIT, 0)
         calls += 1
         if received < 0:
@@ -520,6 +533,7 @@ def load_compiled() -> None:
                np.zeros(_SCRATCH_SIZE, dtype=np.int64), 1, 1, slots.names_array(),
                slots.namelens_array(), 0, np.zeros(1, dtype=np.int64),
                np.zeros(1, dtype=np.int32), np.zeros((IPV6_NAMES, 3), dtype=np.int64),
+               slots.controls_array(), slots.controllens_array(), slots.control_bytes,
                )  # fmt: skip
     _published(control)
     _release(control, 0, 0, 0)
@@ -541,7 +555,8 @@ class _CompiledReader:
         self.senders = np.zeros(SENDER_SLOTS, dtype=np.int64)
         self.sender_lengths = np.zeros(SENDER_SLOTS, dtype=np.int32)
         self.ipv6 = np.zeros((IPV6_NAMES, 3), dtype=np.int64)
-        self._slots = DatagramReader()
+        # control buffers (credentials) for a Unix datagram socket's slots only
+        self._slots = DatagramReader(credentials=sock.family == socket.AF_UNIX)
         scratch = np.zeros(_SCRATCH_SIZE, dtype=np.int64)
         scratch[1] = int(READ_AHEAD_COALESCE_S * 1e9)  # struct timespec {0 s, ns}
         scratch[5] = int(transports.READ_ERROR_PAUSE_S * 1e9)
@@ -556,6 +571,8 @@ class _CompiledReader:
             self.ring, self.descriptors, self.control, wake_w, scratch, COALESCE_DATAGRAMS,
             MAX_DATAGRAMS_PER_WAKEUP, self._slots.names_array(), self._slots.namelens_array(),
             unix_key(sock), self.senders, self.sender_lengths, self.ipv6,
+            self._slots.controls_array(), self._slots.controllens_array(),
+            self._slots.control_bytes,
         )
         load_compiled()  # not on the reader thread
         self.thread = threading.Thread(target=self._run, daemon=True,

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -123,7 +123,8 @@ def bind_unixgram(
 ) -> socket.socket:
     """A Unix datagram socket at ``path``, readable and writable by the owner (0600) or also
     the group (0660); never world-writable. A stale socket file from a crash is replaced; any
-    other file at the path is refused."""
+    other file at the path is refused. ``SO_PASSCRED`` (Linux): each datagram comes with its
+    sender's credentials, so that senders are told apart by process (``sources``)."""
     if mode not in UNIX_SOCKET_MODES:
         raise ValueError(f"unix socket mode must be 0600 or 0660, got {mode:04o}")
     with contextlib.suppress(FileNotFoundError):
@@ -133,6 +134,8 @@ def bind_unixgram(
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         set_receive_buffer(sock, rcvbuf_bytes)
+        if sources.CREDENTIALS:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         # The umask makes the socket private from the moment it exists; chmod then widens it
         # to the requested mode (0660) if asked. umask is per process: ingest binds at start.
         previous = os.umask(0o177)
@@ -230,6 +233,10 @@ class _MMsgHdr(ctypes.Structure):
     _fields_ = [("msg_hdr", _MsgHdr), ("msg_len", ctypes.c_uint)]
 
 
+_SIZE_T = ctypes.sizeof(ctypes.c_size_t)
+_SIZE_T_FORMAT: Literal["Q", "I"] = "Q" if _SIZE_T == 8 else "I"  # a memoryview's size_t
+
+
 def _load_recvmmsg() -> Any:
     if not sys.platform.startswith("linux"):
         return None
@@ -275,7 +282,7 @@ datagrams touch one page per slot, a few MB more resident at full rate."""
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """Datagrams read together: each followed by a newline in ``buffer``, ``count`` of them,
-    read in ``calls`` system calls; per datagram its sender (``sources.source_key``) and its
+    read in ``calls`` system calls; per datagram its sender (``sources``' key) and its
     length in ``buffer`` (without the newline)."""
 
     buffer: bytes
@@ -286,7 +293,8 @@ class Chunk:
 
 
 def unix_key(sock: socket.socket) -> int:
-    """The one key of every sender of a Unix datagram socket (0 for other sockets)."""
+    """The key of a Unix datagram socket's senders whose datagrams came without credentials
+    (``sources``), all of them together (0 for other sockets)."""
     return sources.UNIX | sock.fileno() if sock.family == socket.AF_UNIX else sources.UNKNOWN
 
 
@@ -298,6 +306,11 @@ class DatagramReader:
     datagrams as views into those buffers, valid until the next ``read``: the caller joins or
     copies them before reading again. Buffers are allocated once; a page is only resident
     once a datagram touched it, so small datagrams keep the footprint small.
+
+    A Unix datagram socket's datagrams are read with their senders' credentials
+    (``sources.credentials_key``): the slots get control buffers (``credentials``, or at the
+    first read of such a socket), which the headers keep; a reader of UDP sockets only has
+    none, and its reads pay nothing for them.
     """
 
     def __init__(
@@ -306,7 +319,10 @@ class DatagramReader:
         slot_bytes: int = DATAGRAM_SLOT_BYTES,
         *,
         batched: bool = True,
+        credentials: bool = False,
     ) -> None:
+        """``credentials``: give the slots their control buffers now (a reader of one Unix
+        datagram socket: the compiled read-ahead's, which calls ``recvmmsg`` itself)."""
         if slots < 1 or slot_bytes < 1:
             raise ValueError(f"slots and slot_bytes must be positive, got {slots}, {slot_bytes}")
         self.slots = slots
@@ -324,6 +340,11 @@ class DatagramReader:
         #: IPv6 senders' addresses by key (``sources``: an IPv6 key holds a hash)
         self.ipv6_names: dict[int, str] = {}
         self._known: dict[Any, int] = {}  # the one-by-one reader's keys by sender address
+        #: Each slot's control messages (``sources.CONTROL_BYTES``), once a Unix datagram
+        #: socket is read (none: ``control_bytes`` 0)
+        self._controls = np.zeros(0, dtype=np.uint8)
+        self.control_bytes = 0
+        self._family = 0  # of the socket of the last ``read`` (for ``keys``)
         self._received = 0
         self.syscalls = 0  # for tests and benchmarks: datagrams / syscalls is the batching
         #: Datagrams longer than a slot (only a Unix datagram socket's can be): each was cut
@@ -352,7 +373,24 @@ class DatagramReader:
         self._lengths = lengths[_MMsgHdr.msg_len.offset // 4 :: stride]
         self._flags = lengths[_MsgHdr.msg_flags.offset // 4 :: stride]
         self._namelens = lengths[_MsgHdr.msg_namelen.offset // 4 :: stride]
+        sizes = memoryview(self._headers).cast("B").cast(_SIZE_T_FORMAT)
+        self._controllens = sizes[_MsgHdr.msg_controllen.offset // _SIZE_T ::
+                                  ctypes.sizeof(_MMsgHdr) // _SIZE_T]  # fmt: skip
         self.headers_address = ctypes.addressof(self._headers)
+        if credentials:
+            self._attach_controls()
+
+    def _attach_controls(self) -> None:
+        """Give every slot a control buffer for its sender's credentials."""
+        if self.control_bytes or not sources.CREDENTIALS:
+            return
+        size = sources.CONTROL_BYTES
+        self._controls = np.zeros(self.slots * size, dtype=np.uint8)
+        controls = self._controls.ctypes.data
+        for index in range(self.slots):
+            self._headers[index].msg_hdr.msg_control = controls + index * size
+            self._headers[index].msg_hdr.msg_controllen = size
+        self.control_bytes = size
 
     def lengths_array(self) -> np.ndarray:
         """The headers' ``msg_len`` fields as a (strided) uint32 array: for compiled
@@ -373,13 +411,31 @@ class DatagramReader:
         """The slots' ``msg_name`` bytes (``sources.NAME_BYTES`` each), for compiled readers."""
         return self._names
 
+    def controls_array(self) -> np.ndarray:
+        """The slots' ``msg_control`` bytes (``control_bytes`` each; empty without), for
+        compiled readers."""
+        return self._controls
+
+    def controllens_array(self) -> np.ndarray:
+        """The headers' ``msg_controllen`` fields (value-result: reset to ``control_bytes``
+        before each ``recvmmsg`` when there are control buffers), as a strided array of
+        ``size_t``, for compiled readers."""
+        return np.asarray(self._controllens)
+
     def keys(self, sock: socket.socket) -> np.ndarray:
-        """The sender (``sources.source_key``) of each datagram of the last ``read``."""
+        """The sender (``sources.source_key``; of a Unix datagram socket's,
+        ``sources.credentials_key``) of each datagram of the last ``read``."""
         if not self.batched:
             return np.array(self._keys, dtype=np.int64)
+        family = self._family  # ``sock``'s: the last read's
+        if family == socket.AF_UNIX and self.control_bytes:
+            lengths = np.ascontiguousarray(np.asarray(self._controllens)[: self._received])
+            return sources.credentials_keys(self._controls, lengths, self._received,
+                                            sources.UNIX | sock.fileno())  # fmt: skip
+        own_key = sources.UNIX | sock.fileno() if family == socket.AF_UNIX else sources.UNKNOWN
         lengths = np.ascontiguousarray(np.asarray(self._namelens)[: self._received])
-        keys = sources.source_keys(self._names, lengths, self._received, unix_key(sock))
-        if sock.family == socket.AF_INET6:
+        keys = sources.source_keys(self._names, lengths, self._received, own_key)
+        if family == socket.AF_INET6:
             for slot in np.flatnonzero(keys & sources.IPV6).tolist():
                 self._name_ipv6(int(keys[slot]), sources.ipv6_name(self._names,
                                                                    slot * sources.NAME_BYTES))
@@ -406,6 +462,11 @@ class DatagramReader:
         self._received = 0
         wanted = min(slots, max(1, limit))
         np.asarray(self._namelens)[:wanted] = sources.NAME_BYTES  # value-result fields
+        self._family = family = sock.family
+        if family == socket.AF_UNIX:
+            self._attach_controls()
+            if self.control_bytes:
+                np.asarray(self._controllens)[:wanted] = self.control_bytes
         # Each call reuses the buffers, so one call per read: it returns when the queue is
         # empty or all slots are full. Callers wanting more read again after consuming these.
         received = _RECVMMSG(fd, headers, wanted, _MSG_DONTWAIT, None)
@@ -469,6 +530,8 @@ class DatagramReader:
         recv_from, view, size = sock.recvfrom_into, self._view, self.slot_bytes
         keys = self._keys = []
         family, own_key, known = sock.family, unix_key(sock), self._known
+        if family == socket.AF_UNIX and sources.CREDENTIALS:
+            return self._read_unix_one_by_one(sock, limit)
         for index in range(min(limit, self.slots)):
             start = index * size
             try:  # MSG_TRUNC: the datagram's whole length, even if longer than the slot
@@ -492,4 +555,29 @@ class DatagramReader:
                 if len(known) > IPV6_NAMES_KEPT:
                     known.clear()
             keys.append(key)
+        return datagrams
+
+    def _read_unix_one_by_one(self, sock: socket.socket, limit: int) -> list[memoryview]:
+        """``_read_one_by_one`` of a Unix datagram socket: each datagram with its sender's
+        credentials (``recvmsg``), keyed by its process (its address, if any, says less)."""
+        datagrams: list[memoryview] = []
+        receive, view, size = sock.recvmsg_into, self._view, self.slot_bytes
+        keys, own_key = self._keys, unix_key(sock)
+        for index in range(min(limit, self.slots)):
+            start = index * size
+            try:  # MSG_TRUNC: the datagram's whole length, even if longer than the slot
+                length, ancillary, _, _ = receive([view[start : start + size]],
+                                                  sources.CONTROL_BYTES, MSG_TRUNC)  # fmt: skip
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno not in TRANSIENT_READ_ERRORS:
+                    raise
+                self._transient_error(exc.errno)
+                break
+            self.syscalls += 1
+            if length > size:
+                length = self._whole_lines(start, size)
+            datagrams.append(view[start : start + length])
+            keys.append(sources.key_of_ancillary(ancillary, own_key))
         return datagrams

@@ -10,12 +10,19 @@ The relay sees every datagram the client sent, so it knows each telemetry interv
 metrics sent (the datagrams of metrics it saw) and metrics that arrived (those it forwarded).
 The store must show the same, added up over the windows; the plain client's completeness is
 unknown (NULL), and the metrics themselves arrive as they would without any of this.
+
+Over a Unix datagram socket (DogStatsD's default transport) clients have no address: two
+processes, each with its own ``datadog`` client on the one socket, are two clients, told
+apart by their pids (SCM_CREDENTIALS), each with its own completeness.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +30,7 @@ from dataclasses import dataclass, field
 import statsd
 from datadog.dogstatsd.base import DogStatsd
 
-from tests.e2e.harness import daemon_for, wait_until
+from tests.e2e.harness import daemon_for, scratch_dir, wait_until
 
 CONFIG = """
 name: fleet
@@ -116,9 +123,14 @@ def test_completeness_shown_is_what_the_relay_dropped_and_unknown_without_teleme
         assert len(aligned) >= 2 and 0 < arrived < sent, relay.intervals
         out_port = relay.outbound.getsockname()[1]
         source = f"udp://127.0.0.1:{out_port}"
+        forwarded_total = sum(f for _, f in relay.intervals) + relay.forwarded
         wait_until(daemon, f"""
             select coalesce(sum(reports) + sum(reports_unaligned), 0) >= {len(relay.intervals)}
                    as ok
+            from client_completeness where source = '{source}'""")  # fmt: skip
+        # the last datagrams are counted at the roll after them, maybe in the next window
+        wait_until(daemon, f"""
+            select coalesce(sum(datagrams), 0) >= {forwarded_total + len(relay.intervals)} as ok
             from client_completeness where source = '{source}'""")  # fmt: skip
         rows = daemon.query(f"""
             select window_start, client, client_transport, datagrams, lines, reports,
@@ -140,7 +152,6 @@ def test_completeness_shown_is_what_the_relay_dropped_and_unknown_without_teleme
                 # one packet per metric, and the report's own packet in the next interval
                 assert row["packets_received"] <= row["packets_sent"]
         # what the receivers counted from the relay: every datagram it forwarded
-        forwarded_total = sum(f for _, f in relay.intervals) + relay.forwarded
         assert sum(r["datagrams"] for r in rows) == forwarded_total + len(relay.intervals)
 
         # the plain StatsD client: counted, its completeness unknown
@@ -178,3 +189,110 @@ def test_completeness_shown_is_what_the_relay_dropped_and_unknown_without_teleme
                           if "udp://127.0.0.1:" in text and source not in text)
         assert "unknown" in plain_line
         assert daemon.stop() == 0
+
+
+#: A process with its own ``datadog`` client on the Unix socket ``argv[1]``: sends
+#: ``argv[2]`` at ``sample_rate`` ``argv[3]`` for ``argv[4]`` seconds, blocking when the
+#: socket's queue is full (so nothing is lost), telemetry every second; prints its pid, its
+#: calls and its telemetry reports (counted where the client builds them).
+DATADOG_PROCESS = """
+import json, os, sys, time
+from datadog.dogstatsd.base import DogStatsd
+path, metric = sys.argv[1], sys.argv[2]
+sample_rate, seconds = float(sys.argv[3]), float(sys.argv[4])
+client = DogStatsd(socket_path=path, socket_timeout=None, telemetry_min_flush_interval=1)
+reports = 0
+build_report = client._flush_telemetry
+def counted():
+    global reports
+    reports += 1
+    return build_report()
+client._flush_telemetry = counted
+calls = 0
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    client.increment(metric, sample_rate=sample_rate)
+    calls += 1
+    time.sleep(0.005)
+time.sleep(1.2)  # one more telemetry interval, closed by one last (unsampled) metric
+client.increment(metric)
+calls += 1
+client.close_socket()
+print(json.dumps({"pid": os.getpid(), "calls": calls, "reports": reports}))
+"""
+SAMPLE_RATE_B = 0.5
+
+
+def test_two_processes_on_one_unix_socket_are_two_clients_with_their_own_completeness() -> None:
+    """Process A sends every metric; process B samples half of them out, which its client
+    counts as sent: A's completeness is 100 %, B's about half, and each one's datagrams and
+    packets are its own exactly (nothing is lost on a blocking Unix socket)."""
+    directory = scratch_dir("sg-unixgram-")
+    path = directory / "dsd.sock"
+    try:
+        with daemon_for(CONFIG, "completeness-unix", "--listen", f"unixgram://{path}") as daemon:
+            daemon.start()
+            processes = [
+                subprocess.Popen([sys.executable, "-c", DATADOG_PROCESS, str(path), metric,
+                                  str(rate), str(SECONDS)], stdout=subprocess.PIPE, text=True)
+                for metric, rate in (("app.unix_a", 1.0), ("app.unix_b", SAMPLE_RATE_B))
+            ]  # fmt: skip
+            a, b = [json.loads(p.communicate(timeout=120)[0]) for p in processes]
+            assert [p.returncode for p in processes] == [0, 0]
+            assert a["pid"] != b["pid"] and a["reports"] >= 3 and b["reports"] >= 3, (a, b)
+            source = {"a": f"unixgram pid {a['pid']}", "b": f"unixgram pid {b['pid']}"}
+            for name, process in (("a", a), ("b", b)):
+                reports = process["reports"]
+                wait_until(daemon, f"""
+                    select coalesce(sum(reports) + sum(reports_unaligned), 0) >= {reports} as ok
+                    from client_completeness where source = '{source[name]}'""")  # fmt: skip
+            # the last datagrams are counted at the roll after them, maybe in the next window
+            wait_until(daemon, f"""
+                select coalesce(sum(datagrams), 0) >= {a["calls"] + a["reports"]} as ok
+                from client_completeness where source = '{source["a"]}'""")  # fmt: skip
+            rows = daemon.query("""
+                select source, sum(datagrams) as datagrams, sum(reports) as reports,
+                       sum(reports_unaligned) as unaligned, sum(metrics_sent) as metrics_sent,
+                       sum(metrics_received) as metrics_received,
+                       sum(packets_sent) as packets_sent,
+                       sum(packets_received) as packets_received
+                from client_completeness group by source""")
+            by_source = {r["source"]: r for r in rows}
+            # every datagram on the socket came with its sender's pid: no socket-wide client
+            assert set(by_source) == set(source.values()), rows
+            libraries = daemon.query("""
+                select distinct source, client, client_transport from client_completeness
+                where reports > 0 or reports_unaligned > 0""")
+            assert sorted((r["source"], r["client"], r["client_transport"]) for r in libraries
+                          ) == sorted((s, "py", "uds") for s in source.values())  # fmt: skip
+            for name, process in (("a", a), ("b", b)):
+                row = by_source[source[name]]
+                assert row["unaligned"] == 1  # the first report only
+                assert row["reports"] == process["reports"] - 1
+                # each datagram is the sender's own, its report's packets all arrived
+                assert row["packets_received"] == row["packets_sent"] > 0, row
+            row_a, row_b = by_source[source["a"]], by_source[source["b"]]
+            # A: one datagram per call and per report
+            assert row_a["datagrams"] == a["calls"] + a["reports"]
+            assert row_a["metrics_received"] == row_a["metrics_sent"] > 0
+            assert row_a["metrics_sent"] <= a["calls"]
+            # B: what its sampling let through, against all it counted
+            assert row_b["metrics_sent"] <= b["calls"]
+            completeness_b = row_b["metrics_received"] / row_b["metrics_sent"]
+            assert abs(completeness_b - SAMPLE_RATE_B) < 0.15, row_b
+
+            # streamgauge status: each process a client of its own, with its own figure
+            document = json.loads(daemon.cli("status", "--json", "--data-dir",
+                                             str(daemon.data_dir)))  # fmt: skip
+            clients = {c["source"]: c for stats in document["ingest"].values()
+                       for c in stats["clients"]["clients"]}  # fmt: skip
+            assert clients[source["a"]]["datagrams"] == a["calls"] + a["reports"]
+            assert clients[source["b"]]["tags"]["client_transport"] == "uds"
+            table = daemon.cli("status", "--data-dir", str(daemon.data_dir))
+            line_a = next(text for text in table.splitlines() if source["a"] in text)
+            assert "100.0%" in line_a
+            line_b = next(text for text in table.splitlines() if source["b"] in text)
+            assert f"{100 * completeness_b:.1f}%" in line_b
+            assert daemon.stop() == 0
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
