@@ -316,6 +316,11 @@ def _load_config_or_exit(path: str) -> Any:
 # -- run / ingest / process ---------------------------------------------------------------------
 
 
+def _tell_waiting_for_receiver(stream: str, holder: str) -> None:
+    log.warning("waiting for receiver %s of the previous run (%s) to write its closing segment",
+                stream, holder)  # fmt: skip
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -328,6 +333,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         sockets_from_fds,
     )
     from streamgauge.ingest.protocol import DEFAULT_LIMITS
+    from streamgauge.ingest.stream_lock import StreamBusy
     from streamgauge.ingest.transports import DEFAULT_RCVBUF_BYTES, parse_listen_spec
     from streamgauge.windows.checkpoints import JobPaths, all_checkpoints
 
@@ -363,7 +369,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         print(f"streamgauge ingest: {error}", file=sys.stderr)
         return 2
     sockets = sockets_from_fds(args.inherit_fd) if args.inherit_fd else None
-    run_ingest(settings, sock=sockets, listen=listen)
+    try:
+        run_ingest(settings, sock=sockets, listen=listen)
+    except StreamBusy as error:
+        print(f"streamgauge ingest: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -444,6 +454,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         parse_byte_size,
         udp_address,
     )
+    from streamgauge.ingest.stream_lock import StreamBusy, wait_for_writers
     from streamgauge.ingest.transports import parse_listen_spec
     from streamgauge.operator.jvm_logs import JvmLogs
     from streamgauge.operator.snapshot import STATUS_LINE_FILE, read_ingest, window_status
@@ -483,9 +494,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         parse_byte_size(args.spool_quota, "--spool-quota")  # the children get the flag as given
         spool = _spool_location(args)
+        # the receivers of a run that just died may still drain into the log and hold the port
+        wait_for_writers(data_dir, on_wait=_tell_waiting_for_receiver)
         groups = bind_receivers(
             [parse_listen_spec(text) for text in args.listen or [DEFAULT_LISTEN]], args.receivers)
-    except ValueError as error:
+    except (ValueError, StreamBusy) as error:
         print(f"streamgauge run: {error}", file=sys.stderr)
         return 2
     udp = udp_address(groups[0])

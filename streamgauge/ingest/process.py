@@ -41,6 +41,7 @@ from streamgauge.ingest.priority import DEFAULT_WORKER_NICE, MAX_NICE
 from streamgauge.ingest.protocol import DEFAULT_LIMITS, ProtocolLimits
 from streamgauge.ingest.receiver import Receiver
 from streamgauge.ingest.spool_fs import resolve_spool
+from streamgauge.ingest.stream_lock import hold
 from streamgauge.ingest.transports import (
     DEFAULT_RCVBUF_BYTES,
     UNIX_SOCKET_MODES,
@@ -180,6 +181,22 @@ def run_ingest(
     # faults most of LLVM back in (numba sets up its codegen even to link cached code),
     # released again below once the receiver is built.
     release_library_pages()
+    with hold(settings.data_dir, settings.receiver, on_wait=_tell_waiting):
+        _run_ingest(settings, sock, listen, clock)
+
+
+def _tell_waiting(stream: str, holder: str) -> None:
+    log.warning("ingest %s: waiting for the receiver still writing it (%s) to close it",
+                stream, holder)  # fmt: skip
+
+
+def _run_ingest(
+    settings: IngestSettings,
+    sock: socket.socket | Sequence[socket.socket] | None,
+    listen: tuple[str, int] | Sequence[ListenSpec],
+    clock: Clock | None,
+) -> None:
+    """``run_ingest`` once this process is its stream's one writer (``stream_lock``)."""
     if sock is None:
         specs = [ListenSpec("udp", *listen)] if isinstance(listen, tuple) else list(listen)
         sockets = bind_all(specs, settings)

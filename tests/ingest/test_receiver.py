@@ -551,7 +551,10 @@ def test_segment_lag_is_the_age_of_the_oldest_segment_the_job_has_not_committed(
     _send_and_roll(receiver, clock, sock.getsockname()[1], [b"a:1|c"])  # at T0 + 15.3 s
     assert receiver.stats.segment_lag_ms == 5_300  # segment 3's age
     rows = [r for r in _rows(tmp_path / "spool") if r["metric"].endswith("segment_lag_ms")]
-    assert [(r["last"], r["tags"]) for r in rows] == [(5_300, '{"receiver":"udp-0"}')]
+    # The gauge rides with the roll's counters: the datagram's here. An earlier roll writes one
+    # too if the namespace's RcvbufErrors moved meanwhile (other processes' sockets count there).
+    assert (rows[-1]["last"], rows[-1]["tags"]) == (5_300, '{"receiver":"udp-0"}')
+    assert {r["last"] for r in rows[:-1]} <= {0, 10_000}
     _commit(live, 8, {"udp-0": 4})  # read everything written
     clock.set(T0 + 20_300)
     receiver.roll(clock.now_ms())
