@@ -55,6 +55,9 @@ segment admitted is at or below the bound).
   "now" and releases the others) or start and stop it once so it writes a ``closed`` segment.
   Retention never removes segments no query has committed past.
 - A single receiver is never held back by itself.
+- **Behind the log** (a restart, a fresh checkpoint over the retained log), a batch takes
+  ``CATCH_UP_SPAN_MS`` of heartbeats, not everything written meanwhile (``catch_up_bound``;
+  ``docs/architecture.md`` D7).
 
 Offsets keep their format: ``seq``/``heartbeat_ms``/``closed`` of the last segment admitted
 (a ``QuietLane`` query's add ``busy_until_ms``, below).
@@ -133,6 +136,12 @@ SOURCE_NAME = "streamgauge_spool"
 #: offset may lie (the receivers' default ``max_skew_ms``); a larger skew only delays, by up to
 #: ``QuietLane.every_ms``, the closing of such a row's window.
 UNKNOWN_ROWS_AHEAD_MS = DEFAULT_MAX_SKEW_MS
+
+#: The heartbeats one micro-batch behind the log takes (``catch_up_bound``): ten times and more
+#: what a batch that keeps up takes, so a catch-up runs in large batches of a size the driver
+#: holds; and as long as an idle query lets pass before it runs a batch
+#: (``QuietLane.every_ms``), so that batch is never cut in two.
+CATCH_UP_SPAN_MS = 30_000
 
 
 def register_source_for_query(spark: SparkSession, query_name: str) -> str:
@@ -237,19 +246,21 @@ class SpoolStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:  # noqa: N802
         """Admit new segments, holding back those ahead of the slowest open receiver; a
         ``QuietLane`` with nothing to do admits none (``_quiet_offset``)."""
-        end = admitted_offset(self._spool, start)
+        end, whole = admitted_offsets(self._spool, start)
         if self._quiet is None:
             return end
         if end["receivers"] == start.get("receivers", {}):
             return start  # nothing new: the very offset, ``busy_until_ms`` and all (no batch)
-        return self._quiet_offset(self._quiet, start, end)
+        return self._quiet_offset(self._quiet, start, end, whole)
 
     def _quiet_offset(
-        self, quiet: QuietLane, start: dict[str, Any], end: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, quiet: QuietLane, start: dict[str, Any], end: dict[str, Any],
+        whole: dict[str, Any],
+    ) -> dict[str, Any]:  # fmt: skip
         """``end``, or ``start`` (no batch) while the query has nothing to do: no new row,
         every window it has seen final by the heartbeats already taken, and less
-        than ``quiet.every_ms`` of heartbeat progress since its last batch.
+        than ``quiet.every_ms`` of heartbeat progress since its last batch. What it has to do
+        is judged on ``whole`` (every admissible segment), past a catch-up batch's ``end``.
 
         ``busy_until_ms`` (in the offset, so it survives a restart): the heartbeat from which
         every window of the rows taken so far is final. An offset written before it existed
@@ -262,7 +273,7 @@ class SpoolStreamReader(DataSourceStreamReader):
             busy_until = max(heartbeats, default=-quiet.span_ms - UNKNOWN_ROWS_AHEAD_MS)
             busy_until += UNKNOWN_ROWS_AHEAD_MS + quiet.span_ms
         wanted = False
-        for receiver, position in end["receivers"].items():
+        for receiver, position in whole["receivers"].items():
             after = begun.get(receiver, {"seq": -1})["seq"]
             for segment in segments_between(self._spool, receiver, after, position["seq"]):
                 latest_pane = self._latest_pane_of(segment)
@@ -272,7 +283,7 @@ class SpoolStreamReader(DataSourceStreamReader):
         for key in [k for k in self._latest_panes if k[1] <= begun.get(k[0], {"seq": -1})["seq"]]:
             del self._latest_panes[key]  # committed: never asked about again
         taken = receivers_heartbeat_ms(begun)
-        offered = receivers_heartbeat_ms(end["receivers"])
+        offered = receivers_heartbeat_ms(whole["receivers"])
         if (
             not wanted
             and taken is not None  # a first batch always runs
@@ -280,7 +291,7 @@ class SpoolStreamReader(DataSourceStreamReader):
             and offered is not None
             and offered < taken + quiet.every_ms
         ):
-            self._note_passed_over(quiet, end)
+            self._note_passed_over(quiet, whole)
             return start
         return {**end, "busy_until_ms": busy_until}
 
@@ -380,6 +391,26 @@ def admission_bounds(newest: dict[str, Heartbeat]) -> dict[str, int | None]:
     return bounds
 
 
+def catch_up_bound(
+    pending: dict[str, list[SegmentInfo]], newest: dict[str, Heartbeat]
+) -> int | None:
+    """The highest heartbeat a batch behind the log may take (None: no bound, it keeps up).
+
+    After a restart, or when a fresh checkpoint recomputes from the retained log, the new
+    segments can span hours; read as one batch, at 100k series, they would not fit in the
+    driver. A batch then takes ``CATCH_UP_SPAN_MS`` of heartbeats from the oldest new
+    segment of any stream, all streams alike (so none runs ahead of another), and the job
+    catches up batch by batch. The stream holding that oldest segment always gets it, so each
+    batch moves on even across a gap in the heartbeats (the daemon was down)."""
+    firsts = [read_heartbeat(segments[0]).heartbeat_ms if len(segments) > 1
+              else newest[receiver].heartbeat_ms
+              for receiver, segments in pending.items()]  # fmt: skip
+    floor = min(firsts)
+    if max(newest[receiver].heartbeat_ms for receiver in pending) - floor <= CATCH_UP_SPAN_MS:
+        return None
+    return floor + CATCH_UP_SPAN_MS
+
+
 def _admitted(
     segments: list[SegmentInfo], newest: Heartbeat, bound: int | None
 ) -> tuple[SegmentInfo, Heartbeat] | None:
@@ -428,9 +459,18 @@ def admitted_offset(
     spool: SpoolLike, start: dict[str, Any], *, hold_back: bool = True
 ) -> dict[str, Any]:
     """The offset after ``start`` that admits every new segment (``hold_back``: except those
-    ahead of the slowest open receiver, ``admission_bounds``): what the source's
-    ``latestOffset`` offers (``hold_back=False``: every segment, what ``replay`` reads).
+    ahead of the slowest open receiver, ``admission_bounds``, and those past a catch-up
+    batch's span, ``catch_up_bound``): what the source's ``latestOffset`` offers
+    (``hold_back=False``: every segment, what ``replay`` reads).
     """
+    return admitted_offsets(spool, start, hold_back=hold_back)[0]
+
+
+def admitted_offsets(
+    spool: SpoolLike, start: dict[str, Any], *, hold_back: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``admitted_offset``, and the offset without the catch-up span (the same when the
+    reader keeps up), from one listing of the log."""
     known: dict[str, Any] = dict(start.get("receivers", {}))
     pending: dict[str, list[SegmentInfo]] = {}
     newest: dict[str, Heartbeat] = {
@@ -444,16 +484,31 @@ def admitted_offset(
             pending[receiver] = segments
             newest[receiver] = read_heartbeat(segments[-1])
     bounds = admission_bounds(newest) if hold_back else {}
+    whole = _admit(known, pending, newest, bounds)
+    cap = catch_up_bound(pending, newest) if hold_back and pending else None
+    if cap is None:
+        return whole, whole
+    capped = {r: cap if bounds.get(r) is None else min(cap, bounds[r]) for r in pending}
+    return _admit(known, pending, newest, capped), whole
+
+
+def _admit(
+    known: dict[str, Any], pending: dict[str, list[SegmentInfo]],
+    newest: dict[str, Heartbeat], bounds: dict[str, int | None],
+) -> dict[str, Any]:  # fmt: skip
+    """The offset that moves each receiver of ``known`` to its last segment within its
+    bound."""
+    admitted_to = dict(known)
     for receiver, segments in pending.items():
         admitted = _admitted(segments, newest[receiver], bounds.get(receiver))
         if admitted is not None:
             segment, heartbeat = admitted
-            known[receiver] = {
+            admitted_to[receiver] = {
                 "seq": segment.sequence,
                 "heartbeat_ms": heartbeat.heartbeat_ms,
                 "closed": heartbeat.closed,
             }
-    return {"receivers": known}
+    return {"receivers": admitted_to}
 
 
 def batch_heartbeats(checkpoint: Path, batch_id: int) -> dict[str, dict[str, Any]]:

@@ -24,6 +24,7 @@ from streamgauge.ingest.log import (
 )
 from streamgauge.ingest.spool_fs import LocalSpool
 from streamgauge.windows.source import (
+    CATCH_UP_SPAN_MS,
     UNKNOWN_ROWS_AHEAD_MS,
     QuietLane,
     SpoolBatchReader,
@@ -75,8 +76,36 @@ def test_a_closed_receiver_holds_nobody_back_but_cannot_race_ahead(tmp_path: Pat
 
 def test_every_stream_closed_admits_everything(tmp_path: Path) -> None:
     _write(tmp_path, "a", [1, 2, 9], closed_last=True)
-    _write(tmp_path, "b", [1, 20], closed_last=True)
-    assert _latest(tmp_path) == {"a": (2, 9000, True), "b": (1, 20000, True)}
+    _write(tmp_path, "b", [1, 8], closed_last=True)
+    assert _latest(tmp_path) == {"a": (2, 9000, True), "b": (1, 8000, True)}
+
+
+def _batches(spool: Path) -> list[dict[str, tuple[object, ...]]]:
+    """The offsets of successive batches until the reader has admitted everything."""
+    reader = SpoolStreamReader(spool, max_segments_per_partition=64)
+    start, ends = reader.initialOffset(), []
+    while (end := reader.latestOffset(start, None)) != start:
+        ends.append(_positions(end))
+        start = end
+    return ends
+
+
+def test_a_reader_behind_the_log_catches_up_in_batches_of_bounded_span(tmp_path: Path) -> None:
+    """
+    a:  1 2 3 … 70 |  down an hour  | 3671 3672           (a segment a second)
+    b:  1 2 3 … 70 |                | 3671 3672 (closed)
+    batches of 30 s from the oldest new segment: [1, 31]  [32, 62]  [63, 70]  [3671, 3672]
+    """
+    beats = list(range(1, 71))
+    _write(tmp_path, "a", [*beats, 3671, 3672])
+    _write(tmp_path, "b", [*beats, 3671, 3672], closed_last=True)
+    assert CATCH_UP_SPAN_MS == 30_000
+    assert _batches(tmp_path) == [
+        {"a": (30, 31_000, False), "b": (30, 31_000, False)},
+        {"a": (61, 62_000, False), "b": (61, 62_000, False)},
+        {"a": (69, 70_000, False), "b": (69, 70_000, False)},  # the gap starts a new one
+        {"a": (71, 3_672_000, False), "b": (71, 3_672_000, True)},
+    ]
 
 
 def test_an_empty_stream_holds_nobody_back_and_a_crashed_one_holds_everyone(
