@@ -393,6 +393,18 @@ def _window_job(
     )  # fmt: skip
 
 
+def _job_position(
+    args: argparse.Namespace, config: Any, data_dir: Path
+) -> tuple[dict[str, Path], dict[str, dict[str, int]]]:
+    """Per window: its query's checkpoint, and the segments it has committed (per stream)."""
+    from streamgauge.retention import done_sequences
+    from streamgauge.windows.checkpoints import JobPaths, checkpoint_dir
+
+    paths = JobPaths(_spool_location(args), data_dir / "checkpoints")
+    checkpoints = {w.name: checkpoint_dir(paths, config, w) for w in config.windows}
+    return checkpoints, {name: done_sequences(path) or {} for name, path in checkpoints.items()}
+
+
 def _start_store(args: argparse.Namespace, data_dir: Path) -> tuple[str, Any]:
     """The store URL, and the embedded server to stop afterwards (None if external)."""
     if args.postgres_url:
@@ -456,6 +468,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     from streamgauge.ingest.stream_lock import StreamBusy, wait_for_writers
     from streamgauge.ingest.transports import parse_listen_spec
+    from streamgauge.operator.catch_up import catch_up_now
     from streamgauge.operator.jvm_logs import JvmLogs
     from streamgauge.operator.snapshot import STATUS_LINE_FILE, read_ingest, window_status
     from streamgauge.operator.terminal import (
@@ -526,6 +539,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sockets in groups:
             for sock in sockets:
                 sock.close()  # the children own them now (and remove Unix socket files)
+        checkpoints, started_from = _job_position(args, config, data_dir)
         job = _window_job(args, config, data_dir, url, jvm_logs)
         stop.install()
         limits = CardinalityLimits()
@@ -540,6 +554,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             "ingest_pid": ingest.pid,
             "ingest_pids": ingest.pids,
             "logs": str(logs_dir),
+            # per window: its query's checkpoint, and what it had committed when started
+            # (``status`` shows a catch-up's progress from them: operator/catch_up.py)
+            "checkpoints": {name: str(path) for name, path in checkpoints.items()},
+            "catch_up_from": started_from,
             # per receiver, as its guard applies them (``top`` compares the series with them)
             "cardinality": {
                 "max_series": limits.max_series if args.max_series is None else args.max_series,
@@ -558,7 +576,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # printed already (written after it, the banner lost that race in one CI run)
         write_private_json(run_file, info)
         every = args.status_every or (1.0 if terminal.live else 30.0)
-        live = LiveStatus(terminal, data_dir, url, every, spark_errors)
+        live = LiveStatus(terminal, data_dir, url, every, spark_errors,
+                          catch_up=lambda: catch_up_now(spool, checkpoints, started_from))
         live.start()
         failure = supervise(stop, job, ingest)
     finally:

@@ -128,6 +128,14 @@ def status_document(data_dir: Path, spool: str) -> dict[str, Any]:
         if line is not None:
             report["status_line"] = line
     report["spool"] = describe_spool(spool)
+    if running is not None and running.get("checkpoints"):
+        from streamgauge.operator.catch_up import backlog
+
+        last = {name: stream.get("last_sequence") for name, stream in report["spool"].items()}
+        checkpoints = {w: Path(path) for w, path in running["checkpoints"].items()}
+        report["catch_up"] = [
+            late.to_json() for late in backlog(checkpoints, last, running.get("catch_up_from"))
+        ]
     ingest = read_ingest(data_dir)
     if ingest or (data_dir / "ingest").exists():
         report["ingest"] = ingest

@@ -4,7 +4,8 @@ sections of aligned tables.
 Sections: the daemon (what listens where), receivers (cumulative counts; lines/s between two
 readings with ``--watch``), clients (per sender: what arrived, and for a DogStatsD client
 with telemetry what fraction of what it sent), segment streams, windows (watermark, lag,
-pending, published, last published, late), the store, and recent rejects by reason with a
+pending, published, last published, late, the log's segments its query has yet to read, and a
+catch-up's progress), the store, and recent rejects by reason with a
 sample line each.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from streamgauge.operator.snapshot import IngestTotals
 from streamgauge.operator.table import aligned
-from streamgauge.operator.terminal import duration
+from streamgauge.operator.terminal import catch_up_text, duration
 
 #: Sample lines shown per reject reason (the receiver keeps the last 32 of all reasons).
 SAMPLES_PER_REASON = 1
@@ -149,18 +150,28 @@ def _windows(document: dict[str, Any]) -> str:
         return f"windows: {windows}"
     if not windows:
         return "windows: no watermark yet (the window job has not finished a batch)"
+    backlog = {late["window"]: late for late in document.get("catch_up") or ()}
     rows = [
         (
             f"{w['config_name']}.{w['window_name']}", _clock(w["watermark_ms"]),
             duration(w["watermark_lag_ms"]), f"{int(w['windows_pending']):,}",
             f"{int(w['windows_emitted']):,}", _clock_of(w.get("last_published_end")),
             f"{int(w['late_samples']):,}",
+            _to_read(backlog.get(w["window_name"])),
         )
         for w in windows
     ]  # fmt: skip
-    return "windows\n" + aligned(
-        ("WINDOW", "WATERMARK UTC", "LAG", "PENDING", "PUBLISHED", "LAST END UTC", "LATE"),
+    table = "windows\n" + aligned(
+        ("WINDOW", "WATERMARK UTC", "LAG", "PENDING", "PUBLISHED", "LAST END UTC", "LATE",
+         "LOG TO READ"),
         rows, indent="  ")  # fmt: skip
+    behind = [f"  {catch_up_text(late)}" for late in backlog.values() if late["catching_up"]]
+    return "\n".join([table, *behind])
+
+
+def _to_read(late: dict[str, Any] | None) -> str:
+    """The segments a window's query has yet to read ("" when the daemon did not say)."""
+    return "" if late is None else f"{int(late['segments_to_do']):,} segments"
 
 
 def _rejects(document: dict[str, Any]) -> str:

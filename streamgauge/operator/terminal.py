@@ -24,7 +24,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -216,11 +216,12 @@ def _spark_event(line: str, limit: int = 240) -> str:
 
 def status_text(
     totals: IngestTotals, earlier: IngestTotals | None, windows: list[dict[str, Any]] | str | None,
-    width: int | None = None,
+    width: int | None = None, catch_up: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The one status line: what arrives, what the guard holds, how far each window's
     watermark is behind now, what was published, what came late, how far the store is behind
-    the log (the slowest receiver's ``segment_lag_ms``).
+    the log (the slowest receiver's ``segment_lag_ms``) and, while a window query catches up
+    with the log (``catch_up``: ``Backlog.to_json`` of each), the furthest one's progress.
 
     Wider than ``width``, the per-window lags give way to the largest one, so that the line
     keeps every part on an 80-column terminal."""
@@ -231,6 +232,9 @@ def status_text(
         f"series {_count(totals.series_active)}",
     ]
     tail = [f"store lag {duration(totals.segment_lag_ms)}"]
+    behind = [late for late in catch_up if late["catching_up"]]
+    if behind:  # the query furthest from done: what the operator waits for
+        tail.append(catch_up_text(max(behind, key=lambda late: late["left_s"])))
     if isinstance(windows, str):
         return " | ".join([*head, windows, *tail])
     if not windows:
@@ -246,6 +250,19 @@ def status_text(
     worst = max(windows, key=lambda w: int(w["watermark_lag_ms"]))
     lag = f"lag {duration(worst['watermark_lag_ms'])} ({worst['window_name']})"
     return " | ".join([*head, lag, *done, *tail])
+
+
+def catch_up_text(late: dict[str, Any]) -> str:
+    """``catch-up per_10s: 1,234/5,000 segments, 120/s, 31s left`` (``Backlog.to_json``)."""
+    to_do, done = int(late["segments_to_do"]), late["segments_done"]
+    of = f"{to_do:,} segments to do" if done is None else f"{done:,}/{done + to_do:,} segments"
+    rate = late["segments_per_s"]
+    left = late["left_s"]
+    return "".join([
+        f"catch-up {late['window']}: {of}",
+        "" if rate is None else f", {rate:,.0f}/s",
+        "" if left is None else f", {duration(left * 1000)} left",
+    ])  # fmt: skip
 
 
 def duration(ms: int | float | None) -> str:
@@ -278,10 +295,13 @@ class LiveStatus(threading.Thread):
     def __init__(
         self, terminal: Terminal, data_dir: Path, url: str, interval_s: float,
         spark_errors: SparkErrors | None,
+        catch_up: Callable[[], Sequence[dict[str, Any]]] | None = None,
     ) -> None:  # fmt: skip
+        """``catch_up``: each window query's ``Backlog.to_json`` now (``catch_up.backlog``)."""
         super().__init__(name="live-status", daemon=True)
         self._terminal, self._data_dir, self._url = terminal, data_dir, url
         self._interval_s = interval_s
+        self._catch_up = catch_up
         self._errors = spark_errors
         self._halt = threading.Event()
 
@@ -303,18 +323,27 @@ class LiveStatus(threading.Thread):
                     if isinstance(windows, list):
                         windows = [{**counts.get(w["window_name"], _NO_COUNTS), **w}
                                    for w in windows]  # fmt: skip
-                self._draw(totals, earlier, windows)
+                self._draw(totals, earlier, windows, self._backlog())
                 earlier = totals
             except Exception as error:  # noqa: BLE001 - the status line must not stop the daemon
                 logging.getLogger(__name__).debug("status line skipped: %s", error)
             self._halt.wait(self._interval_s)
         self._show_errors()
 
+    def _backlog(self) -> Sequence[dict[str, Any]]:
+        if self._catch_up is None:
+            return ()
+        try:
+            return self._catch_up()
+        except (OSError, ValueError) as error:  # a checkpoint or segment being written
+            logging.getLogger(__name__).debug("catch-up not read: %s", error)
+            return ()
+
     def _draw(
         self, totals: IngestTotals, earlier: IngestTotals | None,
-        windows: list[dict[str, Any]] | str,
+        windows: list[dict[str, Any]] | str, catch_up: Sequence[dict[str, Any]],
     ) -> None:  # fmt: skip
-        whole = status_text(totals, earlier, windows)
+        whole = status_text(totals, earlier, windows, catch_up=catch_up)
         try:
             write_status_line(self._data_dir, int(time.time() * 1000),
                               totals.rate_from(earlier, "lines"), whole)  # fmt: skip
@@ -325,7 +354,7 @@ class LiveStatus(threading.Thread):
             return
         if self._terminal.live:
             width = shutil.get_terminal_size((120, 24)).columns
-            self._terminal.status(status_text(totals, earlier, windows, width))
+            self._terminal.status(status_text(totals, earlier, windows, width, catch_up))
         else:
             self._terminal.status(f"{clock_prefix()}  status: {whole}")
 

@@ -163,7 +163,11 @@ def test_status_is_a_table_for_a_person(daemon: PtyDaemon) -> None:
 def test_status_json_keeps_the_document(daemon: PtyDaemon) -> None:
     document = json.loads(streamgauge("status", "--json", "--data-dir",
                                       daemon.info["data_dir"]).stdout)  # fmt: skip
-    assert set(document) == {"data_dir", "windows", "running", "spool", "ingest", "status_line"}
+    assert set(document) == {"data_dir", "windows", "running", "spool", "ingest", "status_line",
+                             "catch_up"}
+    (position,) = document["catch_up"]  # the query keeps up: a few segments to read, no more
+    assert position["window"] == "per_2s" and not position["catching_up"], position
+    assert position["segments_done"] > 0 and position["segments_per_s"] > 0, position
     (window,) = document["windows"]
     assert window["window_name"] == "per_2s" and window["windows_emitted"] > 0
     assert {"watermark_ms", "watermark_lag_ms", "windows_pending", "late_samples"} <= set(window)
