@@ -488,7 +488,10 @@ def admitted_offsets(
     cap = catch_up_bound(pending, newest) if hold_back and pending else None
     if cap is None:
         return whole, whole
-    capped = {r: cap if bounds.get(r) is None else min(cap, bounds[r]) for r in pending}
+    capped: dict[str, int | None] = {}
+    for receiver in pending:
+        bound = bounds.get(receiver)
+        capped[receiver] = cap if bound is None else min(cap, bound)
     return _admit(known, pending, newest, capped), whole
 
 
