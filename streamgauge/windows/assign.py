@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +71,18 @@ class _Cache:
     projected: dict[str, str] = field(default_factory=dict)
 
 
+def _glob_pattern(globs: tuple[str, ...]) -> str | None:
+    """An RE2 pattern that matches a whole name exactly when ``fnmatchcase`` matches it with
+    one of ``globs``; None when a glob has a ``[...]`` set (left to ``fnmatch``)."""
+    if any("[" in glob for glob in globs):
+        return None
+    alternatives = [
+        "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
+        for glob in globs
+    ]
+    return "^(?s:" + "|".join(alternatives) + ")$"
+
+
 @dataclass(frozen=True)
 class SeriesSelector:
     """Which partials a window spec takes (its metric globs) and the series each belongs to
@@ -80,10 +93,16 @@ class SeriesSelector:
     _cache: _Cache = field(default_factory=_Cache, compare=False, repr=False)
 
     def wanted(self, metric: pa.ChunkedArray) -> pa.Array:
-        """Whether each row's metric matches the spec's globs (decided once per name)."""
+        """Whether each row's metric matches the spec's globs: in one regex pass over the
+        batch's distinct names when the globs use only ``*`` and ``?``, else decided once per
+        name in Python (``fnmatch``'s ``[...]`` sets)."""
         if "*" in self.metrics:
             return pa.array(np.ones(len(metric), dtype=bool))
         encoded = metric.combine_chunks().dictionary_encode()
+        pattern = _glob_pattern(self.metrics)
+        if pattern is not None:
+            decided = pc.match_substring_regex(encoded.dictionary, pattern)
+            return pc.take(decided, encoded.indices)
         names = encoded.dictionary.to_pylist()
         kept = self._cache.kept
         for name in names:
@@ -96,7 +115,7 @@ class SeriesSelector:
         """The tags with only the ``group_by`` keys, in the sorted order ingest wrote them
         (projected once per distinct tag set)."""
         if not self.group_by:
-            return pa.array(np.full(len(tags), "{}", dtype=object), pa.string())
+            return pa.repeat(pa.scalar("{}", pa.string()), len(tags))
         encoded = tags.combine_chunks().dictionary_encode()
         values = encoded.dictionary.to_pylist()
         projected = self._cache.projected
@@ -162,7 +181,8 @@ class PaneAssigner:
         segment has no prior heartbeat): the partial is late for it too, and its
         ``prior_heartbeat_ms`` (the late row's ``closed_by_ms``) says what closed it.
         """
-        rows = partials.filter(self.select.wanted(partials.column("metric")))
+        wanted = self.select.wanted(partials.column("metric"))
+        rows = partials if pc.all(wanted).as_py() else partials.filter(wanted)
         event = np.minimum(
             _int64(rows.column("pane_start_ms")), _int64(rows.column("segment_heartbeat_ms"))
         )
@@ -183,7 +203,6 @@ class PaneAssigner:
         from_start = oldest + late_windows * self.hop_ms
         tags = self.select.project(rows.column("tags"))
         on_time = late_windows < self.panes_per_window
-        keep = pa.array(on_time)
         placed = pa.table(
             {
                 "metric": rows.column("metric"),
@@ -193,7 +212,9 @@ class PaneAssigner:
                 "from_start_ms": pa.array(from_start, pa.int64()),
                 **{name: rows.column(name) for name in PANE_COLUMNS[5:]},
             }
-        ).filter(keep)
+        )
+        if not on_time.all():  # a batch's rows are on time but for stragglers: no copy then
+            placed = placed.filter(pa.array(on_time))
         return Assigned(placed, self._late_rows(rows, tags, oldest, late_windows))
 
     def _late_rows(

@@ -160,6 +160,21 @@ class AggregateRows:
         self.hll_rows, self.hll_images = kept_rows, kept_images
 
 
+def _only(blobs: pa.Array, rows: npt.NDArray[np.bool_]) -> pa.Array:
+    """``blobs`` where ``rows``, NULL elsewhere."""
+    return _where(rows, blobs, pa.nulls(len(blobs), blobs.type))
+
+
+def _where(rows: npt.NDArray[np.bool_], then: pa.Array, otherwise: pa.Array) -> pa.Array:
+    """``pc.if_else`` without its copy when every row takes one side: a batch's windows are
+    mostly of one type, and a timer window's blobs are kilobytes each."""
+    if rows.all():
+        return then
+    if not rows.any():
+        return otherwise
+    return pc.if_else(pa.array(rows), then, otherwise)
+
+
 @dataclass(frozen=True)
 class Partials:
     """A batch's on-time partials of one pane table, as columns."""
@@ -186,25 +201,24 @@ class Partials:
 
     @classmethod
     def of(cls, placed: pa.Table, rows: IntArray, k: int) -> Partials:
-        take = pa.array(rows, pa.int64())
-        part = placed.take(take)
+        """The ``rows`` of ``placed`` (all of them, the usual batch of one pane: no copy)."""
+        whole = len(rows) == placed.num_rows and (len(rows) == 0 or int(rows[-1]) == len(rows) - 1)
+        part = placed if whole else placed.take(pa.array(rows, pa.int64()))
         types = part.column("metric_type").combine_chunks()
         code = np.full(len(types), _NO_TYPE, np.int8)
         for index, name in enumerate(_TYPES):
             code[np.asarray(pc.equal(types, name).to_numpy(zero_copy_only=False), bool)] = index
-        sketched = pc.is_in(types, pa.array(_SKETCHED))
         sketch = part.column("sketch").combine_chunks()
-        nulls = pa.nulls(len(sketch), pa.binary())
-        is_set = pc.equal(types, "s")
+        is_set = code == _TYPES.index("s")
+        is_sketched = np.isin(code, [_TYPES.index(t) for t in _SKETCHED])
         return cls(
             code, ints_of(part, "count"), floats_of(part, "sum"),
             floats_of(part, "min"), floats_of(part, "max"),
             floats_of(part, "last"), ints_of(part, "last_event_ms"),
-            dc.from_serialized(pc.if_else(sketched, sketch, nulls), k),
+            dc.from_serialized(_only(sketch, is_sketched), k),
             hc.from_lists(part.column("hdr_bucket"), part.column("hdr_count")),
-            pc.if_else(is_set, sketch, nulls),
-            np.asarray(pc.and_(is_set, pc.is_valid(sketch)).to_numpy(zero_copy_only=False),
-                       bool),
+            _only(sketch, is_set),
+            is_set & np.asarray(pc.is_valid(sketch).to_numpy(zero_copy_only=False), bool),
         )  # fmt: skip
 
 
@@ -305,7 +319,7 @@ class WindowBuilder:
         is_sketched = np.isin(types, _SKETCHED)
         quantile_values = dc.quantiles(merged.digests, QUANTILES)
         blobs = dc.to_serialized(merged.digests)
-        has_digest = pa.array(is_sketched & (merged.digests.sizes > 0))
+        has_digest = is_sketched & (merged.digests.sizes > 0)
         table = pa.table(
             {
                 "metric": self.series.metric.take(take),
@@ -319,13 +333,12 @@ class WindowBuilder:
                 "max": pa.array(merged.max, pa.float64()),
                 "last": pa.array(merged.last, pa.float64()),
                 **{
-                    name: pc.if_else(
-                        has_digest, pa.array(quantile_values[:, i]), pa.nulls(n, pa.float64())
-                    )
+                    name: _where(has_digest, pa.array(quantile_values[:, i]),
+                                 pa.nulls(n, pa.float64()))
                     for i, name in enumerate(QUANTILE_COLUMNS)
-                },
+                },  # fmt: skip
                 "distinct_count": self._distinct_counts(hll),
-                "sketch": pc.if_else(has_digest, blobs, hll),
+                "sketch": _where(has_digest, blobs, hll),
                 "hdr_histogram": self._encoded(merged.hdr, is_sketched),
             }
         )
@@ -347,13 +360,15 @@ class WindowBuilder:
 
     @staticmethod
     def _distinct_counts(hll: pa.Array) -> pa.Array:
+        if hll.null_count == len(hll):  # no set among the windows
+            return pa.nulls(len(hll), pa.float64())
         return pa.array([hll_distinct_count(b) if b else None for b in hll.to_pylist()],
                         pa.float64())  # fmt: skip
 
     def _encoded(self, hdr: hc.HdrColumns, is_sketched: npt.NDArray[np.bool_]) -> pa.Array:
         """The HdrHistogram V2 encoding of each sketched window (NULL otherwise)."""
         encoded = encode_v2(self._layout, hdr.offsets, hdr.buckets, hdr.counts)
-        return pc.if_else(pa.array(is_sketched), encoded, pa.nulls(len(hdr), pa.string()))
+        return _where(is_sketched, encoded, pa.nulls(len(hdr), pa.string()))
 
     @staticmethod
     def none() -> Windows:
