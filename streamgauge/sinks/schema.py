@@ -1436,12 +1436,24 @@ $$;
 DROP TABLE sg_column_comments;
 {_HISTOGRAMS_VIEW_12}"""
 
+_MIGRATION_16 = """
+-- A timer window's sketches are ~2.4 kB: over the 2 kB at which PostgreSQL starts to TOAST a
+-- row, so each was compressed (pglz, which float data resists) and moved out of line, one
+-- TOAST row and index entry more per window. Up to a page's 8 kB a row now stays whole.
+ALTER TABLE window_sketches SET (toast_tuple_target = 8160);
+-- A Unix datagram sender is its process now (SO_PASSCRED), not every sender of the socket.
+COMMENT ON COLUMN client_completeness.source IS
+    'The sender: udp://address:port, tcp://peer of a connection, unixgram pid N (a process '
+    'on a Unix datagram socket; unixgram:///path: every sender of that socket whose '
+    'credentials did not come), or overflow (clients beyond the receiver''s limit).';
+"""
+
 
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6,
     _MIGRATION_7, _MIGRATION_8, _MIGRATION_9 + _WINDOW_LATEST_WITH_HELD, _MIGRATION_10,
     _MIGRATION_11, _MIGRATION_12, _MIGRATION_13, _MIGRATION_14,
-    _MIGRATION_15,
+    _MIGRATION_15, _MIGRATION_16,
 )
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 

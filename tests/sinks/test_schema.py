@@ -355,3 +355,34 @@ def test_version_fifteen_moves_the_sketches_beside_the_rows(database: str) -> No
             ({}, 0, False, b"\x01")]  # fmt: skip  (the table's defaults through the view)
         conn.execute("DELETE FROM window_results WHERE metric IN ('t', 'u')")
         assert conn.execute("SELECT count(*) FROM window_sketches").fetchone() == (0,)
+
+
+def test_version_sixteen_keeps_a_timer_window_s_sketches_in_its_row(database: str) -> None:
+    """Migration 16: a timer window's sketches (a 1.5 kB t-digest, its HdrHistogram encoding,
+    90 buckets: over the 2 kB at which PostgreSQL TOASTs a row) stay in the row, neither
+    compressed nor moved to the TOAST table, before and after a finalization's rewrite."""
+    _apply(database, 15)
+    with psycopg.connect(database, autocommit=True) as conn:
+        ensure_schema(conn)
+        digest = np.random.default_rng(1).random(192).tobytes()  # 1,536 bytes of doubles
+        conn.execute(
+            "INSERT INTO window_results (config_name, window_name, metric, window_start,"
+            " window_end, metric_type, count, revision, emitted_at, sketch, hdr_histogram,"
+            " hdr_buckets, hdr_counts) VALUES ('c', 'w', 't', '2024-01-01',"
+            " '2024-01-01 00:00:10', 'ms', 90, 1, now(), %s, %s, %s, %s)",
+            (digest, "H" * 180, list(range(1000, 1090)), [1] * 90),
+        )  # fmt: skip
+        conn.execute("UPDATE window_results SET is_final = true")
+        size, stored = conn.execute(
+            "SELECT pg_column_size(k.*), pg_column_size(k.sketch) FROM window_sketches k"
+        ).fetchone()  # type: ignore[misc]
+        assert size > 2_400 and stored >= len(digest)  # whole, and not compressed
+        toast = conn.execute(
+            "SELECT reltoastrelid::regclass::text FROM pg_class WHERE relname = 'window_sketches'"
+        ).fetchone()[0]  # type: ignore[index]
+        assert conn.execute(f"SELECT count(*) FROM {toast}").fetchone() == (0,)
+        comment = conn.execute(
+            "SELECT col_description('client_completeness'::regclass, a.attnum) FROM pg_attribute"
+            " a WHERE a.attrelid = 'client_completeness'::regclass AND a.attname = 'source'"
+        ).fetchone()[0]  # type: ignore[index]
+        assert "unixgram pid N" in comment
