@@ -16,15 +16,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from versions import alternated, load_average, run_in
 
 HERE = Path(__file__).resolve().parent
 T0 = 1_700_000_000_000
@@ -143,6 +143,7 @@ def main() -> None:
         what, url = args.child
         if what == "write":
             _write(url)
+            print("null")  # what run_in reads
         else:
             print(json.dumps(_time(url, args.repeat)))
         return
@@ -155,16 +156,13 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="panel-reads-"))
     server = EmbeddedPostgres(base / "data", sync_initdb=False)
     url = server.start()
-    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    load_before = load_average()
     results: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
 
-    def child(name: str, *what: str) -> Any:
-        env = {**os.environ, "PYTHONPATH": str(versions[name])}
+    def child(name: str, what: str) -> Any:
         child_url = url.rsplit("/", 1)[0] + f"/sg_{name}"
-        out = subprocess.run([sys.executable, __file__, "--repeat", str(args.repeat), "--child",
-                              what[0], child_url], env=env, check=True, capture_output=True,
-                             text=True).stdout  # fmt: skip
-        return json.loads(out.strip().splitlines()[-1]) if what[0] == "time" else None
+        return run_in(versions[name], __file__, "--repeat", str(args.repeat), "--child", what,
+                      child_url)  # fmt: skip
 
     try:
         import psycopg
@@ -174,17 +172,15 @@ def main() -> None:
                 conn.execute(f"CREATE DATABASE sg_{name}")
         for name in versions:
             child(name, "write")
-        for round_ in range(2):
-            for name in versions if round_ == 0 else reversed(list(versions)):
-                results[name].append(child(name, "time"))
+        for _, name in alternated(list(versions), 2):
+            results[name].append(child(name, "time"))
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
-    load_after = Path("/proc/loadavg").read_text().split()[:3]
     print(f"panel and alert SQL over an hour of 10 s windows, {METRICS} timer metrics x {HOSTS} "
           f"hosts ({WINDOWS * METRICS * HOSTS:,} windows, {BUCKETS} buckets each), 1 m buckets, "
           f"median of {args.repeat} runs x 2 alternated rounds; load average "
-          f"{' '.join(load_before)} before, {' '.join(load_after)} after")  # fmt: skip
+          f"{load_before} before, {load_average()} after")  # fmt: skip
     names = list(next(iter(results.values()))[0])
     print(f"{'query':<28}" + "".join(f"{v:>10}" for v in versions))
     for query in names:

@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import types
 from pathlib import Path
 from typing import Any
+
+from versions import alternated, load_average, run_in
 
 T0 = 1_700_000_000_000
 SIZE_MS = 10_000
@@ -135,7 +134,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="window-close-hdr-"))
     server = EmbeddedPostgres(base / "data", sync_initdb=False)
     url = server.start()
-    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    load_before = load_average()
     timings: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
     try:
         import psycopg
@@ -143,24 +142,16 @@ def main() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             for name in versions:
                 conn.execute(f"CREATE DATABASE sg_{name}")
-        for round_ in range(args.rounds):
-            order = list(versions) if round_ % 2 == 0 else list(reversed(versions))
-            for name in order:
-                env = {**os.environ, "PYTHONPATH": str(versions[name])}
-                child_url = url.rsplit("/", 1)[0] + f"/sg_{name}"
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", child_url, str(args.series),
-                     str(round_)],
-                    env=env, check=True, capture_output=True, text=True,
-                )  # fmt: skip
-                timings[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for round_, name in alternated(list(versions), args.rounds):
+            child_url = url.rsplit("/", 1)[0] + f"/sg_{name}"
+            timings[name].append(run_in(versions[name], __file__, "--child", child_url,
+                                        str(args.series), str(round_)))  # fmt: skip
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
-    load_after = Path("/proc/loadavg").read_text().split()[:3]
     print(f"window close: {args.series} timer series x {BUCKETS} buckets, embedded PostgreSQL, "
           f"{args.rounds} alternated rounds (first left out); load average "
-          f"{' '.join(load_before)} before, {' '.join(load_after)} after")  # fmt: skip
+          f"{load_before} before, {load_average()} after")  # fmt: skip
     print(f"{'':8} {'build median':>13} {'rows visible':>13} {'commit median':>14} "
           f"{'commit min..max':>18}")  # fmt: skip
     for name, rounds in timings.items():

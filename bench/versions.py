@@ -1,0 +1,36 @@
+"""Benches that compare two versions of the code in one run: each measurement runs in a
+process of its own whose ``PYTHONPATH`` is that version's checkout (a ``git worktree`` of an
+earlier commit, or this one), and the rounds alternate which version goes first, so that a
+machine getting busier or quieter over the run weighs on both alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+THIS_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def run_in(checkout: Path, script: str, *args: str) -> Any:
+    """``script`` run with ``args`` on ``checkout``'s code; the JSON of its last line."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run([sys.executable, script, *args], env=env, check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def alternated(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, name) for every round, the names in order, then reversed, and so on."""
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else list(reversed(names)):
+            yield round_, name
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
