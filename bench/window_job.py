@@ -61,7 +61,7 @@ from streamgauge.sinks.embedded import EmbeddedPostgres
 from streamgauge.sinks.store import ResultStore
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.windows import pane_writer
-from streamgauge.windows.job import JobPaths, start_window_queries
+from streamgauge.windows.job import start_window_queries
 from streamgauge.windows.session import build_spark_session
 
 WINDOWS = {
@@ -225,6 +225,19 @@ def cpu_seconds() -> float:
     return total
 
 
+def _plan(config: Any, spool: Path, checkpoints: Path) -> tuple[Any, ...]:
+    """What ``start_window_queries`` takes before the store factory: the config's
+    ``WindowPlan``, or, on the code of a checkout from before the plan (``--before``), the
+    config and its paths."""
+    try:
+        from streamgauge.windows.plan import JobPaths, WindowPlan
+    except ImportError:
+        from streamgauge.windows.job import JobPaths  # type: ignore[attr-defined,no-redef]
+
+        return config, JobPaths(spool=spool, checkpoints=checkpoints)
+    return (WindowPlan.of(config, JobPaths(spool=spool, checkpoints=checkpoints)),)
+
+
 def run_here(args: argparse.Namespace) -> dict[str, Any]:
     """One run of this code; its figures."""
     root = Path(tempfile.mkdtemp(prefix="streamgauge-bench-job-"))
@@ -240,14 +253,14 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         config = parse_config(f"name: bench\npane: 1s\nwindows: [{shape}]\n", "bench")
         Batches.install()
         spark = build_spark_session("local[2]", app_name="bench-window-job")
-        paths = JobPaths(spool=root / "spool", checkpoints=root / "checkpoints")
-        paths.spool.mkdir()
+        spool = root / "spool"
+        spool.mkdir()
         queries = start_window_queries(
-            spark, config, paths, lambda: ResultStore(url), SystemClock(),
-            trigger_interval=args.trigger,
+            spark, *_plan(config, spool, root / "checkpoints"), lambda: ResultStore(url),
+            SystemClock(), trigger_interval=args.trigger,
         )  # fmt: skip
         types = parse_types(args.types, args.series)
-        writer = Writer(paths.spool, types, args.seconds, sessions=args.kind == "session")
+        writer = Writer(spool, types, args.seconds, sessions=args.kind == "session")
         measured_from = time.time_ns() // 1_000_000 + args.warmup * 1000
         writer.start()
         time.sleep(args.warmup)

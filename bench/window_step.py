@@ -43,7 +43,10 @@ def _steps(series: int, types: str, kind: str, size: str, hop: str, batches: int
     from streamgauge.ingest.log import Heartbeat, SegmentWriter
     from streamgauge.sketches.hdr import HdrLayout
     from streamgauge.windows.batch_log import read_partials
-    from streamgauge.windows.checkpoints import sketch_params
+    try:
+        from streamgauge.windows.plan import sketch_params
+    except ImportError:  # a checkout from before the plan (--before)
+        from streamgauge.windows.checkpoints import sketch_params  # type: ignore[no-redef]
     from streamgauge.windows.pane_writer import window_logic
     from streamgauge.windows.results import to_result_rows, with_hdr_buckets
 

@@ -335,7 +335,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from streamgauge.ingest.protocol import DEFAULT_LIMITS
     from streamgauge.ingest.stream_lock import StreamBusy
     from streamgauge.ingest.transports import DEFAULT_RCVBUF_BYTES, parse_listen_spec
-    from streamgauge.windows.checkpoints import JobPaths, all_checkpoints
+    from streamgauge.windows.plan import JobPaths, WindowPlan
 
     config = _load_config_or_exit(args.config)
     try:
@@ -364,7 +364,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         )
         paths = JobPaths(settings.spool, settings.checkpoints)
         settings = dataclasses.replace(
-            settings, query_checkpoints=tuple(all_checkpoints(paths, config)))
+            settings, query_checkpoints=tuple(WindowPlan.of(config, paths).checkpoints))
     except ValueError as error:
         print(f"streamgauge ingest: {error}", file=sys.stderr)
         return 2
@@ -398,10 +398,10 @@ def _job_position(
 ) -> tuple[dict[str, Path], dict[str, dict[str, int]]]:
     """Per window: its query's checkpoint, and the segments it has committed (per stream)."""
     from streamgauge.retention import done_sequences
-    from streamgauge.windows.checkpoints import JobPaths, checkpoint_dir
+    from streamgauge.windows.plan import JobPaths, WindowPlan
 
-    paths = JobPaths(_spool_location(args), data_dir / "checkpoints")
-    checkpoints = {w.name: checkpoint_dir(paths, config, w) for w in config.windows}
+    plan = WindowPlan.of(config, JobPaths(_spool_location(args), data_dir / "checkpoints"))
+    checkpoints = {query.window.name: query.checkpoint for query in plan.queries}
     return checkpoints, {name: done_sequences(path) or {} for name, path in checkpoints.items()}
 
 

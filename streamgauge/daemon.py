@@ -27,8 +27,9 @@ from streamgauge.operator.jvm_logs import JvmLogs
 from streamgauge.retention import QUOTA_HIGH_WATER, prune_spool
 from streamgauge.sinks.query_stores import QueryStores
 from streamgauge.sinks.store import ResultStore, RetryPolicy
-from streamgauge.windows.job import JobPaths, all_checkpoints, start_window_queries
+from streamgauge.windows.job import start_window_queries
 from streamgauge.windows.pane_writer import PaneWindowsWriter
+from streamgauge.windows.plan import JobPaths, WindowPlan
 from streamgauge.windows.session import build_spark_session
 
 log = logging.getLogger("streamgauge")
@@ -71,8 +72,9 @@ class WindowJob:
         self.spark = build_spark_session(master, jvm_logs=jvm_logs)
         paths = JobPaths(spool=spool or data_dir / "spool", checkpoints=data_dir / "checkpoints")
         resolve_spool(paths.spool).create()
-        self._janitor = Janitor(paths, config, url, retain_log_ms, retain_results_ms,
-                                clock, spool_quota_bytes)  # fmt: skip
+        plan = WindowPlan.of(config, paths)
+        self._janitor = Janitor(plan, url, retain_log_ms, retain_results_ms, clock,
+                                spool_quota_bytes)  # fmt: skip
         self._clock = clock
 
         self._stores = QueryStores(url)
@@ -82,7 +84,7 @@ class WindowJob:
         def start() -> list[Any]:  # StreamingQuery
             self._pane_writers.clear()
             return start_window_queries(
-                self.spark, config, paths, self._stores, clock, trigger_interval=trigger,
+                self.spark, plan, self._stores, clock, trigger_interval=trigger,
                 pane_writers=self._pane_writers,
             )  # fmt: skip
 
@@ -196,10 +198,10 @@ class Janitor:
     QUOTA_CHECK_MS = SPOOL_RESCAN_MS
 
     def __init__(
-        self, paths: JobPaths, config: PipelineConfig, url: str, retain_log_ms: int,
-        retain_results_ms: int, clock: Clock, spool_quota_bytes: int = 0,
+        self, plan: WindowPlan, url: str, retain_log_ms: int, retain_results_ms: int,
+        clock: Clock, spool_quota_bytes: int = 0,
     ) -> None:  # fmt: skip
-        self._paths, self._config, self._url = paths, config, url
+        self._paths, self._checkpoints, self._url = plan.paths, plan.checkpoints, url
         self._retain_log_ms, self._retain_results_ms = retain_log_ms, retain_results_ms
         self._clock = clock
         # Over the quota, committed segments go oldest first whatever their age (retention.py).
@@ -233,7 +235,7 @@ class Janitor:
 
     def _prune_spool(self) -> None:
         """Committed segments past the age, and, over the quota, the oldest committed ones."""
-        prune_spool(self._paths.spool, all_checkpoints(self._paths, self._config),
+        prune_spool(self._paths.spool, self._checkpoints,
                     self._retain_log_ms, self._clock,
                     quota_bytes=self._spool_quota_bytes)  # fmt: skip
 

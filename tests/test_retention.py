@@ -11,7 +11,7 @@ from streamgauge.daemon import Janitor
 from streamgauge.ingest.log import list_segments
 from streamgauge.retention import committed_sequences, prune_spool, safe_sequences
 from streamgauge.sinks.store import ResultStore, run_sql
-from streamgauge.windows.job import JobPaths, all_checkpoints
+from streamgauge.windows.plan import JobPaths, WindowPlan
 from tests.windows.test_transcripts import HERE, _load, run_spark, stored_state
 from tests.windows.transcript import T0
 
@@ -25,7 +25,7 @@ def test_only_old_segments_every_query_committed_past_are_deleted(
     spool = tmp_path / "spool"
     transcript.write_spool(spool)
     paths = JobPaths(spool=spool, checkpoints=tmp_path / "checkpoints")
-    checkpoints = all_checkpoints(paths, transcript.config)
+    checkpoints = WindowPlan.of(transcript.config, paths).checkpoints
 
     assert safe_sequences(checkpoints) == {}  # nothing committed: nothing may go
     assert prune_spool(spool, checkpoints, 0, ManualClock(T0 + DAY_MS)).deleted == 0
@@ -72,7 +72,7 @@ def test_the_janitor_runs_on_the_clock_it_is_given(
     paths = JobPaths(spool=spool, checkpoints=tmp_path / "checkpoints")
     run_spark(spark, clean_store, spool, transcript.config)
     clock = ManualClock(T0 + 2 * DAY_MS)
-    janitor = Janitor(paths, transcript.config, clean_store, DAY_MS, DAY_MS, clock)
+    janitor = Janitor(WindowPlan.of(transcript.config, paths), clean_store, DAY_MS, DAY_MS, clock)
 
     janitor.maybe_run()
     clock.advance(Janitor.INTERVAL_MS - 1)

@@ -86,7 +86,7 @@ class IngestSettings:
     #: ``PipelineConfig.kll_k``: the k of the KLL sketch timer/histogram/distribution partials
     #: carry for ``quantiles: kll`` windows; ``None``: no window reads one, none is built.
     kll_k: int | None = None
-    #: The running config's query checkpoints (``windows.checkpoints.all_checkpoints``) whose
+    #: The running config's query checkpoints (``windows.plan.WindowPlan.checkpoints``) whose
     #: commits give ``segment_lag_ms``; ``None``: the lag is not measured.
     query_checkpoints: tuple[Path, ...] | None = None
 

@@ -259,7 +259,7 @@ class Receiver:
     ) -> None:
         """``writer``: a ``SegmentQueue`` writes on its own thread; a bare ``SegmentWriter``
         writes in ``roll`` itself. ``recvmmsg``: many datagrams per system call on Linux.
-        ``checkpoints``: the running config's query checkpoints (``all_checkpoints``), for
+        ``checkpoints``: the running config's query checkpoints (``WindowPlan.checkpoints``), for
         the segment lag.
         ``read_ahead_bytes``: while ``run`` runs, datagram sockets are read by read-ahead
         threads holding up to this much (0: read by the loop itself).
@@ -911,7 +911,7 @@ class Receiver:
         checkpoint), and a segment is done only once *all* of them committed it: the oldest
         unread segment is the one after the *smallest* committed sequence (or passed over:
         ``retention.done_sequences``, an idle query's segments with nothing for it). Only the
-        running config's checkpoints count (``checkpoints``, from ``all_checkpoints``): one
+        running config's checkpoints count (``checkpoints``, from ``WindowPlan.checkpoints``): one
         left by an older config stops moving and is not lag. A query that has committed
         nothing of this stream yet (a new checkpoint rebuilding from the log) has the stream's
         first segment as its oldest.

@@ -1,8 +1,9 @@
 """The Spark job: the streaming queries of a config's windows, partials → windows → store.
 
-``docs/architecture.md`` §3–§5. Every query reads the segment log through the spool source,
-whose offsets (per receiver: last segment and its heartbeat) Spark logs before each batch, so
-the job is exactly-once over the log. ``revision`` is the batch id + 1 plus the checkpoint's
+``docs/architecture.md`` §3–§5. The queries are those of the config's ``WindowPlan``
+(``plan.py``). Every query reads the segment log through the spool source, whose offsets (per
+receiver: last segment and its heartbeat) Spark logs before each batch, so the job is
+exactly-once over the log. ``revision`` is the batch id + 1 plus the checkpoint's
 base (``results.revision_base``); the watermark is ``W = min over open receivers(heartbeat)
 - watermark_delay`` from the batch's offsets; a window ``[start, end)`` is final once
 ``end + allowed_lateness <= W``.
@@ -12,7 +13,7 @@ base (``results.revision_base``); the watermark is ``W = min over open receivers
   windows in the driver (``open_windows``, ``open_sessions``; the logic objects
   ``pane_logic``, ``sliding_logic``, ``session_logic``); every metric type takes that one
   path. While no segment brings rows and every window seen is final, the query runs no batch
-  (``quiet_lane``).
+  (``QuietLane``, its span from the plan: ``plan.quiet_span_ms``).
 - **``quantiles: kll`` windows** aggregate every type natively, the pane partials' KLL
   sketches with Spark's ``kll_merge_agg_double`` (p50 and p90 from the merge; p99/p999 NULL:
   KLL's ±1.33 % rank error makes a p99 anywhere in p97.7..p100), their late rows in the same
@@ -49,17 +50,10 @@ from streamgauge.sinks.store import (
     Finalization,
     ResultStore,
 )
-
-# The checkpoint paths live in a Spark-free module (the receivers need them); re-exported.
-from streamgauge.windows.checkpoints import JobPaths as JobPaths
-from streamgauge.windows.checkpoints import all_checkpoints as all_checkpoints
-from streamgauge.windows.checkpoints import checkpoint_dir as checkpoint_dir
-from streamgauge.windows.checkpoints import sketch_params as sketch_params
 from streamgauge.windows.pane_writer import PaneWindowsWriter
+from streamgauge.windows.plan import QueryPlan, WindowPlan
 from streamgauge.windows.results import REVISION_BASE_FILE as REVISION_BASE_FILE
 from streamgauge.windows.results import LateRowsOrigin as LateRowsOrigin
-from streamgauge.windows.results import late_query_name as late_query_name
-from streamgauge.windows.results import query_name as query_name
 from streamgauge.windows.results import revision_base as revision_base
 from streamgauge.windows.results import to_late_rows as to_late_rows
 from streamgauge.windows.results import to_result_rows as to_result_rows
@@ -290,21 +284,22 @@ class WindowBatchWriter:
     def __init__(
         self,
         config: PipelineConfig,
-        window: WindowSpec,
+        query: QueryPlan,
         store: ResultStore,
-        checkpoint: Path,
         clock: Clock,
         *,
         late_rows: LateRowsOrigin | None = None,
     ) -> None:
         """``late_rows``: given if the query records the window's late rows."""
+        window = query.window
         self._config = config
         self._window = window
         self._store = store
-        self._checkpoint = checkpoint
+        self._checkpoint = query.checkpoint
         self._clock = clock
         self._late_rows = late_rows
-        self._name = query_name(config, window)
+        self._name = query.name
+        self._late_name = query.late_name
         self._state_key = f"watermark_ms:{window.name}"
         self._watermark_floor: int | None = None
         self._revision_base: int | None = None
@@ -366,8 +361,7 @@ class WindowBatchWriter:
         outcome = self._store.commit_batch(
             self._name, batch_id, rows, finalizations, revision=revision, state=state,
             lock_name=self._name, hold_after={key: watermark_ms or 0}, retractions=retractions,
-            late=late, late_query_name=late_query_name(self._config, self._window),
-            early_every=early,
+            late=late, late_query_name=self._late_name, early_every=early,
         )  # fmt: skip
         log.debug("%s batch %d: %s", self._name, batch_id, outcome)
 
@@ -392,15 +386,14 @@ class KllBatchWriter(WindowBatchWriter):
 
 def start_window_queries(
     spark: SparkSession,
-    config: PipelineConfig,
-    paths: JobPaths,
+    plan: WindowPlan,
     store_factory: Callable[[], ResultStore],
     clock: Clock,
     *,
     trigger_interval: str | None = "0.5 seconds",
     pane_writers: list[PaneWindowsWriter] | None = None,
 ) -> list[StreamingQuery]:
-    """Start the streaming queries of every window; all share the session.
+    """Start the streaming query of every window of ``plan``; all share the session.
 
     Each query gets its own store connection: Spark may run two queries' ``foreachBatch``
     at once, and one connection's transactions must not interleave. ``trigger_interval=None``
@@ -409,59 +402,43 @@ def start_window_queries(
     parks their open windows, ``PaneWindowsWriter.park``).
     """
     queries: list[StreamingQuery] = []
-    for window in config.windows:
-        checkpoint = checkpoint_dir(paths, config, window)
-        name = query_name(config, window)
-        if window.uses_kll:
+    for query in plan.queries:
+        if query.lane == "kll":
             # Its late rows ride in its one query (kll_lane_with_late_rows), recorded under
             # the checkpoint's generation (LateRowsOrigin).
             writer = KllBatchWriter(
-                config, window, store_factory(), checkpoint, clock,
-                late_rows=LateRowsOrigin(paths.spool, checkpoint.name),
+                plan.config, query, store_factory(), clock,
+                late_rows=LateRowsOrigin(plan.paths.spool, query.checkpoint.name),
             )  # fmt: skip
-            log = _read_spool(spark, paths, name)
-            changes = kll_lane_with_late_rows(log, window, sketch_params(config).kll_k)
-            queries.append(_start(changes, name, checkpoint, writer, trigger_interval,
-                                  output_mode="update"))  # fmt: skip
+            log = _read_spool(spark, plan, query.name)
+            changes = kll_lane_with_late_rows(log, query.window, plan.sketches.kll_k)
+            queries.append(_start(changes, query.name, query.checkpoint, writer,
+                                  trigger_interval, output_mode="update"))  # fmt: skip
             continue
-        pane_writer = PaneWindowsWriter(
-            config, window, store_factory(), checkpoint, clock, paths.spool,
-            sketch_params(config),
-        )  # fmt: skip
+        pane_writer = PaneWindowsWriter(plan, query, store_factory(), clock)
         if pane_writers is not None:
             pane_writers.append(pane_writer)
         # While no segment has rows and every window seen is final, no batch runs (live
         # only: availableNow takes the whole log).
-        quiet = None if trigger_interval is None else quiet_lane(config, window, checkpoint)
-        source = _read_spool(spark, paths, name, quiet)
-        queries.append(_start(source, name, checkpoint, pane_writer, trigger_interval,
-                              output_mode="append"))  # fmt: skip
+        quiet = None
+        if trigger_interval is not None and query.quiet_span_ms is not None:
+            quiet = QuietLane(query.quiet_span_ms,
+                              passed_over=str(query.checkpoint / PASSED_OVER_FILE))  # fmt: skip
+        source = _read_spool(spark, plan, query.name, quiet)
+        queries.append(_start(source, query.name, query.checkpoint, pane_writer,
+                              trigger_interval, output_mode="append"))  # fmt: skip
     return queries
 
 
 def _read_spool(
-    spark: SparkSession, paths: JobPaths, query: str, quiet: QuietLane | None = None
+    spark: SparkSession, plan: WindowPlan, query: str, quiet: QuietLane | None = None
 ) -> DataFrame:
     """The log as a stream of all its rows, read through ``query``'s own registration of the
     source (see `register_source_for_query` for the Spark race that one shared one loses);
     with ``quiet``, batches only when it has something to do."""
     source = register_source_for_query(spark, query)
-    reader = spark.readStream.format(source).option("path", str(paths.spool))
+    reader = spark.readStream.format(source).option("path", str(plan.paths.spool))
     return reader.options(**(quiet.options() if quiet else {})).load()
-
-
-def quiet_lane(config: PipelineConfig, window: WindowSpec, checkpoint: Path) -> QuietLane:
-    """A driver-held window's query (checkpoint ``checkpoint``) runs no batch while no new
-    segment has rows and every window of the rows it took is final: an idle daemon then
-    costs one batch per ``QuietLane.every_ms``, not one per heartbeat segment. A window
-    holding a partial ends at most ``size`` (a session: ``gap``) after it."""
-    reach_ms = window.gap_ms if window.kind == "session" else window.size_ms
-    assert reach_ms is not None
-    if window.kind == "sliding":
-        reach_ms += config.pane_ms  # a pane's right window ends a pane later
-    span_ms = (config.pane_ms + reach_ms + window.watermark_delay_ms
-               + window.allowed_lateness_ms)  # fmt: skip
-    return QuietLane(span_ms, passed_over=str(checkpoint / PASSED_OVER_FILE))
 
 
 def _start(

@@ -20,24 +20,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.clock import Clock
-from streamgauge.configs import PipelineConfig, WindowSpec
-from streamgauge.ingest.spool_fs import SpoolLike
+from streamgauge.configs import WindowSpec
 from streamgauge.sinks.store import Finalization, ResultStore
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.batch_log import batch_offsets, partials_since, read_partials
 from streamgauge.windows.pane_logic import PaneWindowLogic, Step
+from streamgauge.windows.plan import QueryPlan, WindowPlan
 from streamgauge.windows.results import (
     LateRowsOrigin,
-    late_query_name,
-    query_name,
     revision_base,
     to_late_rows,
     to_result_rows,
@@ -81,24 +78,20 @@ class PaneWindowsWriter:
     """``foreachBatch`` of one tumbling or hopping window (module docstring)."""
 
     def __init__(
-        self,
-        config: PipelineConfig,
-        window: WindowSpec,
-        store: ResultStore,
-        checkpoint: Path,
-        clock: Clock,
-        spool: SpoolLike,
-        params: SketchParams,
+        self, plan: WindowPlan, query: QueryPlan, store: ResultStore, clock: Clock
     ) -> None:
+        config = plan.config
+        window = query.window
         self._config = config
         self._window = window
         self._store = store
-        self._checkpoint = checkpoint
+        self._checkpoint = query.checkpoint
         self._clock = clock
-        self._spool = spool
-        self._params = params
-        self._layout = HdrLayout.from_params(params)
-        self.name = query_name(config, window)
+        self._spool = plan.paths.spool
+        self._params = plan.sketches
+        self._layout = HdrLayout.from_params(plan.sketches)
+        self.name = query.name
+        self._late_name = query.late_name
         self._state_key = f"watermark_ms:{window.name}"
         self._resume_key = f"resume_from_ms:{window.name}"
         self._logic: WindowLogic | None = None
@@ -182,7 +175,7 @@ class PaneWindowsWriter:
         outcome = self._store.commit_batch(
             self.name, batch_id, rows, finalizations, revision=revision, state=state,
             lock_name=self.name, hold_after={key: watermark or NO_WATERMARK_MS},
-            late=late, late_query_name=late_query_name(config, window),
+            late=late, late_query_name=self._late_name,
             early_every=early, fresh=fresh, retractions=retractions,
         )  # fmt: skip
         self._logic = logic

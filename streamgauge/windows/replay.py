@@ -70,12 +70,11 @@ from streamgauge.windows.job import (
     aggregate_windows,
     assign_windows,
     metric_filter,
-    query_name,
-    sketch_params,
     to_result_rows,
 )
 from streamgauge.windows.open_sessions import OpenSessions
 from streamgauge.windows.open_windows import OpenWindows
+from streamgauge.windows.plan import query_name, sketch_params
 from streamgauge.windows.results import with_hdr_buckets
 from streamgauge.windows.sliding_logic import SlidingWindowLogic
 from streamgauge.windows.source import SOURCE_NAME, admitted_offset

@@ -25,6 +25,7 @@ from streamgauge.ingest.spool_fs import SpoolLike
 from streamgauge.sinks.store import LateRowsReread, ResultStore
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hdr_columns import HdrColumns
+from streamgauge.windows.plan import query_name
 
 _QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "distinct_count")
 
@@ -81,10 +82,6 @@ def revision_base(
     return base
 
 
-def query_name(config: PipelineConfig, window: WindowSpec) -> str:
-    return f"{config.name}.{window.name}"
-
-
 def to_late_rows(late: pa.Table, config: PipelineConfig, window: WindowSpec) -> pa.Table:
     """The late partials in the store's ``LATE_SCHEMA`` shape (vectorised)."""
     n = late.num_rows
@@ -105,10 +102,6 @@ def to_late_rows(late: pa.Table, config: PipelineConfig, window: WindowSpec) -> 
             "closed_by_ms": late.column("prior_heartbeat_ms"),
         }
     )
-
-
-def late_query_name(config: PipelineConfig, window: WindowSpec) -> str:
-    return f"{query_name(config, window)}.late"
 
 
 def to_result_rows(

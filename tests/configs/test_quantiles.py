@@ -164,9 +164,9 @@ def test_sets_is_refused_with_why_it_is_gone(window: str) -> None:
 
 def test_a_tumbling_window_is_one_query_with_one_checkpoint(tmp_path: Path) -> None:
     """Every metric type of a tumbling or hopping window takes one query: one checkpoint,
-    which retention counts (``all_checkpoints``)."""
-    from streamgauge.windows.checkpoints import JobPaths, all_checkpoints, checkpoint_dir
+    which retention counts (``WindowPlan.checkpoints``)."""
+    from streamgauge.windows.plan import JobPaths, WindowPlan, checkpoint_dir
 
     config = parse_config("windows: [{name: w, kind: tumbling, size: 10s}]", "t")
     paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
-    assert all_checkpoints(paths, config) == [checkpoint_dir(paths, config, config.windows[0])]
+    assert WindowPlan.of(config, paths).checkpoints == [checkpoint_dir(paths, config, config.windows[0])]

@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 from streamgauge.clock import ManualClock
 from streamgauge.configs import parse_config
 from streamgauge.sinks.store import run_sql
-from streamgauge.windows.job import JobPaths
+from streamgauge.windows.plan import JobPaths
 from tests.reliability.segments import STORED_SQL, T0, Spool, keyed
 from tests.windows.jobrun import run_job_once
 

@@ -8,7 +8,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig
 from streamgauge.sinks.query_stores import QueryStores
-from streamgauge.windows.job import JobPaths, start_window_queries
+from streamgauge.windows.job import start_window_queries
+from streamgauge.windows.plan import JobPaths, WindowPlan
 
 #: Spark gives a new driver-side Python process a fixed 10 s to connect back
 #: (``PythonWorkerFactory``, not configurable); on a loaded 2-core machine a start can miss it.
@@ -26,7 +27,8 @@ def run_job_once(
     the queries of the last start (their progress tells what Spark did)."""
     stores = QueryStores(url)
     for attempt in range(1, ATTEMPTS + 1):
-        queries = start_window_queries(spark, config, paths, stores, clock, trigger_interval=None)
+        queries = start_window_queries(spark, WindowPlan.of(config, paths), stores, clock,
+                                       trigger_interval=None)  # fmt: skip
         for query in queries:
             query.awaitTermination(180)
         stores.close_all()  # or the test run's PostgreSQL runs out of clients (query_stores)

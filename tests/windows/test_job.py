@@ -24,7 +24,7 @@ from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import Heartbeat, SegmentWriter
 from streamgauge.ingest.protocol import parse_line
 from streamgauge.sinks.store import run_sql
-from streamgauge.windows.job import JobPaths
+from streamgauge.windows.plan import JobPaths
 from tests.windows.jobrun import run_job_once
 
 T0 = 1_700_000_000_000

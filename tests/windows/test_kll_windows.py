@@ -28,7 +28,7 @@ from streamgauge.ingest.log import Heartbeat, SegmentWriter
 from streamgauge.ingest.protocol import Sample
 from streamgauge.sinks.store import ResultStore, run_sql
 from streamgauge.sketches.kll import deserialize_kll
-from streamgauge.windows.job import JobPaths, all_checkpoints
+from streamgauge.windows.plan import JobPaths, WindowPlan
 from streamgauge.windows.replay import replay
 from tests.windows.jobrun import run_job_once
 
@@ -103,7 +103,7 @@ def test_kll_window_stores_p50_p90_within_the_rank_bound_and_no_p99(
     paths = JobPaths(spool=spool, checkpoints=tmp_path / "checkpoints")
     queries = run_job_once(spark, CONFIG, paths, clean_store, ManualClock(T0))
     assert [q.name for q in queries] == ["klltest.per_4s"]  # one query, no late query
-    assert [p.name for p in all_checkpoints(paths, CONFIG)] == [
+    assert [p.name for p in WindowPlan.of(CONFIG, paths).checkpoints] == [
         p.name for p in (tmp_path / "checkpoints" / "klltest").iterdir()
     ]
 

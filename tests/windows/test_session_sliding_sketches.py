@@ -23,7 +23,7 @@ from streamgauge.ingest.log import Heartbeat, SegmentWriter
 from streamgauge.ingest.protocol import Sample
 from streamgauge.sinks.store import run_sql
 from streamgauge.sketches.hdr import HdrLayout
-from streamgauge.windows.job import JobPaths
+from streamgauge.windows.plan import JobPaths
 from tests.windows.jobrun import run_job_once
 
 T0 = 1_700_000_000_000

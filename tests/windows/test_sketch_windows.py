@@ -26,7 +26,7 @@ from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import estimate
 from streamgauge.sketches.tdigest import deserialize_tdigest
-from streamgauge.windows.job import JobPaths
+from streamgauge.windows.plan import JobPaths
 from tests.windows.jobrun import run_job_once
 
 T0 = 1_700_000_000_000

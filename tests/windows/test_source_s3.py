@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from streamgauge.clock import ManualClock
 from streamgauge.ingest.log import list_segments
 from streamgauge.retention import committed_sequences, prune_spool
-from streamgauge.windows.job import JobPaths, all_checkpoints
+from streamgauge.windows.plan import JobPaths, WindowPlan
 from tests.s3_server import S3Server
 from tests.windows.jobrun import run_job_once
 from tests.windows.test_transcripts import HERE, _load, check_expectations, stored_state
@@ -31,7 +31,7 @@ def test_the_job_reads_an_s3_spool_and_retention_prunes_it(
     run_job_once(spark, transcript.config, paths, clean_store, ManualClock(T0))
     state, _ = stored_state(clean_store, transcript.config)
     check_expectations(transcript, state)
-    checkpoints = all_checkpoints(paths, transcript.config)
+    checkpoints = WindowPlan.of(transcript.config, paths).checkpoints
     assert [committed_sequences(c) for c in checkpoints] == [{"r0": 2}]  # one query
 
     report = prune_spool(uri, checkpoints, DAY_MS, ManualClock(T0 + 2 * DAY_MS))

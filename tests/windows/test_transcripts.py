@@ -22,7 +22,7 @@ from streamgauge.configs import PipelineConfig
 from streamgauge.sinks.store import ResultStore, run_sql
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.tdigest import deserialize_tdigest
-from streamgauge.windows.job import JobPaths
+from streamgauge.windows.plan import JobPaths
 from streamgauge.windows.reference import ReferenceWindower, StoredWindow, WindowKey
 from streamgauge.windows.replay import parse_time_ms, replay
 from tests.windows.jobrun import run_job_once
