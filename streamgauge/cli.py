@@ -700,7 +700,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         try:
             report = replay(
                 spark, config, _spool_location(args), store, SystemClock(),
-                from_ms=from_ms, to_ms=to_ms,
+                from_ms=from_ms, to_ms=to_ms, on_window=progress.window,
             )  # fmt: skip
         finally:
             progress.stop()

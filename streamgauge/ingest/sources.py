@@ -20,8 +20,8 @@ continues the earlier one's sender. A datagram arrives without credentials when 
 has no ``SO_PASSCRED`` (``transports.bind_unixgram`` sets it) or its sender's pid is not
 visible in the receiver's pid namespace (the kernel then gives pid 0).
 
-An IPv6 key keeps a hash, not the address: ``Ipv6Names`` (filled by the readers when they
-first see a key) names it for people.
+An IPv6 key keeps a hash, not the address: each reader's ``ipv6_names`` (filled when it
+first sees a key) names it for people.
 """
 
 from __future__ import annotations

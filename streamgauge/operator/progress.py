@@ -1,13 +1,13 @@
-"""Progress of long Spark work (``streamgauge replay``), on stderr while it runs.
+"""Progress of long work (``streamgauge replay``), on stderr while it runs.
 
-Spark knows how far its running job is: each stage has a number of tasks, and its status
-tracker says how many are done. Every ``interval_s`` the line says the elapsed time and, of
-each stage running now, its tasks done / to do, the rate since the line first saw the stage
-and the time left at that rate. On a terminal the line is redrawn in place;
-otherwise it is printed every ``plain_every_s``, so a log file gets a line, not a flood.
-
-What replay's own loop does (which window it is on) is not visible from here; the stage's
-tasks are the part of its work that takes time.
+Every ``interval_s`` the line says the elapsed time; which of the config's windows the work is
+on, with the windows done / to do and, once one is done, the time left at the pace so far
+(``window``: replay tells it as each window's turn comes); and, of each Spark stage running
+now (a ``quantiles: kll`` window's aggregation), its tasks done / to do, the rate since the
+line first saw the stage and the time left in it. Every other window is recomputed in the
+driver, reading the log itself: no Spark stage then. On a terminal the line is redrawn in
+place; otherwise it is printed every ``plain_every_s``, so a log file gets a line, not a
+flood.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ class SparkProgress(threading.Thread):
         self._halt = threading.Event()
         self._began = time.monotonic()
         self._stage_seen: dict[int, tuple[float, int]] = {}  # stage -> (first seen, done then)
+        self._window: tuple[int, int, str, float] | None = None  # index, of, name, began
+
+    def window(self, index: int, of: int, name: str) -> None:
+        """The work is on window ``index`` (from 0) of ``of``, ``name``, from now on."""
+        self._window = (index, of, name, time.monotonic())
 
     def run(self) -> None:
         while not self._halt.wait(self._interval_s):
@@ -44,18 +49,28 @@ class SparkProgress(threading.Thread):
             self._terminal.status(text)
 
     def describe(self) -> str:
-        elapsed = duration((time.monotonic() - self._began) * 1000)
+        now = time.monotonic()
+        elapsed = duration((now - self._began) * 1000)
         parts = [f"{self._what}: {elapsed}"]
+        if self._window is not None:
+            index, of, name, began = self._window
+            text = f"window {index + 1}/{of} {name}"
+            if index:  # the windows done so far set the pace of those left
+                left = (began - self._began) / index * (of - index) - (now - began)
+                text += f", about {duration(max(left, 0.0) * 1000)} left"
+            parts.append(text)
+        stages = []
         for job_id in sorted(self._tracker.getActiveJobsIds()):
             job = self._tracker.getJobInfo(job_id)
             for stage_id in sorted(job.stageIds) if job is not None else ():
                 stage = self._tracker.getStageInfo(stage_id)
                 if stage is None or stage.numActiveTasks == 0:
                     continue
-                parts.append(self._stage_text(job_id, stage))
-        if len(parts) == 1:
-            parts.append("no Spark stage running")
-        return " | ".join(parts)
+                stages.append(self._stage_text(job_id, stage))
+        if not stages:
+            stages.append("no Spark stage running" if self._window is None
+                          else "reading the log in the driver")  # fmt: skip
+        return " | ".join(parts + stages)
 
     def _stage_text(self, job_id: int, stage: Any) -> str:
         now = time.monotonic()

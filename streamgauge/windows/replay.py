@@ -50,7 +50,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,13 +125,17 @@ def replay(
     *,
     from_ms: int,
     to_ms: int,
+    on_window: Callable[[int, int, str], None] | None = None,
 ) -> list[ReplayedWindow]:
-    """Recompute the final windows of ``config`` overlapping ``[from_ms, to_ms)``."""
+    """Recompute the final windows of ``config`` overlapping ``[from_ms, to_ms)``;
+    ``on_window(index, of, name)`` is told as each window's turn comes (progress)."""
     if to_ms <= from_ms:
         raise ValueError(f"--to ({to_ms} ms) must be after --from ({from_ms} ms)")
     log_rows = spark.read.format(SOURCE_NAME).option("path", str(spool)).load()
     report = []
-    for window in config.windows:
+    for index, window in enumerate(config.windows):
+        if on_window is not None:
+            on_window(index, len(config.windows), window.name)
         if window.kind in ("session", "sliding"):
             report.append(
                 replay_series_window(config, window, spool, store, clock, from_ms=from_ms,
