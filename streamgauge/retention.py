@@ -60,7 +60,12 @@ def committed_sequences(checkpoint: Path) -> dict[str, int] | None:
     batches = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
     if not batches:
         return None
-    offsets = checkpoint / "offsets" / str(max(batches))
+    return offset_sequences(checkpoint / "offsets" / str(max(batches)))
+
+
+def offset_sequences(offsets: Path) -> dict[str, int]:
+    """Per receiver, the last sequence a batch's end offset names (``offsets/<n>``: ``v1``, a
+    metadata line, then the source's offset as JSON)."""
     receivers = json.loads(offsets.read_text().splitlines()[-1]).get("receivers", {})
     return {name: int(position["seq"]) for name, position in receivers.items()}
 

@@ -16,14 +16,13 @@ batch); ``catching_up`` says when the gap is worth showing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamgauge.ingest.log import list_receivers, list_segments
 from streamgauge.ingest.spool_fs import SpoolLike
-from streamgauge.retention import done_sequences
+from streamgauge.retention import done_sequences, offset_sequences
 
 #: The rate is measured over the newest commits spanning at least this long (or all there are).
 RATE_SPAN_MS = 10_000
@@ -131,6 +130,5 @@ def _commit_rate(checkpoint: Path) -> float | None:
 
 def _segments_through(offsets: Path) -> int:
     """How many segments a batch's end offsets cover, all streams together."""
-    receivers = json.loads(offsets.read_text().splitlines()[-1]).get("receivers", {})
-    return sum(int(position["seq"]) + 1 for position in receivers.values())
+    return sum(seq + 1 for seq in offset_sequences(offsets).values())
 
