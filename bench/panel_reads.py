@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from versions import alternated, load_average, run_in
+from versions import alternated, databases, load_average, run_in
 
 HERE = Path(__file__).resolve().parent
 T0 = 1_700_000_000_000
@@ -148,35 +146,21 @@ def main() -> None:
             print(json.dumps(_time(url, args.repeat)))
         return
 
-    from streamgauge.sinks.embedded import EmbeddedPostgres
-
     versions = {"after": args.after.resolve()}
     if args.before is not None:
         versions = {"before": args.before.resolve(), **versions}
-    base = Path(tempfile.mkdtemp(prefix="panel-reads-"))
-    server = EmbeddedPostgres(base / "data", sync_initdb=False)
-    url = server.start()
     load_before = load_average()
     results: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
+    with databases(list(versions), "panel-reads-") as urls:
 
-    def child(name: str, what: str) -> Any:
-        child_url = url.rsplit("/", 1)[0] + f"/sg_{name}"
-        return run_in(versions[name], __file__, "--repeat", str(args.repeat), "--child", what,
-                      child_url)  # fmt: skip
+        def child(name: str, what: str) -> Any:
+            return run_in(versions[name], __file__, "--repeat", str(args.repeat), "--child",
+                          what, urls[name])  # fmt: skip
 
-    try:
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            for name in versions:
-                conn.execute(f"CREATE DATABASE sg_{name}")
         for name in versions:
             child(name, "write")
         for _, name in alternated(list(versions), 2):
             results[name].append(child(name, "time"))
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
     print(f"panel and alert SQL over an hour of 10 s windows, {METRICS} timer metrics x {HOSTS} "
           f"hosts ({WINDOWS * METRICS * HOSTS:,} windows, {BUCKETS} buckets each), 1 m buckets, "
           f"median of {args.repeat} runs x 2 alternated rounds; load average "

@@ -6,10 +6,13 @@ machine getting busier or quieter over the run weighs on both alike.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,27 @@ def alternated(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
     for round_ in range(rounds):
         for name in names if round_ % 2 == 0 else list(reversed(names)):
             yield round_, name
+
+
+@contextlib.contextmanager
+def databases(names: Sequence[str], prefix: str) -> Iterator[dict[str, str]]:
+    """One embedded PostgreSQL for the run, a database of its own per version: their URLs by
+    name. Server and files go at the end."""
+    import psycopg
+
+    from streamgauge.sinks.embedded import EmbeddedPostgres
+
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    server = EmbeddedPostgres(base / "data", sync_initdb=False)
+    url = server.start()
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for name in names:
+                conn.execute(f"CREATE DATABASE sg_{name}")
+        yield {name: url.rsplit("/", 1)[0] + f"/sg_{name}" for name in names}
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def load_average() -> str:

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import tempfile
 import time
 import types
 from pathlib import Path
 from typing import Any
 
-from versions import alternated, load_average, run_in
+from versions import alternated, databases, load_average, run_in
 
 T0 = 1_700_000_000_000
 SIZE_MS = 10_000
@@ -126,29 +124,15 @@ def main() -> None:
         print(json.dumps(_close_window(url, int(series), int(round_))))
         return
 
-    from streamgauge.sinks.embedded import EmbeddedPostgres
-
     versions = {"after": args.after.resolve()}
     if args.before is not None:
         versions = {"before": args.before.resolve(), **versions}
-    base = Path(tempfile.mkdtemp(prefix="window-close-hdr-"))
-    server = EmbeddedPostgres(base / "data", sync_initdb=False)
-    url = server.start()
     load_before = load_average()
     timings: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
-    try:
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            for name in versions:
-                conn.execute(f"CREATE DATABASE sg_{name}")
+    with databases(list(versions), "window-close-hdr-") as urls:
         for round_, name in alternated(list(versions), args.rounds):
-            child_url = url.rsplit("/", 1)[0] + f"/sg_{name}"
-            timings[name].append(run_in(versions[name], __file__, "--child", child_url,
+            timings[name].append(run_in(versions[name], __file__, "--child", urls[name],
                                         str(args.series), str(round_)))  # fmt: skip
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
     print(f"window close: {args.series} timer series x {BUCKETS} buckets, embedded PostgreSQL, "
           f"{args.rounds} alternated rounds (first left out); load average "
           f"{load_before} before, {load_average()} after")  # fmt: skip
