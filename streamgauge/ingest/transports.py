@@ -526,16 +526,23 @@ class DatagramReader:
         time.sleep(READ_ERROR_PAUSE_S)
 
     def _read_one_by_one(self, sock: socket.socket, limit: int) -> list[memoryview]:
+        """One ``recvfrom`` per datagram; on a Unix datagram socket one ``recvmsg``, with the
+        sender's credentials (its process says more than its address, if it has one)."""
         datagrams: list[memoryview] = []
-        recv_from, view, size = sock.recvfrom_into, self._view, self.slot_bytes
+        recv_from, receive_message = sock.recvfrom_into, sock.recvmsg_into
+        view, size = self._view, self.slot_bytes
         keys = self._keys = []
         family, own_key, known = sock.family, unix_key(sock), self._known
-        if family == socket.AF_UNIX and sources.CREDENTIALS:
-            return self._read_unix_one_by_one(sock, limit)
+        credentials = family == socket.AF_UNIX and sources.CREDENTIALS
         for index in range(min(limit, self.slots)):
             start = index * size
+            slot = view[start : start + size]
             try:  # MSG_TRUNC: the datagram's whole length, even if longer than the slot
-                length, address = recv_from(view[start : start + size], 0, MSG_TRUNC)
+                if credentials:
+                    length, ancillary, _, _ = receive_message([slot], sources.CONTROL_BYTES,
+                                                              MSG_TRUNC)  # fmt: skip
+                else:
+                    length, address = recv_from(slot, 0, MSG_TRUNC)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
@@ -547,6 +554,9 @@ class DatagramReader:
             if length > size:
                 length = self._whole_lines(start, size)
             datagrams.append(view[start : start + length])
+            if credentials:
+                keys.append(sources.key_of_ancillary(ancillary, own_key))
+                continue
             key = known.get(address)
             if key is None:  # a new sender: this path's Python call per datagram is enough
                 key = known[address] = sources.key_of_address(family, address, own_key)
@@ -555,29 +565,4 @@ class DatagramReader:
                 if len(known) > IPV6_NAMES_KEPT:
                     known.clear()
             keys.append(key)
-        return datagrams
-
-    def _read_unix_one_by_one(self, sock: socket.socket, limit: int) -> list[memoryview]:
-        """``_read_one_by_one`` of a Unix datagram socket: each datagram with its sender's
-        credentials (``recvmsg``), keyed by its process (its address, if any, says less)."""
-        datagrams: list[memoryview] = []
-        receive, view, size = sock.recvmsg_into, self._view, self.slot_bytes
-        keys, own_key = self._keys, unix_key(sock)
-        for index in range(min(limit, self.slots)):
-            start = index * size
-            try:  # MSG_TRUNC: the datagram's whole length, even if longer than the slot
-                length, ancillary, _, _ = receive([view[start : start + size]],
-                                                  sources.CONTROL_BYTES, MSG_TRUNC)  # fmt: skip
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                if exc.errno not in TRANSIENT_READ_ERRORS:
-                    raise
-                self._transient_error(exc.errno)
-                break
-            self.syscalls += 1
-            if length > size:
-                length = self._whole_lines(start, size)
-            datagrams.append(view[start : start + length])
-            keys.append(sources.key_of_ancillary(ancillary, own_key))
         return datagrams
