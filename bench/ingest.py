@@ -23,6 +23,11 @@ out near the rates being measured and takes the CPU the receiver needs), and sto
   ``--etsy-dir`` has one): same port setup, a counting backend (bench/ingest/
   etsy_count_backend.js) adds up its ``statsd.metrics_received`` per flush; its UDP server
   is statsd's own with an 8 MiB receive buffer (bench/ingest/etsy_udp_rcvbuf.js).
+- streamgauge-run: the whole daemon, `streamgauge run` (receiver, embedded PostgreSQL, the
+  window job on Spark ``local[2]``, one tumbling 10 s window over the bench series), counted as
+  streamgauge's standalone ingest is; its CPU column is the receiver's, ``all cpu`` adds the
+  driver, the JVM, Spark's Python workers and PostgreSQL, and a line under it gives each
+  part's cores. Started once per run: the JVM takes ~20 s to start.
 - python-recvfrom: the floor the issue quotes, a plain Python ``recvfrom`` loop that only
   counts lines (no parsing, no aggregation, no log), same receive buffer.
 
@@ -36,6 +41,7 @@ script, never a timed test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -47,6 +53,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 from streamgauge.ingest.log import list_receivers, list_segments, read_segment
 from streamgauge.ingest.transports import bind_udp
@@ -175,14 +183,18 @@ class Streamgauge:
             process.send_signal(signal.SIGTERM)
         for process in processes:
             process.wait(60)
-        return sum(
-            row["count"]
-            for receiver in list_receivers(root / "spool")
-            for segment in list_segments(root / "spool", receiver)
-            for batch in read_segment(segment.path)
-            for row in batch.select(["metric", "count"]).to_pylist()
-            if row["metric"].startswith("bench.")
-        )
+        return _bench_lines_in_log(root)
+
+
+def _bench_lines_in_log(root: Path) -> int:
+    return sum(
+        row["count"]
+        for receiver in list_receivers(root / "spool")
+        for segment in list_segments(root / "spool", receiver)
+        for batch in read_segment(segment.path)
+        for row in batch.select(["metric", "count"]).to_pylist()
+        if row["metric"].startswith("bench.")
+    )
 
 
 PY_RECVFROM = r"""
@@ -211,6 +223,66 @@ while True:
     if datagrams % 4096 == 0:
         report()
 """
+
+
+class StreamgaugeRun:
+    """`streamgauge run`: what the receiver keeps when the window job and the store share the
+    machine with it."""
+
+    name = "streamgauge run"
+    sender_sockets = 1
+
+    def start(self, root: Path, port: int) -> Processes:
+        (root / "c.yaml").write_text(CONFIG)
+        command = [sys.executable, "-m", "streamgauge", "run", "--config", str(root / "c.yaml"),
+                   "--data-dir", str(root), "--listen", f"127.0.0.1:{port}",
+                   "--pg-port", str(_free_port()), "--master", "local[2]",
+                   "--max-series", "0", "--max-series-per-metric", "0"]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        run_file = root / "run.json"
+        if not _wait(run_file.exists, 240):
+            raise RuntimeError("streamgauge run did not start in 240 s")
+        info = json.loads(run_file.read_text())
+        self.stats = [root / "ingest" / "udp-0.json"]
+        _wait(lambda: all(path.exists() for path in self.stats), 30)
+        self.postmaster = int((root / "postgres" / "postmaster.pid").read_text().split()[0])
+        self.receiver_pids = [int(pid) for pid in info["ingest_pids"]]
+        return [self.process]
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds of run's process tree and of the embedded PostgreSQL's, by part."""
+        parts: dict[str, float] = {}
+        for top in (self.process.pid, self.postmaster):
+            try:
+                tree = [psutil.Process(top), *psutil.Process(top).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for proc in tree:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    times = proc.cpu_times()
+                    part = self._part(proc, top)
+                    parts[part] = parts.get(part, 0.0) + times.user + times.system
+        return parts
+
+    def _part(self, proc: psutil.Process, top: int) -> str:
+        if top == self.postmaster:
+            return "postgres"
+        if proc.pid in self.receiver_pids:
+            return "receiver"
+        if proc.pid == self.process.pid:
+            return "driver"
+        if proc.name() == "java":
+            return "jvm"
+        return "py-workers" if "pyspark" in " ".join(proc.cmdline()) else "other"
+
+    def received(self, root: Path) -> int:
+        return sum(int(json.loads(path.read_text())["lines"]) for path in self.stats)
+
+    def stop_and_count(self, processes: Processes, root: Path) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(180)
+        return _bench_lines_in_log(root)
 
 
 class PythonRecvfrom:
@@ -273,7 +345,7 @@ class EtsyStatsd:
         return now
 
 
-Daemon = Streamgauge | EtsyStatsd | PythonRecvfrom
+Daemon = Streamgauge | StreamgaugeRun | EtsyStatsd | PythonRecvfrom
 
 
 def run_once(daemon: Daemon, sender: Path, rate: int, per: int,
@@ -282,17 +354,25 @@ def run_once(daemon: Daemon, sender: Path, rate: int, per: int,
     port = _free_port()
     processes = daemon.start(root, port)
     sockets = daemon.sender_sockets if isinstance(daemon, Streamgauge) else 1
+    everything = daemon.cpu_s if isinstance(daemon, StreamgaugeRun) else None
+    # the receivers' CPU and memory: run's own process is the driver
+    pids = daemon.receiver_pids if isinstance(daemon, StreamgaugeRun) else [
+        p.pid for p in processes]
     try:
         warm, _ = send(sender, port, WARMUP_RATE, 1, series / WARMUP_RATE, series, sockets)
         _wait(lambda: daemon.received(root) >= warm, 3)
         baseline = _settled(lambda: daemon.received(root))
         drops_before = _udp_drops(port)
-        cpu_before = sum(_proc_cpu_s(p.pid) for p in processes)
+        cpu_before = sum(_proc_cpu_s(pid) for pid in pids)
+        parts_before = everything() if everything else {}
         sent, duration = send(sender, port, rate, per, seconds, series, sockets)
-        cpu = sum(_proc_cpu_s(p.pid) for p in processes) - cpu_before
+        cpu = sum(_proc_cpu_s(pid) for pid in pids) - cpu_before
+        parts = {part: seconds - parts_before.get(part, 0.0)
+                 for part, seconds in (everything() if everything else {}).items()}
+        all_cpu = sum(parts.values()) if everything else cpu
         time.sleep(0.3)
         drops = _udp_drops(port) - drops_before
-        rss = sum(_peak_rss_mb(p.pid) for p in processes)
+        rss = sum(_peak_rss_mb(pid) for pid in pids)
         counted = daemon.stop_and_count(processes, root) - baseline
     finally:
         for process in processes:
@@ -300,7 +380,8 @@ def run_once(daemon: Daemon, sender: Path, rate: int, per: int,
                 process.kill()
         shutil.rmtree(root, ignore_errors=True)
     return {"achieved": sent / duration, "loss": 1 - counted / sent,
-            "kernel_drops": drops, "cpu": cpu / duration, "rss_mb": rss}
+            "kernel_drops": drops, "cpu": cpu / duration, "all_cpu": all_cpu / duration,
+            "rss_mb": rss, **{f"cores {part}": s / duration for part, s in sorted(parts.items())}}
 
 
 def _etsy_dir(given: str | None) -> tuple[Path | None, str]:
@@ -358,23 +439,30 @@ def main() -> int:
             print(f"Etsy statsd not run: {why}")
         else:
             daemons.append(EtsyStatsd(etsy))
+    if "streamgauge-run" in wanted:
+        daemons.append(StreamgaugeRun())
     if "python-recvfrom" in wanted:
         daemons.append(PythonRecvfrom())
     print(f"medians of {args.repeat} runs of {args.seconds:g} s, {args.series} series, "
           "mixed c/ms/g/d, loopback UDP" + (", sender with UDP GSO" if args.gso else ""))
     print("daemon                  lines/dgram  target/s  achieved/s  loss     kernel_drops  cpu"
-          "    rss_mb")
+          "    all cpu  rss_mb")
     summary = []
     for per, rates in ((20, args.rates20), (1, args.rates1)):
+        if not rates:  # --rates1 "": only the other shape
+            continue
         for daemon in daemons:
             best = 0.0
             for rate in (int(r) for r in rates.split(",")):
                 runs = [run_once(daemon, sender, rate, per, args.seconds, args.series)
                         for _ in range(args.repeat)]
-                m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+                m = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]}
                 print(f"{daemon.name:<23} {per:>11}  {rate:>8}  {m['achieved']:>10.0f}  "
                       f"{m['loss']:>6.3%}  {m['kernel_drops']:>12.0f}  {m['cpu']:>5.0%}  "
-                      f"{m['rss_mb']:>6.0f}", flush=True)
+                      f"{m['all_cpu']:>7.0%}  {m['rss_mb']:>6.0f}", flush=True)
+                if isinstance(daemon, StreamgaugeRun):  # where the cores went
+                    print("    " + ", ".join(f"{k.removeprefix('cores ')} {v:.2f}"
+                                             for k, v in m.items() if k.startswith("cores ")))
                 if m["loss"] >= 0.001:
                     break
                 best = max(best, m["achieved"])

@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -321,11 +322,17 @@ def _tell_waiting_for_receiver(stream: str, holder: str) -> None:
                 stream, holder)  # fmt: skip
 
 
+def _worker_nice(args: argparse.Namespace) -> int:
+    """``--worker-nice``, or the receivers' default (``ingest/priority.py``)."""
+    from streamgauge.ingest.priority import DEFAULT_WORKER_NICE
+
+    return DEFAULT_WORKER_NICE if args.worker_nice is None else int(args.worker_nice)
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     import dataclasses
 
     from streamgauge.ingest.guard import CardinalityLimits
-    from streamgauge.ingest.priority import DEFAULT_WORKER_NICE
     from streamgauge.ingest.process import (
         IngestSettings,
         parse_byte_size,
@@ -358,7 +365,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             spool_location=_spool_location(args),
             max_skew_ms=round(args.max_skew * 1000), limits=limits, cardinality=cardinality,
             rcvbuf_bytes=args.rcvbuf or DEFAULT_RCVBUF_BYTES, unix_mode=int(args.unix_mode, 8),
-            worker_nice=DEFAULT_WORKER_NICE if args.worker_nice is None else args.worker_nice,
+            worker_nice=_worker_nice(args),
             spool_quota_bytes=parse_byte_size(args.spool_quota, "--spool-quota"),
             sketches=config.sketches, kll_k=config.kll_k,
         )
@@ -460,6 +467,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_private_json,
     )
     from streamgauge.ingest.guard import CardinalityLimits
+    from streamgauge.ingest.priority import job_nice, lower_thread_priority
     from streamgauge.ingest.process import (
         IngestChildren,
         bind_receivers,
@@ -515,7 +523,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"streamgauge run: {error}", file=sys.stderr)
         return 2
     udp = udp_address(groups[0])
-    url, server = _start_store(args, data_dir)
+    url, server = "", None
     ingest: Any = None  # IngestChildren: supervised like one Popen
     job: WindowJob | None = None
     failure: str | None = None
@@ -539,6 +547,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sockets in groups:
             for sock in sockets:
                 sock.close()  # the children own them now (and remove Unix socket files)
+        # The store and the window job can catch up from the log, a receiver cannot: they
+        # yield the cores to the receivers (priority.py). The threads and processes this one
+        # starts from here on (PostgreSQL, the JVM, Spark's workers) inherit its nice value.
+        lower_thread_priority(threading.get_native_id(), job_nice(_worker_nice(args)))
+        url, server = _start_store(args, data_dir)
         checkpoints, started_from = _job_position(args, config, data_dir)
         job = _window_job(args, config, data_dir, url, jvm_logs)
         stop.install()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import json
 import os
 import random
@@ -21,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import statsd
 
+from streamgauge.ingest.priority import DEFAULT_WORKER_NICE, job_nice
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import union_hll
@@ -156,6 +159,30 @@ def test_run_prints_where_everything_is_and_writes_run_json(daemon: Daemon) -> N
     assert f"udp {info['udp']}" in printed
     assert "spark ui" in printed
     assert info["postgres_url"].split("@")[0].split(":")[-1] not in printed  # password hidden
+
+
+def _thread_nices(pid: int) -> list[int]:
+    """The nice value of each thread of process ``pid`` (field 19 of its ``stat``)."""
+    nices = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            nices.append(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+    return nices
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_the_job_and_the_store_yield_the_cores_to_the_receivers(daemon: Daemon) -> None:
+    # A receiver that falls behind loses datagrams; the job and the store catch up from the log.
+    receiver = daemon.info["ingest_pids"][0]
+    readers = min(_thread_nices(receiver))
+    job = job_nice(DEFAULT_WORKER_NICE)
+    assert readers == 0 and job > DEFAULT_WORKER_NICE
+    assert set(_thread_nices(daemon.process.pid)) - {0} == {job}  # output forwarders stay at 0
+    postmaster = int((daemon.data_dir / "postgres" / "postmaster.pid").read_text().split()[0])
+    assert _thread_nices(postmaster) == [job]
+    jvm = [child for child in psutil.Process(daemon.process.pid).children(recursive=True)
+           if child.name() == "java"]  # fmt: skip
+    assert jvm and set(_thread_nices(jvm[0].pid)) == {job}
 
 
 def test_statsd_traffic_lands_in_final_windows_exactly(daemon: Daemon) -> None:
