@@ -56,5 +56,41 @@ def databases(names: Sequence[str], prefix: str) -> Iterator[dict[str, str]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+_SERVER = """
+import sys
+from pathlib import Path
+from streamgauge.sinks.embedded import EmbeddedPostgres
+server = EmbeddedPostgres(Path(sys.argv[2]), sync_initdb=False)
+if sys.argv[1] == "start":
+    print(server.start())
+else:
+    server.start()  # adopts the running server, then stops it
+    server.stop()
+"""
+
+
+@contextlib.contextmanager
+def clusters(checkouts: dict[str, Path], prefix: str) -> Iterator[dict[str, str]]:
+    """An embedded PostgreSQL per version, started by that version's code (so with its own
+    settings): their URLs by name. Servers and files go at the end."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    urls: dict[str, str] = {}
+    try:
+        for name, checkout in checkouts.items():
+            env = {**os.environ, "PYTHONPATH": str(checkout)}
+            # cwd too: ``python -c`` puts it first on sys.path, before PYTHONPATH
+            done = subprocess.run([sys.executable, "-c", _SERVER, "start", str(base / name)],
+                                  env=env, cwd=checkout, check=True, capture_output=True,
+                                  text=True)  # fmt: skip
+            urls[name] = done.stdout.strip().splitlines()[-1]
+        yield urls
+    finally:
+        for name in urls:
+            env = {**os.environ, "PYTHONPATH": str(checkouts[name])}
+            subprocess.run([sys.executable, "-c", _SERVER, "stop", str(base / name)], env=env,
+                           cwd=checkouts[name], check=False, capture_output=True)  # fmt: skip
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])

@@ -12,10 +12,12 @@ two list columns of the window rows), **commit**, the ``commit_batch`` call, and
 visible**, the part of it until the windows' rows commit (from schema version 15 their
 sketches commit after them; before, the whole call).
 
-Each version runs in its own process (``PYTHONPATH`` = its checkout) against its own database
-of one embedded PostgreSQL; the rounds alternate the order of the two, and each round closes
-the next window, so both stores grow alike. Printed: median and range per version over the
-rounds after the first, and the load average before and after.
+Each version runs in its own process (``PYTHONPATH`` = its checkout) against an embedded
+PostgreSQL of its own, started by its code (with its settings); the rounds alternate the
+order of the two, and each round closes the next window, so both stores grow alike. Printed:
+median and range per version over the rounds after the first, the load average before and
+after, and what each server wrote to its WAL (a page's first change after a checkpoint
+writes the whole page again: the full-page images).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from versions import alternated, databases, load_average, run_in
+from versions import alternated, clusters, load_average, run_in
 
 T0 = 1_700_000_000_000
 SIZE_MS = 10_000
@@ -110,6 +112,16 @@ def _close_window(url: str, series: int, round_: int) -> dict[str, float]:
     return {"build_s": built - began, "commit_s": done - built, "rows_s": visible - built}
 
 
+def _wal_written(url: str) -> tuple[int, int, int]:
+    """The server's WAL records, full-page images and bytes since it started."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--series", type=int, default=20_000)
@@ -129,10 +141,11 @@ def main() -> None:
         versions = {"before": args.before.resolve(), **versions}
     load_before = load_average()
     timings: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
-    with databases(list(versions), "window-close-hdr-") as urls:
+    with clusters(versions, "window-close-hdr-") as urls:
         for round_, name in alternated(list(versions), args.rounds):
             timings[name].append(run_in(versions[name], __file__, "--child", urls[name],
                                         str(args.series), str(round_)))  # fmt: skip
+        wal = {name: _wal_written(url) for name, url in urls.items()}
     print(f"window close: {args.series} timer series x {BUCKETS} buckets, embedded PostgreSQL, "
           f"{args.rounds} alternated rounds (first left out); load average "
           f"{load_before} before, {load_average()} after")  # fmt: skip
@@ -145,6 +158,9 @@ def main() -> None:
         commits = [r["commit_s"] for r in kept]
         print(f"{name:8} {build:12.3f}s {visible:12.3f}s {statistics.median(commits):13.3f}s "
               f"{min(commits):8.3f}..{max(commits):.3f}s")  # fmt: skip
+    for name, (records, full_pages, written) in wal.items():
+        print(f"{name:8} WAL over the run: {records:,} records, {full_pages:,} full-page images, "
+              f"{written / 2**20:,.0f} MB")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,6 +20,15 @@ Choices, and why:
   where each value came from, and the empty ``unix_socket_directories`` value never has to
   survive the ``/bin/sh`` quoting that ``pg_ctl -o`` goes through. PostgreSQL documents that
   external tools may edit this file while the server is stopped (``pg_basebackup -R`` does).
+* **Sized for a window close, in ``postgresql.conf``** (``_sizing_settings``): a close of 100k
+  timer windows writes ~170 MB of WAL and touches every leaf of the windows' key index.
+  With PostgreSQL's defaults (128 MB of shared buffers, a checkpoint per 1 GB of WAL) a
+  checkpoint came every minute under that load, and after each one the first change to every
+  page wrote the whole page to the WAL again: 220k full-page images in 24 closes, against 2k
+  with 1/16 of the memory (at most 1 GB) as buffers and a checkpoint per 4 GB of WAL or 15
+  minutes (``docs/performance.md``, "The store's checkpoints"). They go in ``postgresql.conf``,
+  between markers rewritten before every start, so an ``ALTER SYSTEM`` of the same key (in
+  ``postgresql.auto.conf``, read after it) wins; pg_wal may then hold up to ~4 GB.
 * **TCP on 127.0.0.1 only, no Unix socket** (``unix_socket_directories = ''``): Grafana needs
   TCP, and pytest's temporary paths are longer than the 107-byte limit of a socket path.
 * **scram-sha-256 for local and host connections**; the password is generated once with
@@ -275,6 +284,22 @@ def _auto_conf_settings(port: int) -> dict[str, str]:
     }
 
 
+def _sizing_settings(memory_bytes: int) -> dict[str, str]:
+    """Buffers and checkpoint spacing for a store that takes a window close at a time (module
+    docstring): 1/16 of the machine's memory as shared buffers, between PostgreSQL's default
+    128 MB and 1 GB."""
+    buffers_mb = min(max(memory_bytes // 16 // 2**20, 128), 1024)
+    return {
+        "shared_buffers": f"{buffers_mb}MB",
+        "max_wal_size": "4GB",
+        "checkpoint_timeout": "15min",
+    }
+
+
+def _physical_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def _quote_conf(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -341,6 +366,7 @@ class EmbeddedPostgres:
                 self._initdb(info)
             self.adopted = self._adopt_running(info)
             if not self.adopted:
+                self._write_sizing_conf()
                 self._write_auto_conf(info.port)
                 self._pg_ctl_start(info)
             self._info = info
@@ -539,6 +565,27 @@ class EmbeddedPostgres:
             "adopting the PostgreSQL server already running on %s (pid %d)", self.cluster_dir, pid
         )
         return True
+
+    def _write_sizing_conf(self) -> None:
+        """Our block of ``postgresql.conf`` (``_sizing_settings``), between its markers."""
+        path = self.cluster_dir / "postgresql.conf"
+        begin = "# streamgauge sizing: rewritten before every start (streamgauge.sinks.embedded)"
+        end = "# end of streamgauge sizing"
+        kept: list[str] = []
+        inside = False
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line == begin:
+                inside = True
+            elif line == end:
+                inside = False
+            elif not inside:
+                kept.append(line)
+        block = [f"{k} = {_quote_conf(v)}" for k, v in _sizing_settings(_physical_memory()).items()]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("\n".join([*kept, begin, *block, end]) + "\n", encoding="utf-8")
+        tmp.chmod(0o600)
+        self._chown(tmp)
+        os.replace(tmp, path)
 
     def _write_auto_conf(self, port: int) -> None:
         """Set our keys in ``postgresql.auto.conf``, keeping any other (``ALTER SYSTEM``) line."""

@@ -123,6 +123,44 @@ def test_restart_reuses_port_and_password(own: EmbeddedPostgres) -> None:
         psycopg.connect(before, connect_timeout=2)  # stop() really stopped it
 
 
+def test_sizing_is_set_on_every_start_and_alter_system_overrides_it(
+    own: EmbeddedPostgres,
+) -> None:
+    def settings(url: str) -> dict[str, tuple[int, str]]:
+        """name: (value in bytes or seconds, the file that set it)"""
+        with psycopg.connect(url) as conn:
+            rows = conn.execute(
+                "SELECT name, setting::bigint * CASE unit WHEN '8kB' THEN 8192"
+                " WHEN 'MB' THEN 1048576 ELSE 1 END, sourcefile FROM pg_settings"
+                " WHERE name IN ('shared_buffers', 'max_wal_size', 'checkpoint_timeout')"
+            ).fetchall()
+        return {name: (value, Path(source).name) for name, value, source in rows}
+
+    for _ in range(2):  # the block is replaced, not appended again
+        with EmbeddedPostgres(own.data_dir) as server:
+            found = settings(server.url)
+    assert found["max_wal_size"] == (4 * 2**30, "postgresql.conf")
+    assert found["checkpoint_timeout"] == (900, "postgresql.conf")
+    buffers, source = found["shared_buffers"]
+    assert 128 * 2**20 <= buffers <= 2**30 and source == "postgresql.conf"
+    conf = (own.cluster_dir / "postgresql.conf").read_text()
+    assert conf.count("max_wal_size = '4GB'") == 1
+    with (
+        EmbeddedPostgres(own.data_dir) as server,
+        psycopg.connect(server.url, autocommit=True) as conn,
+    ):
+        conn.execute("ALTER SYSTEM SET max_wal_size = '2GB'")
+    try:
+        with EmbeddedPostgres(own.data_dir) as server:
+            assert settings(server.url)["max_wal_size"] == (2 * 2**30, "postgresql.auto.conf")
+    finally:
+        with (
+            EmbeddedPostgres(own.data_dir) as server,
+            psycopg.connect(server.url, autocommit=True) as conn,
+        ):
+            conn.execute("ALTER SYSTEM RESET max_wal_size")
+
+
 def test_context_manager_starts_and_stops(own: EmbeddedPostgres) -> None:
     with EmbeddedPostgres(own.data_dir) as server:
         with psycopg.connect(server.url) as conn:
