@@ -27,6 +27,7 @@ from streamgauge.operator.snapshot import json_value
 if TYPE_CHECKING:  # the daemon pulls in PySpark: imported only by the commands that run it
     from streamgauge.daemon import WindowJob
     from streamgauge.operator.jvm_logs import JvmLogs
+    from streamgauge.windows.plan import WindowPlan
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 DEFAULT_DATA_DIR = "streamgauge-data"
@@ -384,30 +385,34 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window_plan(args: argparse.Namespace, config: Any, data_dir: Path) -> WindowPlan:
+    """What the job runs for ``config``: its queries over the spool (``--spool``; default
+    ``data_dir/spool``) and checkpoints under ``data_dir`` (Spark's own, on the job's host)."""
+    from streamgauge.windows.plan import JobPaths, WindowPlan
+
+    return WindowPlan.of(config, JobPaths(_spool_location(args), data_dir / "checkpoints"))
+
+
 def _window_job(
-    args: argparse.Namespace, config: Any, data_dir: Path, url: str, jvm_logs: JvmLogs | None = None
+    args: argparse.Namespace, plan: WindowPlan, url: str, jvm_logs: JvmLogs | None = None
 ) -> WindowJob:
     from streamgauge.configs import parse_duration_ms
     from streamgauge.daemon import WindowJob
     from streamgauge.ingest.process import parse_byte_size
 
     return WindowJob(
-        config, data_dir, url, master=args.master, trigger=args.trigger,
+        plan, url, master=args.master, trigger=args.trigger,
         retain_log_ms=parse_duration_ms(args.retain_log),
         retain_results_ms=parse_duration_ms(args.retain_results),
         spool_quota_bytes=parse_byte_size(getattr(args, "spool_quota", "0"), "--spool-quota"),
-        spool=_spool_location(args), jvm_logs=jvm_logs,
+        jvm_logs=jvm_logs,
     )  # fmt: skip
 
 
-def _job_position(
-    args: argparse.Namespace, config: Any, data_dir: Path
-) -> tuple[dict[str, Path], dict[str, dict[str, int]]]:
+def _job_position(plan: WindowPlan) -> tuple[dict[str, Path], dict[str, dict[str, int]]]:
     """Per window: its query's checkpoint, and the segments it has committed (per stream)."""
     from streamgauge.retention import done_sequences
-    from streamgauge.windows.plan import JobPaths, WindowPlan
 
-    plan = WindowPlan.of(config, JobPaths(_spool_location(args), data_dir / "checkpoints"))
     checkpoints = {query.window.name: query.checkpoint for query in plan.queries}
     return checkpoints, {name: done_sequences(path) or {} for name, path in checkpoints.items()}
 
@@ -439,7 +444,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     stop = StopRequested()
     url, server = _start_store(args, data_dir)
     try:
-        job = _window_job(args, config, data_dir, url)
+        job = _window_job(args, _window_plan(args, config, data_dir), url)
         stop.install()
         print(f"spark ui: {job.ui_url}", flush=True)
         failure = supervise(stop, job, ingest=None)
@@ -552,8 +557,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # starts from here on (PostgreSQL, the JVM, Spark's workers) inherit its nice value.
         lower_thread_priority(threading.get_native_id(), job_nice(_worker_nice(args)))
         url, server = _start_store(args, data_dir)
-        checkpoints, started_from = _job_position(args, config, data_dir)
-        job = _window_job(args, config, data_dir, url, jvm_logs)
+        plan = _window_plan(args, config, data_dir)
+        checkpoints, started_from = _job_position(plan)
+        job = _window_job(args, plan, url, jvm_logs)
         stop.install()
         limits = CardinalityLimits()
         info = {

@@ -20,7 +20,6 @@ from types import FrameType
 from typing import Any
 
 from streamgauge.clock import Clock, SystemClock
-from streamgauge.configs import PipelineConfig
 from streamgauge.ingest.log import SPOOL_RESCAN_MS, spool_bytes
 from streamgauge.ingest.spool_fs import resolve_spool
 from streamgauge.operator.jvm_logs import JvmLogs
@@ -29,7 +28,7 @@ from streamgauge.sinks.query_stores import QueryStores
 from streamgauge.sinks.store import ResultStore, RetryPolicy
 from streamgauge.windows.job import start_window_queries
 from streamgauge.windows.pane_writer import PaneWindowsWriter
-from streamgauge.windows.plan import JobPaths, WindowPlan
+from streamgauge.windows.plan import WindowPlan
 from streamgauge.windows.session import build_spark_session
 
 log = logging.getLogger("streamgauge")
@@ -58,21 +57,19 @@ class WindowJob:
     """The Spark half of the daemon: session, one query per window, clean shutdown."""
 
     def __init__(
-        self, config: PipelineConfig, data_dir: Path, url: str, *, master: str,
-        trigger: str, retain_log_ms: int, retain_results_ms: int, spool_quota_bytes: int = 0,
-        clock: Clock | None = None, spool: str | None = None, jvm_logs: JvmLogs | None = None,
+        self, plan: WindowPlan, url: str, *, master: str, trigger: str, retain_log_ms: int,
+        retain_results_ms: int, spool_quota_bytes: int = 0, clock: Clock | None = None,
+        jvm_logs: JvmLogs | None = None,
     ) -> None:  # fmt: skip
-        """``spool``: a directory or a ``pyarrow.fs`` URI (``--spool``); default
-        ``data_dir/spool``. Checkpoints stay under ``data_dir`` (Spark's own, on the job's
-        host). ``jvm_logs``: where Spark's and the JVM's output goes (None: the terminal)."""
+        """``plan``: the config's queries over its spool and checkpoints (the caller reads
+        the same plan for ``run.json``). ``jvm_logs``: where Spark's and the JVM's output goes
+        (None: the terminal)."""
         clock = clock or SystemClock()
         store = ResultStore(url)
         store.ensure_schema()
         store.close()
         self.spark = build_spark_session(master, jvm_logs=jvm_logs)
-        paths = JobPaths(spool=spool or data_dir / "spool", checkpoints=data_dir / "checkpoints")
-        resolve_spool(paths.spool).create()
-        plan = WindowPlan.of(config, paths)
+        resolve_spool(plan.paths.spool).create()
         self._janitor = Janitor(plan, url, retain_log_ms, retain_results_ms, clock,
                                 spool_quota_bytes)  # fmt: skip
         self._clock = clock
