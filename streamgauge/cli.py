@@ -528,7 +528,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"streamgauge run: {error}", file=sys.stderr)
         return 2
     udp = udp_address(groups[0])
-    url, server = "", None
+    url, server = _start_store(args, data_dir)
     ingest: Any = None  # IngestChildren: supervised like one Popen
     job: WindowJob | None = None
     failure: str | None = None
@@ -552,11 +552,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sockets in groups:
             for sock in sockets:
                 sock.close()  # the children own them now (and remove Unix socket files)
-        # The store and the window job can catch up from the log, a receiver cannot: they
-        # yield the cores to the receivers (priority.py). The threads and processes this one
-        # starts from here on (PostgreSQL, the JVM, Spark's workers) inherit its nice value.
+        # The window job can catch up from the log, a receiver cannot: it yields the cores
+        # to the receivers (priority.py). The threads and processes this one starts from
+        # here on (the JVM, Spark's workers) inherit its nice value; the store, started
+        # before, keeps serving its readers (dashboards, alerts) at theirs.
         lower_thread_priority(threading.get_native_id(), job_nice(_worker_nice(args)))
-        url, server = _start_store(args, data_dir)
         plan = _window_plan(args, config, data_dir)
         checkpoints, started_from = _job_position(plan)
         job = _window_job(args, plan, url, jvm_logs)

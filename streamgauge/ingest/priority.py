@@ -15,10 +15,10 @@ take the core from them, and those losses all but vanish (``bench/ingest.py`` at
 datagram).
 
 The same holds between processes in ``streamgauge run``: the window job (the driver, its JVM
-and Python workers) and the embedded PostgreSQL read the segment log, which keeps what they
-have not read yet, so when they fall behind they catch up (``docs/architecture.md`` D7); a
-receiver that falls behind loses datagrams for good. ``run`` therefore starts its receivers
-first and then runs the rest ``JOB_NICE_ABOVE_WORKERS`` steps below the receivers' workers.
+and Python workers) reads the segment log, which keeps what it has not read yet, so when it
+falls behind it catches up (``docs/architecture.md`` D7, D8); a receiver that falls behind
+loses datagrams for good. ``run`` therefore starts its receivers first and then runs the job
+``JOB_NICE_ABOVE_WORKERS`` steps below the receivers' workers.
 
 Linux only: there ``setpriority(PRIO_PROCESS, tid)`` sets one thread's nice value (elsewhere
 it would renice a process with that number). Raising a nice value needs no privilege;
@@ -40,13 +40,13 @@ DEFAULT_WORKER_NICE = 8
 MAX_NICE = 19
 
 
-#: How much lower than a receiver's loop and writer ``run`` puts the window job and the store.
+#: How much lower than a receiver's loop and writer ``run`` puts the window job.
 JOB_NICE_ABOVE_WORKERS = 5
 
 
 def job_nice(worker_nice: int) -> int:
-    """The nice steps ``run`` lowers the window job and the store by, for receivers whose
-    workers run ``worker_nice`` below their readers."""
+    """The nice steps ``run`` lowers the window job by, for receivers whose workers run
+    ``worker_nice`` below their readers."""
     return min(MAX_NICE, worker_nice + JOB_NICE_ABOVE_WORKERS)
 
 
