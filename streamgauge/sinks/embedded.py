@@ -581,11 +581,7 @@ class EmbeddedPostgres:
             elif not inside:
                 kept.append(line)
         block = [f"{k} = {_quote_conf(v)}" for k, v in _sizing_settings(_physical_memory()).items()]
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("\n".join([*kept, begin, *block, end]) + "\n", encoding="utf-8")
-        tmp.chmod(0o600)
-        self._chown(tmp)
-        os.replace(tmp, path)
+        self._replace_conf(path, [*kept, begin, *block, end])
 
     def _write_auto_conf(self, port: int) -> None:
         """Set our keys in ``postgresql.auto.conf``, keeping any other (``ALTER SYSTEM``) line."""
@@ -600,6 +596,11 @@ class EmbeddedPostgres:
                     lines.append(line)
         lines.append(marker)
         lines += [f"{k} = {_quote_conf(v)}" for k, v in ours.items()]
+        self._replace_conf(path, lines)
+
+    def _replace_conf(self, path: Path, lines: list[str]) -> None:
+        """``path`` holding ``lines``, replaced whole (a start never reads half a file), private
+        to the server's user."""
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
         tmp.chmod(0o600)
