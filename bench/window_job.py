@@ -11,11 +11,12 @@ values, sets an HLL of 20 members), with the receiver's heartbeat. The real wind
 (Spark ``local[2]``, the embedded PostgreSQL) processes it. Printed, over the measured span
 (after ``--warmup``):
 
-- partial rows/s taken (the rows the job's batches read, over the span) against the rows
-  offered, and micro-batch duration (the window writer's ``foreachBatch``);
+- partial rows/s taken (the rows the job's batches read, between the ends of the first and
+  the last batch that published windows: whole window periods) against the rows the writer
+  wrote in the same span, and micro-batch duration (the window writer's ``foreachBatch``);
 - freshness: from the moment the segment whose heartbeat moves the watermark past a window's
   end is written, to the commit of the transaction that made the window's row visible
-  (``track_commit_timestamp``, polled every 100 ms);
+  (``track_commit_timestamp`` of a few series' rows, polled every 100 ms by their key);
 - sustained: the job took ≥ 97 % of the offered rows and freshness did not grow from the
   first half of the windows to the second;
 - CPU: cores used by this process and its children (the driver's JVM, Python workers,
@@ -143,6 +144,7 @@ class Writer(threading.Thread):
         self.seconds = seconds
         self.sessions = sessions
         self.heartbeats: list[tuple[int, int]] = []  # (heartbeat ms, wall ms when written)
+        self.written: list[tuple[int, int]] = []  # (wall ms when written, rows)
 
     def run(self) -> None:
         for _ in range(self.seconds):
@@ -153,18 +155,21 @@ class Writer(threading.Thread):
                 panes = panes.filter(pa.array(phase < SESSION_ON_S))
             self.writer.append(moved_to_pane(panes, now - now % 1000), Heartbeat(now, False))
             self.heartbeats.append((now, time.time_ns() // 1_000_000))
+            self.written.append((self.heartbeats[-1][1], panes.num_rows))
             time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
 
 
 class Batches:
-    """The window writer's batches: (wall ms at the start, seconds, rows read)."""
+    """The window writer's batches: (wall ms at the start, seconds, rows read, windows
+    published)."""
 
-    done: list[tuple[int, float, int]] = []
+    done: list[tuple[int, float, int, int]] = []
     _rows = threading.local()
 
     @classmethod
     def install(cls) -> None:
         read = pane_writer.read_partials
+        rows_of = pane_writer.to_result_rows
         call = pane_writer.PaneWindowsWriter.__call__
 
         def counted(*args: Any) -> pa.Table:
@@ -172,22 +177,53 @@ class Batches:
             cls._rows.value = table.num_rows
             return table
 
+        def published(changed: pa.Table, *args: Any, **kwargs: Any) -> pa.Table:
+            cls._rows.published += changed.num_rows
+            return rows_of(changed, *args, **kwargs)
+
         def timed(self: Any, batch: Any, batch_id: int) -> None:
             wall, started = time.time_ns() // 1_000_000, time.perf_counter()
-            cls._rows.value = 0
+            cls._rows.value = cls._rows.published = 0
             call(self, batch, batch_id)
-            cls.done.append((wall, time.perf_counter() - started, cls._rows.value))
+            cls.done.append(
+                (wall, time.perf_counter() - started, cls._rows.value, cls._rows.published)
+            )
 
         pane_writer.read_partials = counted  # type: ignore[assignment]
+        pane_writer.to_result_rows = published  # type: ignore[assignment]
         pane_writer.PaneWindowsWriter.__call__ = timed  # type: ignore[method-assign]
+
+    @classmethod
+    def taken_and_offered(cls, measured_from_ms: int, written: list[tuple[int, int]]
+                          ) -> tuple[float, float]:  # fmt: skip
+        """Rows per second the job took and the writer wrote, between the ends of the first
+        and the last measured batch that published windows: whole window periods, so a close
+        that takes seconds counts the same at both ends (a span ending inside one would
+        undercount), and what was offered in the same span (the writer shares the process,
+        and may write late)."""
+        batches = [b for b in cls.done if b[0] >= measured_from_ms]
+        ends = [i for i, b in enumerate(batches) if b[3]]
+        first, last = (ends[0], ends[-1]) if len(ends) > 1 else (0, len(batches) - 1)
+        if last <= first:
+            return 0.0, 0.0
+        start_ms = batches[first][0] + batches[first][1] * 1000
+        end_ms = batches[last][0] + batches[last][1] * 1000
+        span_s = (end_ms - start_ms) / 1000
+        if span_s <= 0:
+            return 0.0, 0.0
+        taken = sum(b[2] for b in batches[first + 1 : last + 1])
+        offered = sum(rows for wall, rows in written if start_ms < wall <= end_ms)
+        return taken / span_s, offered / span_s
 
 
 def freshness(
-    url: str, writer: Writer, delay_ms: int, measured_from_ms: int
+    url: str, writer: Writer, delay_ms: int, measured_from_ms: int, probes: dict[str, list[str]]
 ) -> tuple[list[float], list[float]]:
     """Seconds from the watermark passing each window's end to the commit of its row, and to
     the commit of its sketches (the same where the row holds them: before schema version 15,
-    or a counter's window)."""
+    or a counter's window). Read from the commit timestamps of the rows of ``probes`` (per
+    table, a few series spread over the load): by the key's index, so the poll costs the job
+    next to nothing (a scan of every window's rows ten times a second would take a core)."""
     seen: dict[str, dict[int, int]] = {"rows": {}, "sketches": {}}
     newest = {"rows": 0, "sketches": 0}
     with psycopg.connect(url, autocommit=True) as poll:
@@ -196,11 +232,15 @@ def freshness(
             else {"rows": "window_results", "sketches": "window_results"}  # fmt: skip
         while writer.is_alive():
             for what, table in tables.items():
+                if not probes[what]:
+                    continue
                 rows = poll.execute(
                     "select (extract(epoch from window_end) * 1000)::bigint, "
                     "(extract(epoch from min(pg_xact_commit_timestamp(xmin))) * 1000)::bigint "
-                    f"from {table} where window_end > to_timestamp({newest[what]} / 1000.0) "
-                    "group by 1"
+                    f"from {table} where config_name = 'bench' and window_name = 'w' "
+                    "and metric = any(%s) "
+                    "and window_end > to_timestamp(%s / 1000.0) group by 1",
+                    (probes[what], newest[what]),
                 ).fetchall()  # fmt: skip
                 now = time.time_ns() // 1_000_000
                 for end, committed in rows:
@@ -214,6 +254,24 @@ def freshness(
             if passed and passed[0] >= measured_from_ms:
                 lags[what].append((at - passed[0]) / 1000)
     return lags["rows"], lags["sketches"]
+
+
+SKETCHED_TYPES = ("ms", "h", "d", "s")
+PROBES_PER_TYPE = 16
+
+
+def probe_series(types: dict[str, int]) -> dict[str, list[str]]:
+    """The series whose rows ``freshness`` reads, per table: a few of every type, spread over
+    its series (``Writer``'s names; sessions are staggered by series)."""
+    per_type = {
+        t: [f"bench.{t}{i}" for i in range(0, n, max(1, n // PROBES_PER_TYPE))][:PROBES_PER_TYPE]
+        for t, n in types.items() if n
+    }  # fmt: skip
+    return {
+        "rows": [name for names in per_type.values() for name in names],
+        "sketches": [name for t, names in per_type.items() if t in SKETCHED_TYPES
+                     for name in names],  # fmt: skip
+    }
 
 
 def cpu_seconds() -> float:
@@ -257,7 +315,7 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         spool.mkdir()
         queries = start_window_queries(
             spark, *_plan(config, spool, root / "checkpoints"), lambda: ResultStore(url),
-            SystemClock(), trigger_interval=args.trigger,
+            SystemClock(), **({} if args.trigger is None else {"trigger_interval": args.trigger}),
         )  # fmt: skip
         types = parse_types(args.types, args.series)
         writer = Writer(spool, types, args.seconds, sessions=args.kind == "session")
@@ -266,7 +324,8 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.warmup)
         cpu_from = cpu_seconds()
         lags, sketch_lags = freshness(
-            url, writer, config.windows[0].watermark_delay_ms, measured_from
+            url, writer, config.windows[0].watermark_delay_ms, measured_from,
+            probe_series(types),
         )
         cpu = cpu_seconds() - cpu_from
         span_s = (time.time_ns() // 1_000_000 - measured_from) / 1000
@@ -275,16 +334,13 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         for query in queries:
             query.stop()
         spark.stop()
-        batches = [(wall, s, rows) for wall, s, rows in Batches.done if wall >= measured_from]
-        taken = sum(rows for _, _, rows in batches[1:])
-        batch_span = (batches[-1][0] + batches[-1][1] * 1000 - batches[0][0]
-                      - batches[0][1] * 1000) / 1000 if len(batches) > 1 else 0.0  # fmt: skip
+        batches = [b for b in Batches.done if b[0] >= measured_from]
         half = len(lags) // 2
-        share = SESSION_ON_S / SESSION_CYCLE_S if args.kind == "session" else 1.0
+        taken, offered = Batches.taken_and_offered(measured_from, writer.written)
         result = {
-            "offered": sum(types.values()) * share,
-            "taken": taken / batch_span if batch_span else 0.0,
-            "batch_s": [s for _, s, _ in batches],
+            "offered": offered,
+            "taken": taken,
+            "batch_s": [b[1] for b in batches],
             "freshness_s": lags,
             "sketch_freshness_s": sketch_lags,
             "cores": cpu / max(span_s, 1e-9),
@@ -311,7 +367,7 @@ def run_previous(revision: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [
         sys.executable, "windows.py", "--series", str(args.series), "--type", metric_type,
         "--seconds", str(args.seconds), "--warmup", str(args.warmup), "--kind", args.kind,
-        "--size", args.size, "--hop", args.hop, "--trigger", args.trigger,
+        "--size", args.size, "--hop", args.hop, "--trigger", args.trigger or "0.5 seconds",
     ]  # fmt: skip
     if metric_type == "c" and args.kind == "tumbling":
         command += ["--sets", "separate"]
@@ -381,7 +437,7 @@ def print_result(label: str, r: dict[str, Any]) -> None:
     batch_fig = f"{_p(batch, 50)} / {_p(batch, 99)}" if batch else previous or "n/a"
     cores = f"{r['cores']:.2f}" if "cores" in r else "n/a"
     print(f"{label:<10} sustained {str(r['sustained']):<5} taken {r['taken']:>9,.0f}/s of "
-          f"{r['offered']:,}  batch p50/p99 {batch_fig:<12} freshness p50/p99 "
+          f"{r['offered']:,.0f}  batch p50/p99 {batch_fig:<12} freshness p50/p99 "
           f"{_p(r['freshness_s'], 50)} / {_p(r['freshness_s'], 99)} s  ({len(r['freshness_s'])} "
           f"windows)  cores {cores}  load {r['load']:.1f}")  # fmt: skip
     sketches = r.get("sketch_freshness_s")
@@ -400,7 +456,8 @@ def main() -> None:
     parser.add_argument("--kind", choices=sorted(WINDOWS), default="tumbling")
     parser.add_argument("--size", default="10s")
     parser.add_argument("--hop", default="5s")
-    parser.add_argument("--trigger", default="0.5 seconds")
+    parser.add_argument("--trigger", help="the job's trigger interval (default: each version's "
+                        "own)")  # fmt: skip
     parser.add_argument("--compare", metavar="REV", help="alternate with REV's bench/windows.py")
     parser.add_argument("--before", type=Path, metavar="CHECKOUT",
                         help="alternate with this bench run on CHECKOUT's code (PYTHONPATH)")
@@ -417,7 +474,7 @@ def main() -> None:
         else:
             print(f"window job: {args.kind} {args.size}, {args.series} series of {args.types} "
                   f"at 1 s panes, {args.seconds} s ({args.warmup} s warm-up left out), "
-                  f"local[2], trigger {args.trigger}")  # fmt: skip
+                  f"local[2], trigger {args.trigger or 'as each version sets it'}")  # fmt: skip
             print_result("this code", result)
         return
     if len(parse_types(args.types, args.series)) != 1:

@@ -10,9 +10,12 @@ carry a t-digest and HDR buckets of 10 values), read back from a spool and stepp
 window's logic object (``pane_writer.window_logic``) with the watermark one pane behind, for
 ``--batches`` seconds; the first 10 are left out (numba's cache, the first windows). Timed per
 batch: **read** (``batch_log.read_partials``), **step** (``logic.step``: placing the partials
-in their panes, merging, the windows to publish) and **rows** (the result rows with their HDR
-buckets). Printed per version: the medians of batches that publish nothing ("plain") and of
-those that close windows ("closing"), and the load average before and after.
+in their panes, merging, the windows to publish), **rows** (the result rows with their HDR
+buckets), **encode** (the sketches' serialised forms, made once the rows are stored:
+``Windows.encodings``; a version that encodes within the step shows 0) and **to rows**
+(read + step + rows: what a closing batch's rows wait for before the store). Printed per
+version: the medians of batches that publish nothing ("plain") and of those that close
+windows ("closing"), and the load average before and after.
 ``--before CHECKOUT``: another checkout's code (``git worktree add /tmp/sg-base REV``).
 """
 
@@ -77,14 +80,19 @@ def _steps(series: int, types: str, kind: str, size: str, hop: str, batches: int
         read = time.perf_counter()
         step = logic.step(partials, pane)
         stepped = time.perf_counter()
-        rows = to_result_rows(step.publish.table, config, window, revision=second + 1,
-                              watermark_ms=pane, emitted_at_ms=pane)  # fmt: skip
+        values = getattr(step.publish, "values", None)  # None: encoded within the step
+        rows = to_result_rows(step.publish.table if values is None else values, config,
+                              window, revision=second + 1, watermark_ms=pane,
+                              emitted_at_ms=pane)  # fmt: skip
         with_hdr_buckets(rows, step.publish.hdr, layout)
         done = time.perf_counter()
+        if values is not None:
+            step.publish.encodings  # noqa: B018 (made when first asked for)
+        encoded = time.perf_counter()
         start = end
         if second >= LEFT_OUT:
-            which = "closing" if step.publish.table.num_rows else "plain"
-            timed[which].append([read - began, stepped - read, done - stepped])
+            which = "closing" if step.publish.num_rows else "plain"
+            timed[which].append([read - began, stepped - read, done - stepped, encoded - done])
     return timed
 
 
@@ -122,12 +130,14 @@ def main() -> None:
           f"{args.types}, 1 s panes, {args.batches} batches ({LEFT_OUT} left out) x "
           f"{args.rounds} alternated rounds; load average {load_before} before, "
           f"{load_average()} after")  # fmt: skip
-    print(f"{'':10} {'batches':>12} {'read':>8} {'step':>8} {'rows':>8}  (medians, s)")
+    print(f"{'':10} {'batches':>12} {'read':>8} {'step':>8} {'rows':>8} {'encode':>8}"
+          f" {'to rows':>8}  (medians, s)")  # fmt: skip
     for name, kinds in timed.items():
         for which, batches in kinds.items():
             if not batches:
                 continue
-            medians = [statistics.median(b[i] for b in batches) for i in range(3)]
+            medians = [statistics.median(b[i] for b in batches) for i in range(4)]
+            medians.append(statistics.median(sum(b[:3]) for b in batches))
             print(f"{name:10} {which:>8} {len(batches):3d} "
                   + " ".join(f"{m:8.3f}" for m in medians))
 

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import pgpq
 import pgpq.encoders
 import pgpq.schema
@@ -902,6 +903,7 @@ class ResultStore:
         late_query_name: str | None = None,
         early_every: Mapping[tuple[str, str], int] = _NO_STATE,
         fresh: pa.Table | None = None,
+        fresh_encodings: Callable[[], pa.Table] | None = None,
     ) -> BatchOutcome:
         """Write one micro-batch atomically; a no-op if ``(query_name, batch_id)`` was committed.
 
@@ -930,6 +932,10 @@ class ResultStore:
         first time, each past the batch's watermark, inserted as they are (``_insert_fresh``).
         If one is stored after all they take the general upsert, and the outcome's
         ``fresh_stored_until_ms`` says up to where the window's rows are stored.
+        ``fresh_encodings``: the fresh windows' sketch encodings (``with_encodings``), asked
+        for only once their rows are committed, for the second transaction (``fresh`` then
+        carries none): encoding a closing batch's sketches takes about as long as storing its
+        rows, and the rows need not wait for it.
         """
         table = _with_hll_registers(_conform(results))
         retracted_rows = None if retractions is None else _conform(retractions, RETRACTION_SCHEMA)
@@ -1011,7 +1017,9 @@ class ResultStore:
         outcome = self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
         self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
         self._recorded = collections.Counter()
-        if fresh_rows is not None and fresh_rows.num_rows:
+        if fresh is not None and fresh_rows is not None and fresh_rows.num_rows:
+            if fresh_encodings is not None:
+                fresh_rows = _with_hll_registers(_conform(with_encodings(fresh, fresh_encodings())))
             self._commit_fresh_sketches(query_name, batch_id, fresh_rows, lock_name)
         return outcome
 
@@ -1486,19 +1494,28 @@ def _with_hll_registers(table: pa.Table) -> pa.Table:
     """``table`` (``RESULT_SCHEMA``) plus ``hll_registers``: the dense register array of every
     set row's sketch, NULL for other rows and for sets without one. A set sketch that is not an
     HLL image raises ``ValueError`` (before any I/O): it would fail ``hll_union_agg`` too."""
-    types = table.column("metric_type").to_pylist()
-    sketches = table.column("sketch").to_pylist()
-    registers: list[bytes | None] = []
-    for i, (metric_type, sketch) in enumerate(zip(types, sketches, strict=True)):
-        if metric_type != "s" or sketch is None:
-            registers.append(None)
-            continue
-        try:
-            registers.append(hll_registers(sketch).tobytes())
-        except ValueError as exc:
-            raise ValueError(f"results row {i}: the set's sketch is unreadable: {exc}") from exc
+    registers: list[bytes | None] = [None] * table.num_rows
+    sketch = table.column("sketch")
+    is_set = pc.and_(pc.equal(table.column("metric_type"), "s"), pc.is_valid(sketch))
+    rows = np.flatnonzero(np.asarray(pc.fill_null(is_set, False).to_numpy(zero_copy_only=False)))
+    if rows.size:
+        sketches = sketch.take(pa.array(rows, pa.int64())).to_pylist()
+        for i, sketch in zip(rows.tolist(), sketches, strict=True):
+            try:
+                registers[i] = hll_registers(sketch).tobytes()
+            except ValueError as exc:
+                raise ValueError(f"results row {i}: the set's sketch is unreadable: {exc}") from exc
     column = pa.array(registers, pa.binary())
     return table.append_column(_STAGED_SCHEMA.field("hll_registers"), column)
+
+
+def with_encodings(rows: pa.Table, encodings: pa.Table) -> pa.Table:
+    """``rows`` (``RESULT_SCHEMA``) with the columns of ``encodings`` (some of ``sketch``,
+    ``hdr_histogram``; row ``i``'s for row ``i``) in place of their own."""
+    for name in encodings.column_names:
+        at = rows.schema.get_field_index(name)
+        rows = rows.set_column(at, encodings.schema.field(name), encodings.column(name))
+    return rows
 
 
 def run_sql(

@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.sketches import digest_columns as dc
-from streamgauge.sketches import hdr_columns as hc
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.windows.assign import PaneAssigner
 from streamgauge.windows.window_rows import (
@@ -190,8 +189,7 @@ class OpenWindows:
             return self._build.none()
         if len(parts) == 1:
             return parts[0]
-        return Windows(pa.concat_tables([p.table for p in parts]),
-                       hc.concat([p.hdr for p in parts]))  # fmt: skip
+        return Windows.concat(parts)
 
     def evict(self, final_before_ms: int) -> None:
         """Forget the panes whose every window is final (ends at or before

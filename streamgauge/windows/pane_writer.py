@@ -19,7 +19,7 @@ not final at its watermark; decision D4).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from streamgauge.clock import Clock
 from streamgauge.configs import WindowSpec
-from streamgauge.sinks.store import Finalization, ResultStore
+from streamgauge.sinks.store import Finalization, ResultStore, with_encodings
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.windows.batch_log import batch_offsets, partials_since, read_partials
@@ -132,11 +132,11 @@ class PaneWindowsWriter:
         step = logic.step(partials, watermark)
         config, window = self._config, self._window
         rows = to_result_rows(
-            step.publish.table, config, window, revision=revision, watermark_ms=watermark,
+            step.publish.values, config, window, revision=revision, watermark_ms=watermark,
             emitted_at_ms=self._clock.now_ms(),
         )  # fmt: skip
         rows = with_hdr_buckets(rows, step.publish.hdr, self._layout)
-        rows, fresh = self._split_fresh(rows, previous, watermark)
+        rows, fresh, fresh_encodings = self._split_fresh(rows, step.publish, previous, watermark)
         every_stream_closed = bool(end) and all(p.get("closed") for p in end.values())
         retractions = None
         if step.retracted is not None and step.retracted.num_rows:
@@ -176,7 +176,8 @@ class PaneWindowsWriter:
             self.name, batch_id, rows, finalizations, revision=revision, state=state,
             lock_name=self.name, hold_after={key: watermark or NO_WATERMARK_MS},
             late=late, late_query_name=self._late_name,
-            early_every=early, fresh=fresh, retractions=retractions,
+            early_every=early, fresh=fresh, fresh_encodings=fresh_encodings,
+            retractions=retractions,
         )  # fmt: skip
         self._logic = logic
         self._last_revision = revision
@@ -214,30 +215,34 @@ class PaneWindowsWriter:
             return None
         config, window = self._config, self._window
         rows = to_result_rows(
-            windows.table, config, window, revision=revision, watermark_ms=watermark,
+            windows.values, config, window, revision=revision, watermark_ms=watermark,
             emitted_at_ms=self._clock.now_ms(),
         )  # fmt: skip
-        return with_hdr_buckets(rows, windows.hdr, self._layout)
+        return with_hdr_buckets(with_encodings(rows, windows.encodings), windows.hdr, self._layout)
 
     def _split_fresh(
-        self, rows: pa.Table, previous: int | None, watermark: int | None
-    ) -> tuple[pa.Table, pa.Table | None]:
-        """The rows for the store's upsert, and the windows published for the first time
-        (their end passed by this batch's watermark, not the previous one's), which the store
-        copies straight into ``window_results`` (``commit_batch(fresh=...)``): at 100k series
-        most of a batch that closes a window. A window with ``early_every`` has rows stored
-        before its end, so all of its rows take the upsert."""
+        self, rows: pa.Table, windows: Windows, previous: int | None, watermark: int | None
+    ) -> tuple[pa.Table, pa.Table | None, Callable[[], pa.Table] | None]:
+        """``rows`` (``windows``' values as result rows) split: the rows for the store's
+        upsert, with their encodings; the windows published for the first time (their end
+        passed by this batch's watermark, not the previous one's), which the store copies
+        straight into ``window_results`` (``commit_batch(fresh=...)``): at 100k series most
+        of a batch that closes a window; and their encodings, made only once the store asks
+        for them (after their rows are committed). A window with ``early_every`` has rows
+        stored before its end, so all of its rows take the upsert."""
         if watermark is None or self._window.early_every_ms is not None or not rows.num_rows:
-            return rows, None
+            return with_encodings(rows, windows.encodings), None, None
         ends = rows.column("window_end_ms")
         first = pc.less_equal(ends, watermark)
         if previous is not None:
             first = pc.and_(first, pc.greater(ends, previous))
         if pc.all(first).as_py():  # a closing batch: no copy of 100k rows and sketches
-            return rows.slice(0, 0), rows
+            return rows.slice(0, 0), rows, lambda: windows.encodings
         if not pc.any(first).as_py():
-            return rows, None
-        return rows.filter(pc.invert(first)), rows.filter(first)
+            return with_encodings(rows, windows.encodings), None, None
+        again = pc.invert(first)
+        upsert = with_encodings(rows.filter(again), windows.encodings.filter(again))
+        return upsert, rows.filter(first), lambda: windows.encodings.filter(first)
 
     def _rebuilt(self, start: dict[str, dict[str, Any]], committed: int | None) -> WindowLogic:
         """The open windows as of the batch before this one (the logic's ``rebuild``)."""

@@ -11,6 +11,7 @@ rows (``WINDOW_SCHEMA``) in one pass for all series.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -232,17 +233,58 @@ class Partials:
         )  # fmt: skip
 
 
-@dataclass(frozen=True)
+ENCODING_COLUMNS = ("sketch", "hdr_histogram")
+"""The columns of ``WINDOW_SCHEMA`` that serialise a window's sketches (``Windows.encodings``)."""
+VALUE_SCHEMA = pa.schema([f for f in WINDOW_SCHEMA if f.name not in ENCODING_COLUMNS])
+"""``WINDOW_SCHEMA`` without the encodings: what a reader sees as the window's values."""
+
+
 class Windows:
     """Windows made of panes: one row per (series, window), in ``WINDOW_SCHEMA``, and their
-    HDR buckets (row ``i``'s in ``hdr``)."""
+    HDR buckets (row ``i``'s in ``hdr``).
 
-    table: pa.Table
-    hdr: hc.HdrColumns
+    The values (``values``: counts, sums, quantiles, distinct counts) are made at once; the
+    sketches' serialised forms (``encodings``: the t-digest's DataSketches bytes, the
+    HdrHistogram V2 encoding) when first asked for. A closing batch stores its windows' rows
+    before their sketches (``store.commit_batch``'s ``fresh_encodings``), and encoding 100k
+    timer windows takes most of the batch's step: the rows need not wait for it.
+    """
+
+    def __init__(
+        self, values: pa.Table, hdr: hc.HdrColumns, encode: Callable[[], pa.Table]
+    ) -> None:
+        self.values = values
+        """``VALUE_SCHEMA``."""
+        self.hdr = hdr
+        self._encode = encode
+        self._encodings: pa.Table | None = None
 
     @property
     def num_rows(self) -> int:
-        return int(self.table.num_rows)
+        return int(self.values.num_rows)
+
+    @property
+    def encodings(self) -> pa.Table:
+        """``ENCODING_COLUMNS``, row ``i``'s for row ``i`` of ``values``; made once."""
+        if self._encodings is None:
+            self._encodings = self._encode()
+        return self._encodings
+
+    @property
+    def table(self) -> pa.Table:
+        """``WINDOW_SCHEMA``: the values with their encodings."""
+        table = self.values
+        for name in ENCODING_COLUMNS:
+            table = table.append_column(WINDOW_SCHEMA.field(name), self.encodings.column(name))
+        return table.select(WINDOW_SCHEMA.names)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Windows]) -> Windows:
+        """``parts``' rows in order, still encoded only when asked."""
+        return cls(
+            pa.concat_tables([p.values for p in parts]), hc.concat([p.hdr for p in parts]),
+            lambda: pa.concat_tables([p.encodings for p in parts]),
+        )  # fmt: skip
 
 
 class WindowBuilder:
@@ -318,9 +360,8 @@ class WindowBuilder:
         types = np.array(_TYPES + ("",), dtype=object)[merged.type_code]
         is_sketched = np.isin(types, _SKETCHED)
         quantile_values = dc.quantiles(merged.digests, QUANTILES)
-        blobs = dc.to_serialized(merged.digests)
         has_digest = is_sketched & (merged.digests.sizes > 0)
-        table = pa.table(
+        values = pa.table(
             {
                 "metric": self.series.metric.take(take),
                 "tags": self.series.tags.take(take),
@@ -338,11 +379,16 @@ class WindowBuilder:
                     for i, name in enumerate(QUANTILE_COLUMNS)
                 },  # fmt: skip
                 "distinct_count": self._distinct_counts(hll),
-                "sketch": _where(has_digest, blobs, hll),
-                "hdr_histogram": self._encoded(merged.hdr, is_sketched),
             }
         )
-        return Windows(table, merged.hdr)
+
+        def encode() -> pa.Table:
+            return pa.table({
+                "sketch": _where(has_digest, dc.to_serialized(merged.digests), hll),
+                "hdr_histogram": self._encoded(merged.hdr, is_sketched),
+            })  # fmt: skip
+
+        return Windows(values, merged.hdr, encode)
 
     def union_hll(self, owners: list[IntArray], images: list[pa.Array], n: int) -> pa.Array:
         """Per owner, the union of its sets' HLL images (NULL: no set image)."""
@@ -372,7 +418,10 @@ class WindowBuilder:
 
     @staticmethod
     def none() -> Windows:
-        return Windows(WINDOW_SCHEMA.empty_table(), hc.HdrColumns.empty(0))
+        return Windows(
+            VALUE_SCHEMA.empty_table(), hc.HdrColumns.empty(0),
+            lambda: WINDOW_SCHEMA.empty_table().select(list(ENCODING_COLUMNS)),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1017,6 +1017,46 @@ def test_fresh_windows_rows_commit_before_their_sketches_and_a_rerun_writes_thos
     assert counts == [(3, 2)]
 
 
+def test_fresh_encodings_are_made_once_the_rows_are_visible(
+    store: ResultStore, clean_store: str
+) -> None:
+    """``commit_batch(fresh_encodings=...)``: the fresh windows' rows carry no encodings; the
+    store asks for them only after the rows' transaction committed (a reader already sees the
+    rows, and no sketch yet), and stores them, a set's registers derived from its image, with
+    their rows."""
+    from streamgauge.sketches.hll import build_hll, serialize_hll
+
+    image = serialize_hll(build_hll(["u1", "u2", "u3"]))
+    fresh = table(
+        window(0),
+        window(1, metric="users", metric_type="s", sum=None, min=None, max=None, last=None,
+               p50=None, p90=None, p99=None, distinct_count=3.0),
+        window(2, metric="requests", metric_type="c"),
+    )  # fmt: skip
+    seen_when_asked: list[Any] = []
+
+    def encodings() -> pa.Table:
+        seen_when_asked.extend(run_sql(
+            clean_store, "SELECT metric, sketch IS NULL FROM window_results ORDER BY 1")[1])
+        return pa.table({
+            "sketch": pa.array([b"\x01digest", image, None], pa.binary()),
+            "hdr_histogram": pa.array(["HISTFAAAAB", None, None], pa.string()),
+        })  # fmt: skip
+
+    store.commit_batch("q", 0, table(), [], revision=2, fresh=fresh, fresh_encodings=encodings)
+    assert seen_when_asked == [("api.latency", True), ("requests", True), ("users", True)]
+    _, rows = run_sql(
+        clean_store,
+        "SELECT metric, sketch, hdr_histogram, hll_registers IS NOT NULL, distinct_count"
+        " FROM window_results ORDER BY 1",
+    )
+    assert rows == [
+        ("api.latency", b"\x01digest", "HISTFAAAAB", False, None),
+        ("requests", None, None, False, None),
+        ("users", image, None, True, 3.0),
+    ]
+
+
 def test_a_retracted_or_pruned_window_takes_its_sketches_with_it(
     store: ResultStore, clean_store: str
 ) -> None:
