@@ -101,7 +101,7 @@ def build_parser(*, grafana: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--postgres-url", help="use this PostgreSQL instead of the embedded one")
     run.add_argument("--pg-port", type=int, help="TCP port of the embedded PostgreSQL")
     run.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
-    run.add_argument("--trigger", default="0.5 seconds", help="micro-batch interval")
+    run.add_argument("--trigger", help=_TRIGGER_HELP)
     run.add_argument("--status-every", type=float, metavar="SECONDS",
                      help="how often the status line is drawn (default 1 on a terminal, where "
                      "it is redrawn in place; 30 otherwise, as a line of its own)")
@@ -130,7 +130,7 @@ def build_parser(*, grafana: bool = True) -> argparse.ArgumentParser:
     process.add_argument("--postgres-url")
     process.add_argument("--pg-port", type=int)
     process.add_argument("--master", default=DEFAULT_MASTER)
-    process.add_argument("--trigger", default="0.5 seconds")
+    process.add_argument("--trigger", help=_TRIGGER_HELP)
     retention_flags(process)
     spool_quota_flag(process)  # its janitor frees committed segments for the receivers' quota
     spool_flag(process)
@@ -385,6 +385,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+_TRIGGER_HELP = (
+    "how often the window job looks for new segments (default: 0.1 seconds); a batch runs "
+    "only when it changes what a reader sees"
+)
+
+
 def _window_plan(args: argparse.Namespace, config: Any, data_dir: Path) -> WindowPlan:
     """What the job runs for ``config``: its queries over the spool (``--spool``; default
     ``data_dir/spool``) and checkpoints under ``data_dir`` (Spark's own, on the job's host)."""
@@ -399,9 +405,10 @@ def _window_job(
     from streamgauge.configs import parse_duration_ms
     from streamgauge.daemon import WindowJob
     from streamgauge.ingest.process import parse_byte_size
+    from streamgauge.windows.plan import TRIGGER_INTERVAL
 
     return WindowJob(
-        plan, url, master=args.master, trigger=args.trigger,
+        plan, url, master=args.master, trigger=args.trigger or TRIGGER_INTERVAL,
         retain_log_ms=parse_duration_ms(args.retain_log),
         retain_results_ms=parse_duration_ms(args.retain_results),
         spool_quota_bytes=parse_byte_size(getattr(args, "spool_quota", "0"), "--spool-quota"),

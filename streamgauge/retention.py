@@ -71,9 +71,10 @@ def offset_sequences(offsets: Path) -> dict[str, int]:
 
 
 #: A file in a quiet query's checkpoint (``windows.source.QuietLane``): per receiver, the last
-#: segment whose footer it read and found nothing in to do, without running a batch, in the
-#: offsets' shape. Not a commit: retention keeps those segments (the query's next batch reads
-#: them); ``segment_lag_ms`` counts them as done, so an idle lane is not lag.
+#: segment whose footer it read and found nothing in to do yet (idle, or no batch due),
+#: without running a batch, in the offsets' shape. Not a commit: retention keeps those
+#: segments (the query's next batch reads them); ``segment_lag_ms`` and ``status`` count them
+#: as done, so a lane waiting by design is not lag.
 PASSED_OVER_FILE = "passed_over"
 
 

@@ -113,17 +113,20 @@ class SegmentContents:
     metric_types: frozenset[str]
     #: The smallest and largest ``pane_start_ms`` of its rows; None: no rows (heartbeat only).
     pane_range_ms: tuple[int, int] | None
+    #: How many rows; None: not said (a segment written before the footer carried it).
+    rows: int | None = None
 
 
 def contents_of(batch: pa.RecordBatch | pa.Table) -> SegmentContents:
     """What ``batch`` (segment rows) holds: its metric types and the range of its panes."""
     if batch.num_rows == 0:
-        return SegmentContents(frozenset(), None)
+        return SegmentContents(frozenset(), None, 0)
     types = pc.unique(batch.column("metric_type")).to_pylist()
     panes = pc.min_max(batch.column("pane_start_ms")).as_py()
     return SegmentContents(
-        frozenset(t for t in types if t is not None), (int(panes["min"]), int(panes["max"]))
-    )
+        frozenset(t for t in types if t is not None), (int(panes["min"]), int(panes["max"])),
+        batch.num_rows,
+    )  # fmt: skip
 
 
 def _contents_metadata(contents: SegmentContents) -> dict[bytes, bytes]:
@@ -131,6 +134,7 @@ def _contents_metadata(contents: SegmentContents) -> dict[bytes, bytes]:
     return {
         b"metric_types": ",".join(sorted(contents.metric_types)).encode(),
         b"pane_range_ms": b"" if panes is None else f"{panes[0]},{panes[1]}".encode(),
+        **({} if contents.rows is None else {b"rows": str(contents.rows).encode()}),
     }
 
 
@@ -277,9 +281,11 @@ def read_contents(segment: SegmentInfo | Path) -> tuple[SegmentContents, Heartbe
             types = metadata[b"metric_types"].decode()
             panes = metadata.get(b"pane_range_ms", b"").decode()
             low, _, high = panes.partition(",")
+            rows = metadata.get(b"rows")
             return SegmentContents(
                 frozenset(types.split(",")) if types else frozenset(),
                 (int(low), int(high)) if panes else None,
+                None if rows is None else int(rows),
             ), heartbeat
         # Every column is mapped; locally only the pages contents_of touches are read, but
         # from an object store the whole segment is fetched (once: the source keeps the answer).

@@ -51,7 +51,7 @@ from streamgauge.sinks.store import (
     ResultStore,
 )
 from streamgauge.windows.pane_writer import PaneWindowsWriter
-from streamgauge.windows.plan import QueryPlan, WindowPlan
+from streamgauge.windows.plan import TRIGGER_INTERVAL, QueryPlan, WindowPlan
 from streamgauge.windows.results import REVISION_BASE_FILE as REVISION_BASE_FILE
 from streamgauge.windows.results import LateRowsOrigin as LateRowsOrigin
 from streamgauge.windows.results import revision_base as revision_base
@@ -390,7 +390,7 @@ def start_window_queries(
     store_factory: Callable[[], ResultStore],
     clock: Clock,
     *,
-    trigger_interval: str | None = "0.5 seconds",
+    trigger_interval: str | None = TRIGGER_INTERVAL,
     pane_writers: list[PaneWindowsWriter] | None = None,
 ) -> list[StreamingQuery]:
     """Start the streaming query of every window of ``plan``; all share the session.
@@ -418,12 +418,16 @@ def start_window_queries(
         pane_writer = PaneWindowsWriter(plan, query, store_factory(), clock)
         if pane_writers is not None:
             pane_writers.append(pane_writer)
-        # While no segment has rows and every window seen is final, no batch runs (live
-        # only: availableNow takes the whole log).
+        # A batch runs only when it changes what a reader sees or its rows have piled up
+        # (live only: availableNow takes the whole log).
         quiet = None
         if trigger_interval is not None and query.quiet_span_ms is not None:
-            quiet = QuietLane(query.quiet_span_ms,
-                              passed_over=str(query.checkpoint / PASSED_OVER_FILE))  # fmt: skip
+            window = query.window
+            quiet = QuietLane(
+                query.quiet_span_ms, passed_over=str(query.checkpoint / PASSED_OVER_FILE),
+                boundaries_ms=query.boundaries_ms, delay_ms=window.watermark_delay_ms,
+                lateness_ms=window.allowed_lateness_ms,
+            )  # fmt: skip
         source = _read_spool(spark, plan, query.name, quiet)
         queries.append(_start(source, query.name, query.checkpoint, pane_writer,
                               trigger_interval, output_mode="append"))  # fmt: skip

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,6 +30,12 @@ LANE_LAYOUT = 4
 """Bumped when a query's shape changes, so a checkpoint of an older shape is not resumed (see
 checkpoint_dir). 4: every window but ``quantiles: kll`` is one stateless query whose driver
 holds the open windows (``pane_writer``)."""
+
+
+TRIGGER_INTERVAL = "0.1 seconds"
+"""How often a live query asks the log for new segments. A batch runs only when its source
+admits some (``source.QuietLane``: when the batch changes what a reader sees), so this sets how
+soon a due batch starts, not how many run; asking costs a listing of the new segments."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,20 @@ def quiet_span_ms(config: PipelineConfig, window: WindowSpec) -> int:
     return config.pane_ms + reach_ms + window.watermark_delay_ms + window.allowed_lateness_ms
 
 
+def boundaries_ms(config: PipelineConfig, window: WindowSpec) -> tuple[int, int]:
+    """``(stride, phase)``: the window's results change only when its watermark crosses
+    ``phase + k * stride`` (a window's end, or an ``early_every`` tick), or that plus
+    ``allowed_lateness`` (a window becomes final), or when a straggler revises one: what a
+    driver-lane query waits for between batches (``source.QuietLane``). Tumbling and hopping
+    windows end on a lattice of their hop (offset by ``offset``) and tick on one of their
+    ``early_every``; a session or sliding window may end at any pane."""
+    if window.kind in ("session", "sliding"):
+        return config.pane_ms, 0
+    assert window.size_ms is not None
+    stride = math.gcd(window.hop_ms or window.size_ms, window.size_ms, window.early_every_ms or 0)
+    return stride, (window.offset_ms or 0) % stride
+
+
 @dataclass(frozen=True)
 class QueryPlan:
     """One window's streaming query."""
@@ -90,6 +111,8 @@ class QueryPlan:
     lane: Literal["driver", "kll"]
     #: ``quiet_span_ms`` (the driver's lane; the kll lane runs a batch per segment).
     quiet_span_ms: int | None
+    #: ``boundaries_ms`` (the driver's lane).
+    boundaries_ms: tuple[int, int] | None = None
 
     @property
     def late_name(self) -> str:
@@ -113,6 +136,7 @@ class WindowPlan:
                 window, query_name(config, window), checkpoint_dir(paths, config, window),
                 "kll" if window.uses_kll else "driver",
                 None if window.uses_kll else quiet_span_ms(config, window),
+                None if window.uses_kll else boundaries_ms(config, window),
             )
             for window in config.windows
         )  # fmt: skip

@@ -19,16 +19,21 @@ windows:
   - {name: s10, kind: sliding, size: 10s, watermark_delay: 1s, allowed_lateness: 2s}
   - {name: sess, kind: session, gap: 3s, key: user, watermark_delay: 1s, allowed_lateness: 2s}
   - {name: k10, kind: tumbling, size: 10s, quantiles: kll}
+  - {name: e60, kind: tumbling, size: 60s, offset: 15s, early_every: 20s, watermark_delay: 2s,
+     allowed_lateness: 0s}
 """
 
 #   window  lane      idle span = pane + reach + delay + lateness (reach: size; session: gap;
 #                     sliding: size + a pane; kll: none, a batch per segment)
+#                                                           boundaries (stride, phase): where
+#                     the watermark changes the results (ends, early ticks; any pane)
 EXPECTED = {
-    "t10": ("driver", 1_000 + 10_000 + 1_000 + 2_000),
-    "h10": ("driver", 1_000 + 10_000 + 1_000 + 2_000),
-    "s10": ("driver", 1_000 + 11_000 + 1_000 + 2_000),
-    "sess": ("driver", 1_000 + 3_000 + 1_000 + 2_000),
-    "k10": ("kll", None),
+    "t10": ("driver", 1_000 + 10_000 + 1_000 + 2_000, (10_000, 0)),
+    "h10": ("driver", 1_000 + 10_000 + 1_000 + 2_000, (5_000, 0)),
+    "s10": ("driver", 1_000 + 11_000 + 1_000 + 2_000, (1_000, 0)),
+    "sess": ("driver", 1_000 + 3_000 + 1_000 + 2_000, (1_000, 0)),
+    "k10": ("kll", None, None),
+    "e60": ("driver", 1_000 + 60_000 + 2_000 + 0, (20_000, 15_000)),
 }
 
 
@@ -41,7 +46,7 @@ def plan(tmp_path: Path) -> WindowPlan:
 @pytest.mark.parametrize("window", EXPECTED)
 def test_each_window_is_one_query_on_its_lane(plan: WindowPlan, window: str) -> None:
     query = plan.query(window)
-    assert (query.lane, query.quiet_span_ms) == EXPECTED[window]
+    assert (query.lane, query.quiet_span_ms, query.boundaries_ms) == EXPECTED[window]
     assert (query.name, query.late_name) == (f"shop.{window}", f"shop.{window}.late")
     assert query.checkpoint.parent == plan.paths.checkpoints / "shop"
     assert query.checkpoint.name.startswith(f"{window}-")

@@ -25,6 +25,7 @@ from streamgauge.ingest.log import (
 from streamgauge.ingest.spool_fs import LocalSpool
 from streamgauge.windows.source import (
     CATCH_UP_SPAN_MS,
+    ROWS_PER_BATCH,
     UNKNOWN_ROWS_AHEAD_MS,
     QuietLane,
     SpoolBatchReader,
@@ -204,9 +205,9 @@ def test_a_segment_footer_says_which_rows_it_holds_even_from_before_it_said_so(
         batch = pa.RecordBatch.from_pylist(rows, schema=SEGMENT_SCHEMA)
         infos.append(writer.append(batch, Heartbeat(beat * 1000, False)))
     contents = [read_contents(info)[0] for info in infos]
-    assert contents[0] == SegmentContents(frozenset({"c", "g"}), (8_000, 9_000))
-    assert contents[1] == SegmentContents(frozenset({"ms", "c"}), (12_000, 19_000))
-    assert contents[2] == SegmentContents(frozenset(), None)
+    assert contents[0] == SegmentContents(frozenset({"c", "g"}), (8_000, 9_000), 2)
+    assert contents[1] == SegmentContents(frozenset({"ms", "c"}), (12_000, 19_000), 2)
+    assert contents[2] == SegmentContents(frozenset(), None, 0)
     assert read_contents(infos[0])[1] == Heartbeat(10_000, False)
     with_rows = {beat for _, beat, _ in _read_all(tmp_path)}
     assert with_rows == {
@@ -281,6 +282,42 @@ def test_a_quiet_lane_runs_a_batch_only_when_it_has_something_to_do(tmp_path: Pa
     assert (noted["seq"], noted["heartbeat_ms"]) == (89, 90_000)
     assert step(91)  # 30 s after the batch at 61 s
     assert step(92, ("s", 91))  # a row: a batch at once, though idle 1 s
+
+
+def test_a_busy_lane_waits_for_a_batch_that_changes_what_a_reader_sees(tmp_path: Path) -> None:
+    """A query of a tumbling 10 s window (``watermark_delay`` 1 s, ``allowed_lateness`` 2 s:
+    boundaries every 10 s) over a receiver writing a segment every 250 ms, each with a row of
+    the pane it is in. Its windows stay open, yet the rows wait in the log until a batch
+    changes what a reader sees: the watermark passes a window's end (heartbeat 11 s, 21 s)
+    or its finality (13 s, 23 s); a row that may revise a published window; or
+    ``ROWS_PER_BATCH`` rows waiting."""
+    (tmp_path / "spool").mkdir()
+    writer = SegmentWriter(tmp_path / "spool", "udp-0", fsync=False)
+    quiet = QuietLane(span_ms=14_000, every_ms=30_000, passed_over=str(tmp_path / "passed_over"),
+                      boundaries_ms=(10_000, 0), delay_ms=1_000, lateness_ms=2_000)  # fmt: skip
+    assert QuietLane.from_options(quiet.options()) == quiet
+    spark = _Spark(tmp_path / "spool", quiet)
+    batches = []
+    for quarter in range(16, 100):  # heartbeats 4 s to 24.75 s
+        beat = quarter / 4
+        _segment(writer, beat, ("c", float(int(beat - 0.25))))
+        if spark.trigger():
+            batches.append(beat)
+    assert batches == [4.0, 11.0, 13.0, 21.0, 23.0]
+    # The rows waiting are noted as passed over: the lane is not behind (segment_lag_ms).
+    noted = json.loads((tmp_path / "passed_over").read_text())["receivers"]["udp-0"]
+    assert (noted["seq"], noted["heartbeat_ms"]) == (83, 24_750)
+    _segment(writer, 25.0, ("c", 24.0))
+    assert not spark.trigger()
+    _segment(writer, 25.25, ("c", 15.0))  # a straggler for [10, 20), published at 21 s
+    assert spark.trigger()
+    rows = ROWS_PER_BATCH // 3 + 1
+    many = pa.RecordBatch.from_pylist([_partial("c", 25)] * rows, schema=SEGMENT_SCHEMA)
+    waited = []
+    for beat in (25.5, 25.75, 26.0):
+        writer.append(many, Heartbeat(int(beat * 1000), False))
+        waited.append(spark.trigger())
+    assert waited == [False, False, True]  # 3 x (ROWS_PER_BATCH / 3 + 1) rows waiting
 
 
 def test_a_restarted_quiet_lane_without_a_bound_in_its_offset_waits_the_longest_a_row_may(
