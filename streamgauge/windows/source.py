@@ -103,9 +103,10 @@ wait in the log, read from their footers, until a batch would change a result:
 - ``ROWS_PER_BATCH`` rows wait (the closing batch merges them too), or ``every_ms`` of
   heartbeat came, or every receiver has stopped.
 
-A busy quickstart window of 1 minute, fed a few rows a minute by the receivers' own metrics,
-runs about four batches a minute instead of one a second; a window at 100k series takes
-every segment, as before.
+A quickstart window of 1 minute, kept open by the receivers' own metrics (a few rows a
+minute), runs a batch at its ends and finalities and one per ``every_ms``, not one per
+segment; a window at 100k series takes every segment (each holds ``ROWS_PER_BATCH`` rows
+and more), as before.
 
 Whether a batch runs never changes what it computes: Spark logs each batch's offsets before
 running it, a replayed batch reads the same segments, and a segment skipped now is read by

@@ -246,8 +246,8 @@ class Windows:
     The values (``values``: counts, sums, quantiles, distinct counts) are made at once; the
     sketches' serialised forms (``encodings``: the t-digest's DataSketches bytes, the
     HdrHistogram V2 encoding) when first asked for. A closing batch stores its windows' rows
-    before their sketches (``store.commit_batch``'s ``fresh_encodings``), and encoding 100k
-    timer windows takes most of the batch's step: the rows need not wait for it.
+    before their sketches (``store.commit_batch``'s ``fresh_encodings``), and encoding timer
+    windows is about half of a closing batch's step: the rows need not wait for it.
     """
 
     def __init__(
