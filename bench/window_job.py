@@ -4,6 +4,7 @@
     .venv/bin/python bench/window_job.py --series 100000 --types c:40,ms:40,g:10,s:10
     .venv/bin/python bench/window_job.py --series 100000 --types ms --compare e1f16d3 --pairs 2
     .venv/bin/python bench/window_job.py --kind session --series 10000 --types ms --compare e1f16d3
+    .venv/bin/python bench/window_job.py --series 100000 --types ms --minute-window --before DIR
 
 A writer thread appends one segment per second to a live spool, holding one pane partial per
 active series (what ingest writes at 1 s panes: timers carry a t-digest and HDR buckets of 10
@@ -73,6 +74,10 @@ WINDOWS = {
     "session": "{name: w, kind: session, gap: 3s, key: user, watermark_delay: 1s, "
     "allowed_lateness: 2s}",
 }
+MINUTE_WINDOW = ("{name: m, kind: tumbling, size: 1m, watermark_delay: 2s, "
+                 "allowed_lateness: 30s}")
+"""``--minute-window``: the quickstart's ``per_1m`` beside the measured window ``w``, over the
+same metrics: what a config's second window costs."""
 SESSION_ON_S, SESSION_CYCLE_S = 5, 10
 """With ``--kind session`` a series sends in 5 seconds of every 10 (staggered by series), so
 its sessions close (gap 3 s) and new ones open all the time."""
@@ -159,12 +164,19 @@ class Writer(threading.Thread):
             time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
 
 
+class _Counts(threading.local):
+    """Per thread (a query's batches run on a thread of their own): rows read and published."""
+
+    value = 0
+    published = 0
+
+
 class Batches:
     """The window writer's batches: (wall ms at the start, seconds, rows read, windows
     published)."""
 
     done: list[tuple[int, float, int, int]] = []
-    _rows = threading.local()
+    _rows = _Counts()
 
     @classmethod
     def install(cls) -> None:
@@ -182,6 +194,9 @@ class Batches:
             return rows_of(changed, *args, **kwargs)
 
         def timed(self: Any, batch: Any, batch_id: int) -> None:
+            if getattr(self, "name", "bench.w") != "bench.w":
+                call(self, batch, batch_id)  # the minute window's query
+                return
             wall, started = time.time_ns() // 1_000_000, time.perf_counter()
             cls._rows.value = cls._rows.published = 0
             call(self, batch, batch_id)
@@ -217,43 +232,46 @@ class Batches:
 
 
 def freshness(
-    url: str, writer: Writer, delay_ms: int, measured_from_ms: int, probes: dict[str, list[str]]
-) -> tuple[list[float], list[float]]:
-    """Seconds from the watermark passing each window's end to the commit of its row, and to
-    the commit of its sketches (the same where the row holds them: before schema version 15,
-    or a counter's window). Read from the commit timestamps of the rows of ``probes`` (per
-    table, a few series spread over the load): by the key's index, so the poll costs the job
-    next to nothing (a scan of every window's rows ten times a second would take a core)."""
-    seen: dict[str, dict[int, int]] = {"rows": {}, "sketches": {}}
-    newest = {"rows": 0, "sketches": 0}
+    url: str, writer: Writer, delays_ms: dict[str, int], measured_from_ms: int,
+    probes: dict[str, list[str]],
+) -> dict[str, dict[str, list[float]]]:
+    """Per window (``delays_ms``: name → its ``watermark_delay``), seconds from the watermark
+    passing each window's end to the commit of its row (``rows``), and to the commit of its
+    sketches (``sketches``; the same where the row holds them: before schema version 15, or a
+    counter's window). Read from the commit timestamps of the rows of ``probes`` (per table,
+    a few series spread over the load): by the key's index, so the poll costs the job next to
+    nothing (a scan of every window's rows ten times a second would take a core)."""
+    seen = {(w, what): {} for w in delays_ms for what in ("rows", "sketches")}
+    newest = dict.fromkeys(seen, 0)
     with psycopg.connect(url, autocommit=True) as poll:
         split = poll.execute("select to_regclass('window_sketches') is not null").fetchone()
         tables = {"rows": "window_rows", "sketches": "window_sketches"} if split and split[0] \
             else {"rows": "window_results", "sketches": "window_results"}  # fmt: skip
         while writer.is_alive():
-            for what, table in tables.items():
+            for (window, what), ends in seen.items():
                 if not probes[what]:
                     continue
                 rows = poll.execute(
                     "select (extract(epoch from window_end) * 1000)::bigint, "
                     "(extract(epoch from min(pg_xact_commit_timestamp(xmin))) * 1000)::bigint "
-                    f"from {table} where config_name = 'bench' and window_name = 'w' "
+                    f"from {tables[what]} where config_name = 'bench' and window_name = %s "
                     "and metric = any(%s) "
                     "and window_end > to_timestamp(%s / 1000.0) group by 1",
-                    (probes[what], newest[what]),
+                    (window, probes[what], newest[(window, what)]),
                 ).fetchall()  # fmt: skip
                 now = time.time_ns() // 1_000_000
                 for end, committed in rows:
-                    seen[what].setdefault(int(end), now if committed is None else int(committed))
-                    newest[what] = max(newest[what], int(end))
+                    ends.setdefault(int(end), now if committed is None else int(committed))
+                    newest[(window, what)] = max(newest[(window, what)], int(end))
             time.sleep(0.1)
-    lags: dict[str, list[float]] = {"rows": [], "sketches": []}
-    for what, ends in seen.items():
+    lags: dict[str, dict[str, list[float]]] = {w: {"rows": [], "sketches": []} for w in delays_ms}
+    for (window, what), ends in seen.items():
         for end, at in sorted(ends.items()):
-            passed = [wall for beat, wall in writer.heartbeats if beat - delay_ms >= end]
+            passed = [wall for beat, wall in writer.heartbeats
+                      if beat - delays_ms[window] >= end]  # fmt: skip
             if passed and passed[0] >= measured_from_ms:
-                lags[what].append((at - passed[0]) / 1000)
-    return lags["rows"], lags["sketches"]
+                lags[window][what].append((at - passed[0]) / 1000)
+    return lags
 
 
 SKETCHED_TYPES = ("ms", "h", "d", "s")
@@ -308,7 +326,8 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
     try:
         ResultStore(url).ensure_schema()
         shape = WINDOWS[args.kind].replace("SIZE", args.size).replace("HOP", args.hop)
-        config = parse_config(f"name: bench\npane: 1s\nwindows: [{shape}]\n", "bench")
+        shapes = f"{shape}, {MINUTE_WINDOW}" if args.minute_window else shape
+        config = parse_config(f"name: bench\npane: 1s\nwindows: [{shapes}]\n", "bench")
         Batches.install()
         spark = build_spark_session("local[2]", app_name="bench-window-job")
         spool = root / "spool"
@@ -323,10 +342,11 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         writer.start()
         time.sleep(args.warmup)
         cpu_from = cpu_seconds()
-        lags, sketch_lags = freshness(
-            url, writer, config.windows[0].watermark_delay_ms, measured_from,
+        measured = freshness(
+            url, writer, {w.name: w.watermark_delay_ms for w in config.windows}, measured_from,
             probe_series(types),
         )
+        lags, sketch_lags = measured["w"]["rows"], measured["w"]["sketches"]
         cpu = cpu_seconds() - cpu_from
         span_s = (time.time_ns() // 1_000_000 - measured_from) / 1000
         load = os.getloadavg()
@@ -343,6 +363,7 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
             "batch_s": [b[1] for b in batches],
             "freshness_s": lags,
             "sketch_freshness_s": sketch_lags,
+            "minute_freshness_s": measured.get("m", {}).get("rows", []),
             "cores": cpu / max(span_s, 1e-9),
             "load": load[0],
             "failed": failed,
@@ -401,7 +422,8 @@ def run_this_bench(
     alternation's own), on ``tree``'s code (``PYTHONPATH``; None: this checkout's)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--json",
                *[a for a in sys.argv[1:] if a not in options]]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
+    # Always a PYTHONPATH: the installed package may be another checkout's (editable).
+    env = {**os.environ, "PYTHONPATH": str(tree or HERE.parent)}
     out = subprocess.run(command, capture_output=True, text=True, env=env).stdout
     line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
     return json.loads(line[7:]) if line else {
@@ -411,7 +433,8 @@ def run_this_bench(
 
 def print_alternated(args: argparse.Namespace, other: str,
                      rows: list[tuple[str, dict[str, Any]]]) -> None:  # fmt: skip
-    print(f"window job: {args.kind} {args.size}, {args.series} series of {args.types} at 1 s "
+    print(f"window job: {args.kind} {args.size}{' + 1 m' if args.minute_window else ''}, "
+          f"{args.series} series of {args.types} at 1 s "
           f"panes, {args.seconds} s ({args.warmup} s warm-up left out), local[2], alternated "
           f"{other} / this code, {args.pairs} pair(s)")  # fmt: skip
     for label, result in rows:
@@ -443,6 +466,11 @@ def print_result(label: str, r: dict[str, Any]) -> None:
     sketches = r.get("sketch_freshness_s")
     if sketches:
         print(f"{'':<10} sketches visible p50/p99 {_p(sketches, 50)} / {_p(sketches, 99)} s")
+    minute = r.get("minute_freshness_s")
+    if minute:
+        print(f"{'':<10} 1 m window: rows visible {', '.join(f'{v:.2f}' for v in minute)} s")
+    if r.get("failed"):
+        print(f"{'':<10} failed: {r['failed'][0][:200]}")
 
 
 def main() -> None:
@@ -456,6 +484,9 @@ def main() -> None:
     parser.add_argument("--kind", choices=sorted(WINDOWS), default="tumbling")
     parser.add_argument("--size", default="10s")
     parser.add_argument("--hop", default="5s")
+    parser.add_argument("--minute-window", action="store_true",
+                        help="a second window beside the measured one: tumbling 1 m, delay 2 s, "
+                        "lateness 30 s (the quickstart's per_1m)")  # fmt: skip
     parser.add_argument("--trigger", help="the job's trigger interval (default: each version's "
                         "own)")  # fmt: skip
     parser.add_argument("--compare", metavar="REV", help="alternate with REV's bench/windows.py")
@@ -472,7 +503,8 @@ def main() -> None:
         if args.json:
             print("RESULT " + json.dumps(result))
         else:
-            print(f"window job: {args.kind} {args.size}, {args.series} series of {args.types} "
+            print(f"window job: {args.kind} {args.size}{' + 1 m' if args.minute_window else ''}, "
+                  f"{args.series} series of {args.types} "
                   f"at 1 s panes, {args.seconds} s ({args.warmup} s warm-up left out), "
                   f"local[2], trigger {args.trigger or 'as each version sets it'}")  # fmt: skip
             print_result("this code", result)

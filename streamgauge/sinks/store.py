@@ -746,12 +746,12 @@ class LateRowsReread:
     heartbeat of the segment before its own, so the rows with ``closed_by >= H`` come from
     segments read again and go; rows from segments already pruned stay.
 
-    A session or sliding window records late rows from two queries (the window's and its
-    ``.late`` one), both on a new checkpoint at once: ``generation`` names the pair, and only
-    the first of them to start forgets (the second would delete what the first recorded).
+    ``generation`` names the checkpoint (Spark's id of it: a directory deleted and made
+    again is a new one): its rows are forgotten once, so a first batch that runs again does
+    not delete what the first run recorded.
     """
 
-    generation: str  # the window checkpoint's directory name: new with every definition
+    generation: str  # ``results.checkpoint_generation``: new with every checkpoint
     first_heartbeats: Mapping[str, int]  # per receiver (``log.first_heartbeats``)
     lock_name: str  # the lock the window's late batches take (``commit_batch``'s lock_name)
 

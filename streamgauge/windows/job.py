@@ -405,10 +405,10 @@ def start_window_queries(
     for query in plan.queries:
         if query.lane == "kll":
             # Its late rows ride in its one query (kll_lane_with_late_rows), recorded under
-            # the checkpoint's generation (LateRowsOrigin).
+            # its checkpoint (results.checkpoint_generation).
             writer = KllBatchWriter(
                 plan.config, query, store_factory(), clock,
-                late_rows=LateRowsOrigin(plan.paths.spool, query.checkpoint.name),
+                late_rows=LateRowsOrigin(plan.paths.spool),
             )  # fmt: skip
             log = _read_spool(spark, plan, query.name)
             changes = kll_lane_with_late_rows(log, query.window, plan.sketches.kll_k)

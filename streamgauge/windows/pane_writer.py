@@ -107,7 +107,7 @@ class PaneWindowsWriter:
         if self._revision_base is None:
             self._revision_base = revision_base(
                 self._checkpoint, self._store, self._config, self._window, [self.name],
-                late_rows=LateRowsOrigin(self._spool, self._checkpoint.name),
+                late_rows=LateRowsOrigin(self._spool),
             )  # fmt: skip
         return self._revision_base + batch_id + 1
 

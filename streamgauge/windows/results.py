@@ -34,11 +34,20 @@ REVISION_BASE_FILE = "streamgauge-revision-base.json"
 
 @dataclass(frozen=True)
 class LateRowsOrigin:
-    """What a writer that records a window's late rows reads them from: the spool, and the
-    generation of the window's checkpoints that records them (``store.LateRowsReread``)."""
+    """What a writer that records a window's late rows reads them from: the spool
+    (``store.LateRowsReread``)."""
 
     spool: SpoolLike
-    generation: str
+
+
+def checkpoint_generation(checkpoint: Path) -> str:
+    """What the late rows a checkpoint records again are named by (``LateRowsReread``):
+    Spark's id of the checkpoint, new whenever its directory is made again (a changed
+    definition, or the directory deleted), unlike the directory's name."""
+    metadata = checkpoint / "metadata"
+    if metadata.exists():
+        return str(json.loads(metadata.read_text())["id"])
+    return checkpoint.name
 
 
 def revision_base(
@@ -69,7 +78,8 @@ def revision_base(
         reread = None
         if late_rows is not None:
             reread = LateRowsReread(
-                late_rows.generation, first_heartbeats(late_rows.spool), query_name(config, window)
+                checkpoint_generation(checkpoint), first_heartbeats(late_rows.spool),
+                query_name(config, window),
             )
         base = store.start_checkpoint(config.name, window.name, query_names, late_reread=reread)
     checkpoint.mkdir(parents=True, exist_ok=True)

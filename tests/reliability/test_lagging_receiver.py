@@ -110,7 +110,8 @@ def test_watermark_follows_the_lagging_receiver_and_no_window_closes_early(
     for earlier in finals:  # a final window never changes afterwards
         for key, row in earlier.items():
             assert row == expected[key], key
-    offsets = sorted((tmp_path / "checkpoints" / "lagging").glob("per_2s-*/offsets/*"))
+    offsets = sorted((tmp_path / "checkpoints" / "lagging").glob("per_2s-*/offsets/*"),
+                     key=lambda p: int(p.name))
     last = json.loads(offsets[-1].read_text().splitlines()[-1])["receivers"]
     assert {name: position["closed"] for name, position in last.items()} == {
         "fast": True, "slow": True,

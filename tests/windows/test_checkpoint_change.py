@@ -8,6 +8,7 @@ rows must carry revisions above the stored ones (or lose the keep-the-highest up
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -207,3 +208,32 @@ def _values(url: str) -> dict[tuple[str, int], tuple[str, int, float | None, boo
             for m, start, kind, count, distinct, final, revision in rows}  # fmt: skip
 
 
+
+
+def test_a_deleted_checkpoint_records_each_late_partial_once(
+    spark: SparkSession, tmp_path: Path, clean_store: str
+) -> None:
+    """A checkpoint deleted and made again under the same name (the same definition) reads
+    the retained log again and records its late partials again: the rows recorded before
+    from those segments are replaced, not kept beside the new ones (``store.LateRowsReread``,
+    named by Spark's id of the checkpoint, not its directory's name)."""
+    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
+    _counter_segment(paths.spool, (0,), 1_000, USER_U1)
+    _counter_segment(paths.spool, (7_000,), 8_000, USER_U1)
+    # 1.5 s is late in its own session [1 s, 6 s); 3 s reaches the final [0 s, 5 s).
+    _counter_segment(paths.spool, (1_500, 3_000), 8_500, USER_U1)
+    _counter_segment(paths.spool, (), 20_000, USER_U1)
+    config = parse_config(SESSION.format(delay="1s"), "upgrade")
+
+    def late_rows() -> list[tuple[int, int]]:
+        return run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
+                       " - %s, count from late_events order by 1", [T0])[1]  # fmt: skip
+
+    run_job_once(spark, config, paths, clean_store, ManualClock(T0))
+    assert late_rows() == [(0, 1), (1_000, 1)]
+    shutil.rmtree(paths.checkpoints)
+    run_job_once(spark, config, paths, clean_store, ManualClock(T0))
+    assert late_rows() == [(0, 1), (1_000, 1)]
+    _, counted = run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
+                         " - %s, late_events from window_results order by 1", [T0])  # fmt: skip
+    assert counted == [(0, 1), (7_000, 0)]

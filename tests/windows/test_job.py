@@ -103,5 +103,6 @@ def test_partials_become_windows_revised_by_stragglers_and_finalised_by_heartbea
         " and key like 'watermark%' order by 1"
     )  # one query of the window, every type: one watermark
     assert state == [("watermark_ms:per_2s", T0 + 5_000)]
-    offsets = sorted((tmp_path / "checkpoints" / "jobtest").glob("per_2s-*/offsets/*"))
+    offsets = sorted((tmp_path / "checkpoints" / "jobtest").glob("per_2s-*/offsets/*"),
+                     key=lambda p: int(p.name))
     assert json.loads(offsets[-1].read_text().splitlines()[-1])["receivers"]["udp-0"]["closed"]
