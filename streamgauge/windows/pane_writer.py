@@ -42,7 +42,7 @@ from streamgauge.windows.results import (
 )
 from streamgauge.windows.session_logic import SessionWindowLogic
 from streamgauge.windows.sliding_logic import SlidingWindowLogic
-from streamgauge.windows.source import receivers_heartbeat_ms
+from streamgauge.windows.source import every_receiver_closed, receivers_heartbeat_ms
 from streamgauge.windows.window_rows import Windows
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class PaneWindowsWriter:
         )  # fmt: skip
         rows = with_hdr_buckets(rows, step.publish.hdr, self._layout)
         rows, fresh, fresh_encodings = self._split_fresh(rows, step.publish, previous, watermark)
-        every_stream_closed = bool(end) and all(p.get("closed") for p in end.values())
+        every_stream_closed = every_receiver_closed(end)
         retractions = None
         if step.retracted is not None and step.retracted.num_rows:
             n = step.retracted.num_rows

@@ -364,7 +364,7 @@ class SpoolStreamReader(DataSourceStreamReader):
             end == whole  # keeping up: a catch-up batch always runs
             and taken is not None
             and offered is not None
-            and not all(p.get("closed") for p in whole["receivers"].values())
+            and not every_receiver_closed(whole["receivers"])
             and not quiet.due(taken, offered, pending)
         ):
             # The segments wait in the log for a batch that changes something: read, and not
@@ -620,6 +620,12 @@ def receivers_heartbeat_ms(receivers: dict[str, dict[str, Any]]) -> int | None:
         return min(open_streams)
     closed = [int(r["heartbeat_ms"]) for r in receivers.values()]
     return max(closed) if closed else None
+
+
+def every_receiver_closed(receivers: dict[str, dict[str, Any]]) -> bool:
+    """Whether there are receivers and every one has stopped cleanly (its last segment
+    ``closed``): all the data is in."""
+    return bool(receivers) and all(r.get("closed") for r in receivers.values())
 
 
 assert [f.name for f in SEGMENT_SCHEMA] == [

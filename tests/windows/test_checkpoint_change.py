@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 
 from streamgauge.clock import ManualClock
@@ -163,20 +164,24 @@ windows:
 USER_U1 = Sample("a", "c", 1.0, 1.0, (("user", "u1"),))
 
 
+@pytest.mark.parametrize("second_delay, delete_checkpoint", [
+    ("0s", False),  # a changed definition: a checkpoint of another name
+    ("1s", True),  # the same definition, its checkpoint directory deleted: the same name
+], ids=["changed definition", "deleted checkpoint"])  # fmt: skip
 def test_a_new_session_checkpoint_records_each_late_partial_once(
-    spark: SparkSession, tmp_path: Path, clean_store: str
-) -> None:
-    """A session window records late rows from two queries (the window's own, for partials
-    reaching into a final session, and its ``.late`` one), both on a new checkpoint when the
-    definition changes. The rows the old definition recorded from the retained log are
-    replaced once, by whichever starts first: not kept beside the new ones, and the second to
-    start must not delete what the first recorded (tests/windows/transcripts/
-    session_beyond_lateness.yaml has the same log)."""
+    spark: SparkSession, tmp_path: Path, clean_store: str, second_delay: str,
+    delete_checkpoint: bool,
+) -> None:  # fmt: skip
+    """A new checkpoint reads the retained log again and records its late partials again. The
+    rows recorded before from those segments are replaced once, not kept beside the new ones
+    (``store.LateRowsReread``, named by Spark's id of the checkpoint, not its directory's name:
+    a directory deleted and made again is a new checkpoint too;
+    tests/windows/transcripts/session_beyond_lateness.yaml has the same log)."""
     paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
     _counter_segment(paths.spool, (0,), 1_000, USER_U1)
     _counter_segment(paths.spool, (7_000,), 8_000, USER_U1)
-    # Under both definitions: 1.5 s is late in its own session [1 s, 6 s) (the .late query);
-    # 3 s reaches the final [0 s, 5 s) (the window's query).
+    # Under both definitions: 1.5 s is late in its own session [1 s, 6 s); 3 s reaches the
+    # final [0 s, 5 s).
     _counter_segment(paths.spool, (1_500, 3_000), 8_500, USER_U1)
     _counter_segment(paths.spool, (), 20_000, USER_U1)
 
@@ -188,8 +193,10 @@ def test_a_new_session_checkpoint_records_each_late_partial_once(
     run_job_once(spark, parse_config(SESSION.format(delay="1s"), "upgrade"), paths, clean_store,
                  ManualClock(T0))  # fmt: skip
     assert late_rows() == expected
-    run_job_once(spark, parse_config(SESSION.format(delay="0s"), "upgrade"), paths, clean_store,
-                 ManualClock(T0))  # fmt: skip
+    if delete_checkpoint:
+        shutil.rmtree(paths.checkpoints)
+    run_job_once(spark, parse_config(SESSION.format(delay=second_delay), "upgrade"), paths,
+                 clean_store, ManualClock(T0))  # fmt: skip
     assert late_rows() == expected
     _, counted = run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
                          " - %s, late_events from window_results order by 1", [T0])  # fmt: skip
@@ -206,34 +213,3 @@ def _values(url: str) -> dict[tuple[str, int], tuple[str, int, float | None, boo
     )
     return {(m, start): (kind, count, distinct, final, revision)
             for m, start, kind, count, distinct, final, revision in rows}  # fmt: skip
-
-
-
-
-def test_a_deleted_checkpoint_records_each_late_partial_once(
-    spark: SparkSession, tmp_path: Path, clean_store: str
-) -> None:
-    """A checkpoint deleted and made again under the same name (the same definition) reads
-    the retained log again and records its late partials again: the rows recorded before
-    from those segments are replaced, not kept beside the new ones (``store.LateRowsReread``,
-    named by Spark's id of the checkpoint, not its directory's name)."""
-    paths = JobPaths(spool=tmp_path / "spool", checkpoints=tmp_path / "checkpoints")
-    _counter_segment(paths.spool, (0,), 1_000, USER_U1)
-    _counter_segment(paths.spool, (7_000,), 8_000, USER_U1)
-    # 1.5 s is late in its own session [1 s, 6 s); 3 s reaches the final [0 s, 5 s).
-    _counter_segment(paths.spool, (1_500, 3_000), 8_500, USER_U1)
-    _counter_segment(paths.spool, (), 20_000, USER_U1)
-    config = parse_config(SESSION.format(delay="1s"), "upgrade")
-
-    def late_rows() -> list[tuple[int, int]]:
-        return run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
-                       " - %s, count from late_events order by 1", [T0])[1]  # fmt: skip
-
-    run_job_once(spark, config, paths, clean_store, ManualClock(T0))
-    assert late_rows() == [(0, 1), (1_000, 1)]
-    shutil.rmtree(paths.checkpoints)
-    run_job_once(spark, config, paths, clean_store, ManualClock(T0))
-    assert late_rows() == [(0, 1), (1_000, 1)]
-    _, counted = run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
-                         " - %s, late_events from window_results order by 1", [T0])  # fmt: skip
-    assert counted == [(0, 1), (7_000, 0)]
