@@ -6,7 +6,7 @@
     .venv/bin/python bench/window_job.py --kind session --series 10000 --types ms --compare e1f16d3
     .venv/bin/python bench/window_job.py --series 100000 --types ms --minute-window --before DIR
 
-A writer thread appends one segment per second to a live spool, holding one pane partial per
+A writer process appends one segment per second to a live spool, holding one pane partial per
 active series (what ingest writes at 1 s panes: timers carry a t-digest and HDR buckets of 10
 values, sets an HLL of 20 members), with the receiver's heartbeat. The real window job
 (Spark ``local[2]``, the embedded PostgreSQL) processes it. Printed, over the measured span
@@ -21,7 +21,7 @@ values, sets an HLL of 20 members), with the receiver's heartbeat. The real wind
 - sustained: the job took ≥ 97 % of the offered rows and freshness did not grow from the
   first half of the windows to the second;
 - CPU: cores used by this process and its children (the driver's JVM, Python workers,
-  PostgreSQL) over the span, and the machine's load average.
+  PostgreSQL; not the writer's process) over the span, and the machine's load average.
 
 ``--before CHECKOUT`` runs this same bench on the code of another checkout (a ``git worktree``
 of an earlier commit of this design) and on this code alternately, ``--pairs`` times each.
@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -132,36 +133,68 @@ def parse_types(text: str, series: int) -> dict[str, int]:
     return {name: int(series * share / total) for name, share in shares.items()}
 
 
-class Writer(threading.Thread):
-    """One segment per second; records when each heartbeat was written (wall ms)."""
+def _write_segments(spool: Path, types: dict[str, int], seconds: int, sessions: bool,
+                    records: Any) -> None:  # fmt: skip
+    """The writer's process: one segment a second; after each, (heartbeat ms, wall ms when
+    written, rows) on ``records``, then None."""
+    rng = np.random.default_rng(7)
+    batches = [
+        type_batch(pa.array([f"bench.{t}{i}" for i in range(n)], pa.string()), t, rng)
+        for t, n in types.items() if n
+    ]  # fmt: skip
+    panes_all = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+    writer = SegmentWriter(spool, "r0", fsync=False)
+    records.put("ready")
+    for _ in range(seconds):
+        now = time.time_ns() // 1_000_000
+        panes = panes_all
+        if sessions:
+            phase = (np.arange(panes.num_rows) + now // 1000) % SESSION_CYCLE_S
+            panes = panes.filter(pa.array(phase < SESSION_ON_S))
+        writer.append(moved_to_pane(panes, now - now % 1000), Heartbeat(now, False))
+        records.put((now, time.time_ns() // 1_000_000, panes.num_rows))
+        time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
+    records.put(None)
+
+
+class Writer:
+    """One segment per second, written by a process of its own (as the receivers write the
+    log): the job's driver shares no interpreter with it, so the offered rate does not bend
+    to the job's load. Records when each heartbeat was written (wall ms) and how many rows.
+    Its CPU is left out of the job's cores (``pid``)."""
 
     def __init__(
         self, spool: Path, types: dict[str, int], seconds: int, sessions: bool = False
     ) -> None:
-        super().__init__(daemon=True)
-        rng = np.random.default_rng(7)
-        batches = [
-            type_batch(pa.array([f"bench.{t}{i}" for i in range(n)], pa.string()), t, rng)
-            for t, n in types.items() if n
-        ]  # fmt: skip
-        self.panes = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
-        self.writer = SegmentWriter(spool, "r0", fsync=False)
-        self.seconds = seconds
-        self.sessions = sessions
+        context = multiprocessing.get_context("spawn")
+        self._records: Any = context.Queue()
+        self._process = context.Process(
+            target=_write_segments, args=(spool, types, seconds, sessions, self._records),
+            daemon=True,
+        )  # fmt: skip
+        self._collector = threading.Thread(target=self._collect, daemon=True)
         self.heartbeats: list[tuple[int, int]] = []  # (heartbeat ms, wall ms when written)
         self.written: list[tuple[int, int]] = []  # (wall ms when written, rows)
 
-    def run(self) -> None:
-        for _ in range(self.seconds):
-            now = time.time_ns() // 1_000_000
-            panes = self.panes
-            if self.sessions:
-                phase = (np.arange(panes.num_rows) + now // 1000) % SESSION_CYCLE_S
-                panes = panes.filter(pa.array(phase < SESSION_ON_S))
-            self.writer.append(moved_to_pane(panes, now - now % 1000), Heartbeat(now, False))
-            self.heartbeats.append((now, time.time_ns() // 1_000_000))
-            self.written.append((self.heartbeats[-1][1], panes.num_rows))
-            time.sleep(max(0.0, 1 - (time.time_ns() // 1_000_000 - now) / 1000))
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def start(self) -> None:
+        """Start writing, once the writer's payload is built (its first segment is now)."""
+        self._process.start()
+        if self._records.get(timeout=300) != "ready":
+            raise RuntimeError("the bench's segment writer did not start")
+        self._collector.start()
+
+    def is_alive(self) -> bool:
+        return self._collector.is_alive()
+
+    def _collect(self) -> None:
+        while (record := self._records.get()) is not None:
+            beat, wall, rows = record
+            self.heartbeats.append((beat, wall))
+            self.written.append((wall, rows))
 
 
 class _Counts(threading.local):
@@ -214,8 +247,8 @@ class Batches:
         """Rows per second the job took and the writer wrote, between the ends of the first
         and the last measured batch that published windows: whole window periods, so a close
         that takes seconds counts the same at both ends (a span ending inside one would
-        undercount), and what was offered in the same span (the writer shares the process,
-        and may write late)."""
+        undercount), and what was offered in the same span (the writer may write late on a
+        busy machine)."""
         batches = [b for b in cls.done if b[0] >= measured_from_ms]
         ends = [i for i, b in enumerate(batches) if b[3]]
         first, last = (ends[0], ends[-1]) if len(ends) > 1 else (0, len(batches) - 1)
@@ -292,10 +325,13 @@ def probe_series(types: dict[str, int]) -> dict[str, list[str]]:
     }
 
 
-def cpu_seconds() -> float:
+def cpu_seconds(leave_out: int | None = None) -> float:
+    """CPU seconds of this process and its children, less the process ``leave_out``."""
     me = psutil.Process()
     total = sum(me.cpu_times()[:2])
     for child in me.children(recursive=True):
+        if child.pid == leave_out:
+            continue
         with contextlib.suppress(psutil.NoSuchProcess):
             total += sum(child.cpu_times()[:2])
     return total
@@ -338,16 +374,16 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         types = parse_types(args.types, args.series)
         writer = Writer(spool, types, args.seconds, sessions=args.kind == "session")
-        measured_from = time.time_ns() // 1_000_000 + args.warmup * 1000
         writer.start()
+        measured_from = time.time_ns() // 1_000_000 + args.warmup * 1000
         time.sleep(args.warmup)
-        cpu_from = cpu_seconds()
+        cpu_from = cpu_seconds(leave_out=writer.pid)
         measured = freshness(
             url, writer, {w.name: w.watermark_delay_ms for w in config.windows}, measured_from,
             probe_series(types),
         )
         lags, sketch_lags = measured["w"]["rows"], measured["w"]["sketches"]
-        cpu = cpu_seconds() - cpu_from
+        cpu = cpu_seconds(leave_out=writer.pid) - cpu_from
         span_s = (time.time_ns() // 1_000_000 - measured_from) / 1000
         load = os.getloadavg()
         failed = [str(q.exception()) for q in queries if q.exception() is not None]
