@@ -22,12 +22,9 @@ reads and writes it)::
 
 Every such blob is a multiple of 8 bytes, so the decoder reads whole 64-bit words: straight
 from Arrow's data buffer when the blobs sit on 8-byte boundaries (the usual case), else from a
-padded aligned copy. Buffered values become weight-1 centroids here, merged into the centroid
-order (on equal means before the centroids, as datasketches' compress orders them). Python's
-``tdigest_double.serialize`` always compresses first (no buffered values); :func:`to_serialized`
-writes a digest whose centroids all weigh 1 as buffered values, the form that holds the same
-values in half the bytes (most windows of a timer hold fewer values than k: their sketches are
-most of what a window close writes to the store).
+padded aligned copy. Python's ``tdigest_double.serialize`` always compresses first (no buffered
+values); buffered values written by other writers become weight-1 centroids here, merged into
+the centroid order (on equal means before the centroids, as datasketches' compress orders them).
 
 **Merge** (:func:`merge_by_owner`) is datasketches' own compress (``tdigest_impl.hpp``
 ``tdigest::merge(buffer, weight)``), run once per owner over all of its inputs' centroids:
@@ -361,10 +358,6 @@ def _decode(
             for j in range(n_centroids):
                 means[o + j] = floats[c0 + 2 * j]
                 weights[o + j] = float(words[c0 + 2 * j + 1])
-        elif n_centroids == 0 and _sorted_run(floats, b0, b0 + n_buffered):
-            for j in range(n_buffered):  # values in order, as to_serialized writes them
-                means[o + j] = floats[b0 + j]
-                weights[o + j] = 1.0
         else:
             # Buffered values as unit centroids, merged into the centroid order: before
             # centroids of an equal mean, as datasketches' compress stable-sorts them.
@@ -524,22 +517,9 @@ def _rounded(weight: Any) -> Any:
 
 
 @_jit
-def _unit_weights_only(offsets: Any, weights: Any) -> Any:
-    """Per series: is every centroid's serialized weight 1 (``_rounded``)?"""
-    n = len(offsets) - 1
-    out = np.ones(n, np.bool_)
-    for i in range(n):
-        for j in range(offsets[i], offsets[i + 1]):
-            if weights[j] >= 1.5:  # rounds to 2 or more (half to even: 1.5 -> 2)
-                out[i] = False
-                break
-    return out
-
-
-@_jit
 def _encode_rows(offsets: Any, means: Any, weights: Any, mins: Any, maxs: Any, reverse: Any,
-                 values_only: Any, k: Any, word_starts: Any, words: Any, floats: Any, first: Any,
-                 last: Any) -> None:  # fmt: skip
+                 k: Any, word_starts: Any, words: Any, floats: Any, first: Any, last: Any
+                 ) -> None:  # fmt: skip
     """Series ``first .. last - 1``, each at its word offset in ``words`` (``floats``: the same
     memory as doubles)."""
     base = _SERIAL_VERSION << 8 | _FAMILY << 16 | k << 24
@@ -553,13 +533,6 @@ def _encode_rows(offsets: Any, means: Any, weights: Any, mins: Any, maxs: Any, r
         elif c == 1 and _rounded(weights[o]) == 1:
             words[s] = base | 1 | (flags | _FLAG_SINGLE) << 40
             floats[s + 1] = means[o]
-        elif values_only[i]:
-            words[s] = base | 2 | flags << 40
-            words[s + 1] = c << 32  # no centroids, c buffered values
-            floats[s + 2] = mins[i]
-            floats[s + 3] = maxs[i]
-            for j in range(c):
-                floats[s + 4 + j] = means[o + j]
         else:
             words[s] = base | 2 | flags << 40
             words[s + 1] = c
@@ -571,21 +544,16 @@ def _encode_rows(offsets: Any, means: Any, weights: Any, mins: Any, maxs: Any, r
 
 
 @_jit
-def _encode(offsets: Any, means: Any, weights: Any, mins: Any, maxs: Any, reverse: Any,
-            values_only: Any, k: Any, word_starts: Any, words: Any, floats: Any
-            ) -> None:  # fmt: skip
-    _encode_rows(offsets, means, weights, mins, maxs, reverse, values_only, k, word_starts, words,
-                 floats, 0, len(mins))  # fmt: skip
+def _encode(offsets: Any, means: Any, weights: Any, mins: Any, maxs: Any, reverse: Any, k: Any,
+            word_starts: Any, words: Any, floats: Any) -> None:  # fmt: skip
+    _encode_rows(offsets, means, weights, mins, maxs, reverse, k, word_starts, words, floats, 0,
+                 len(mins))  # fmt: skip
 
 
 def to_serialized(cols: DigestColumns) -> Any:
     """The DataSketches bytes of every series (``tdigest_double.deserialize`` reads them): an
-    empty series in the 8-byte form, a single unit centroid in the single-value form, a series
-    whose centroids all weigh 1 (every value its own centroid: fewer than ~160 values at
-    k = 200) as the format's buffered values in centroid order (8 bytes a value instead of 16;
-    datasketches reads them as it would its own buffer, with the same quantiles and ranks),
-    others with all centroids and no buffered values. Weights are rounded to integers (at
-    least 1).
+    empty series in the 8-byte form, a single unit centroid in the single-value form, others
+    with all centroids and no buffered values. Weights are rounded to integers (at least 1).
 
     One pass into one buffer: a ``pa.BinaryArray`` (``pa.LargeBinaryArray`` above 2 GiB).
     """
@@ -594,14 +562,12 @@ def to_serialized(cols: DigestColumns) -> Any:
     ones = np.flatnonzero(sizes == 1)
     rounded = np.rint(cols.weights[cols.offsets[ones]])
     single[ones] = rounded <= 1.0  # as _rounded: at least 1
-    values_only = _unit_weights_only(cols.offsets, cols.weights)
-    n_words = np.where(sizes == 0, 1, np.where(single, 2, np.where(
-        values_only, 4 + sizes, 4 + 2 * sizes)))  # fmt: skip
+    n_words = np.where(sizes == 0, 1, np.where(single, 2, 4 + 2 * sizes))
     word_offsets = np.zeros(len(cols) + 1, np.int64)
     np.cumsum(n_words, out=word_offsets[1:])
     words = np.empty(int(word_offsets[-1]), np.int64)
     args = (cols.offsets, cols.means, cols.weights, cols.mins, cols.maxs, cols.reverse_merge,
-            values_only, cols.k, word_offsets[:-1], words, words.view(np.float64))  # fmt: skip
+            cols.k, word_offsets[:-1], words, words.view(np.float64))  # fmt: skip
     chunks = chunk_bounds(cols.offsets)
     if chunks is None:
         _encode(*args)

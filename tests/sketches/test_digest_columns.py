@@ -27,20 +27,6 @@ def _blob(values: np.ndarray, k: int = 200) -> bytes:
     return bytes(_digest(values, k).serialize())
 
 
-def _as_datasketches(blob: bytes) -> bytes:
-    """datasketches' own bytes for a blob of ``to_serialized``: the buffered values of a
-    digest of unit weights (how ``to_serialized`` writes one) as unit centroids, as
-    ``tdigest_double.serialize`` writes them."""
-    if len(blob) <= 16:
-        return blob
-    n_centroids, n_buffered = struct.unpack_from("<II", blob, 8)
-    if n_centroids or not n_buffered:
-        return blob
-    values = struct.unpack_from(f"<{n_buffered}d", blob, 32)
-    counts = struct.pack("<II", n_buffered, 0)
-    return blob[:8] + counts + blob[16:32] + b"".join(struct.pack("<dQ", v, 1) for v in values)
-
-
 def _rank_errors(ordered: np.ndarray, estimates: np.ndarray, qs: np.ndarray) -> np.ndarray:
     """Distance from q to the interval of true ranks the estimate occupies (test_tdigest's)."""
     below = np.searchsorted(ordered, estimates, "left") / len(ordered)
@@ -76,7 +62,7 @@ def test_round_trip_is_byte_exact(size: int) -> None:
     cols = dc.from_serialized(pa.array([blob, None, blob], pa.binary()))
     assert cols.sizes.tolist()[1] == 0
     out = dc.to_serialized(cols).to_pylist()
-    assert _as_datasketches(out[0]) == blob and _as_datasketches(out[2]) == blob
+    assert out[0] == blob and out[2] == blob
     assert out[1] == _blob(np.zeros(0))  # NULL: an empty digest
     _assert_same_digest(out[0], blob)
     assert cols.total_weights.tolist() == [size, 0, size]
@@ -88,8 +74,7 @@ def test_sliced_chunked_and_misaligned_inputs() -> None:
     rng = np.random.default_rng(3)
     blobs = [_blob(rng.lognormal(3.0, 1.0, n)) for n in (5, 0, 1, 300, 7)]
     whole = dc.to_serialized(dc.from_serialized(pa.array(blobs, pa.binary()))).to_pylist()
-    assert [_as_datasketches(b) for b in whole] == blobs
-    blobs = whole  # to_serialized's own bytes read back: the same bytes again
+    assert whole == blobs
     # a slice, a chunked array, and blobs that start off an 8-byte boundary in the data buffer
     sliced = pa.array(blobs, pa.binary()).slice(1, 3)
     assert dc.to_serialized(dc.from_serialized(sliced)).to_pylist() == blobs[1:4]
@@ -127,29 +112,6 @@ def test_buffered_values_become_unit_centroids_in_order() -> None:
     assert ours.get_total_weight() == theirs.get_total_weight() == 8
     points = np.linspace(0.0, 10.0, 101)
     assert [ours.get_rank(v) for v in points] == [theirs.get_rank(v) for v in points]
-
-
-@pytest.mark.parametrize("size", [2, 10, 100, 150])
-def test_unit_weights_are_written_as_values_that_datasketches_reads_alike(size: int) -> None:
-    """A digest whose centroids all weigh 1 (fewer values than k needs to merge any) is
-    written as the format's buffered values: 8 bytes a value, not 16, and datasketches reads
-    the digest it would have made itself (ranks, quantiles, weight, extremes); decoding it
-    gives the same columns back."""
-    rng = np.random.default_rng(size)
-    for values in (rng.lognormal(3.0, 1.0, size), np.round(rng.lognormal(3.0, 1.0, size))):
-        theirs = _blob(values)
-        cols = dc.from_serialized(pa.array([theirs], pa.binary()))
-        (ours,) = dc.to_serialized(cols).to_pylist()
-        assert len(ours) == 32 + 8 * size and len(theirs) == 32 + 16 * size
-        _assert_same_digest(ours, theirs)
-        read = tdigest.deserialize_tdigest(ours)
-        ranks = np.linspace(0.0, 1.0, 101)
-        assert [read.get_quantile(q) for q in ranks] == [_digest(values).get_quantile(q)
-                                                        for q in ranks]  # fmt: skip
-        again = dc.from_serialized(pa.array([ours], pa.binary()))
-        assert again.means.tolist() == cols.means.tolist() == np.sort(values).tolist()
-        assert again.weights.tolist() == cols.weights.tolist()
-        assert (again.mins[0], again.maxs[0]) == (cols.mins[0], cols.maxs[0])
 
 
 @pytest.mark.parametrize(
@@ -242,7 +204,7 @@ def test_two_inputs_give_datasketches_own_merge_bytes() -> None:
             a.merge(b)
             cols = dc.from_serialized(pa.array([a_blob, b_blob], pa.binary()))
             ours = dc.to_serialized(dc.merge_by_owner(cols, np.array([0, 0]), 1))
-            assert _as_datasketches(ours.to_pylist()[0]) == bytes(a.serialize())
+            assert ours.to_pylist()[0] == bytes(a.serialize())
 
 
 def test_many_owners_at_once_equal_each_alone_and_are_deterministic() -> None:
@@ -310,7 +272,7 @@ def test_single_input_passes_through_and_empty_owner() -> None:
     blob = _blob(rng.lognormal(3, 1, 5_000))
     cols = dc.from_serialized(pa.array([None, blob, _blob(np.zeros(0))], pa.binary()))
     out = dc.to_serialized(dc.merge_by_owner(cols, np.array([0, 0, 0]), 3)).to_pylist()
-    assert _as_datasketches(out[0]) == blob
+    assert out[0] == blob
     assert out[1] == out[2] == _blob(np.zeros(0))
     with pytest.raises(ValueError, match="owners must be in 0..2"):
         dc.merge_by_owner(cols, np.array([0, 3, 0]), 3)
@@ -397,7 +359,6 @@ def test_take_and_concat() -> None:
     rng = np.random.default_rng(8)
     blobs = [_blob(rng.lognormal(3, 1, n)) for n in (3, 0, 50, 1)]
     cols = dc.from_serialized(pa.array(blobs, pa.binary()))
-    blobs = dc.to_serialized(cols).to_pylist()
     picked = dc.take(cols, [2, 0, 2])
     assert dc.to_serialized(picked).to_pylist() == [blobs[2], blobs[0], blobs[2]]
     joined = dc.concat([cols, picked])
