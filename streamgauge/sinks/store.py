@@ -1029,7 +1029,7 @@ class ResultStore:
         """The sketches of the windows ``commit_batch`` published fresh, in a transaction of
         their own after the one that made the windows' rows visible: most of the bytes of a
         closing batch are sketches (a timer window of 100 values: its row ~0.2 kB, its
-        sketches ~1.1 kB), and the rows need not wait for them. Claimed under
+        sketches ~1.9 kB), and the rows need not wait for them. Claimed under
         ``<query_name>.sketches``, so a batch run again after a crash between the two writes
         what is missing, once."""
         sketched = fresh.select(list(_SKETCHED_COLUMNS))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from pyspark.sql import SparkSession
 
 from streamgauge.clock import ManualClock
@@ -78,6 +79,14 @@ def _buckets(url: str, metric: str, start_ms: int) -> tuple[list[Any], list[Any]
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
+def _java_tdigest(spark: SparkSession, blob: bytes) -> Any:
+    """``blob`` as DataSketches' Java ``TDigestDouble.heapify`` reads it (py4j proxy)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    memory = jvm.org.apache.datasketches.memory.Memory.wrap(bytearray(blob))
+    return jvm.org.apache.datasketches.tdigest.TDigestDouble.heapify(memory)
+
+
 def test_timer_percentiles_histograms_and_set_distinct_counts(
     spark: SparkSession, tmp_path: Path, clean_store: str
 ) -> None:
@@ -96,6 +105,9 @@ def test_timer_percentiles_histograms_and_set_distinct_counts(
     for i, user in enumerate(users_big):
         per_receiver[i % 2].append((Sample("visitors", "s", 1.0, 1.0, (), member=user), i % 4000))
     per_receiver[0].append((Sample("requests", "c", 3.0, 1.0, ()), 100))
+    rare = rng.lognormal(3.0, 0.8, 20).round(3)  # every value its own centroid
+    per_receiver[1] += [(Sample("api.rare", "ms", float(v), 1.0, ()), 300 + 100 * i)
+                        for i, v in enumerate(rare)]  # fmt: skip
     spool = tmp_path / "spool"
     for receiver, samples in per_receiver.items():
         _write(spool, f"udp-{receiver}", samples, beat_ms=10_000)
@@ -117,6 +129,15 @@ def test_timer_percentiles_histograms_and_set_distinct_counts(
         assert abs(rank - q) <= rank_error + 1 / len(ordered), (column, timer[column], rank)
     digest = deserialize_tdigest(bytes(timer["sketch"]))
     assert digest.get_total_weight() == len(latencies)
+    # DataSketches' Java library (the one Spark ships) reads the stored t-digests as the C++
+    # one does: a compressed digest, and one of a few values, each its own centroid.
+    for metric, count in (("api.latency", len(latencies)), ("api.rare", len(rare))):
+        blob = bytes(results[(metric, 0)]["sketch"])
+        theirs = _java_tdigest(spark, blob)
+        ours = deserialize_tdigest(blob)
+        assert theirs.getTotalWeight() == ours.get_total_weight() == count
+        for q in (0.01, 0.5, 0.9, 0.99, 0.999):
+            assert theirs.getQuantile(q) == pytest.approx(ours.get_quantile(q), rel=1e-12), q
 
     expected = LAYOUT.histogram(latencies)
     buckets, counts, uppers = _buckets(clean_store, "api.latency", 0)
