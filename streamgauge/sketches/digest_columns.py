@@ -97,6 +97,7 @@ from streamgauge.sketches.tdigest import DEFAULT_K
 __all__ = [
     "DigestColumns",
     "concat",
+    "gather",
     "from_serialized",
     "merge_by_owner",
     "merge_into",
@@ -1435,13 +1436,45 @@ def concat(parts: Sequence[DigestColumns], k: int | None = None) -> DigestColumn
 
 def take(cols: DigestColumns, rows: npt.ArrayLike) -> DigestColumns:
     """Series ``rows`` of ``cols``, in that order (e.g. the windows still open)."""
-    index = np.asarray(rows, dtype=np.int64)
-    sizes = cols.sizes[index]
-    offsets = np.zeros(len(index) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    # Position of each kept centroid in the source: its series' start plus its rank within.
-    source = np.repeat(cols.offsets[:-1][index] - offsets[:-1], sizes) + np.arange(offsets[-1])
+    return gather([(cols, rows)], cols.k)
+
+
+@_jit
+def _copy_runs(starts: Any, sizes: Any, out_starts: Any, means: Any, weights: Any,
+               out_means: Any, out_weights: Any) -> None:  # fmt: skip
+    """Run ``i`` of ``sizes[i]`` centroids from ``starts[i]`` to ``out_starts[i]``."""
+    for i in range(len(sizes)):
+        s = starts[i]
+        o = out_starts[i]
+        for j in range(sizes[i]):
+            out_means[o + j] = means[s + j]
+            out_weights[o + j] = weights[s + j]
+
+
+def gather(parts: Sequence[tuple[DigestColumns, npt.ArrayLike]], k: int | None = None
+           ) -> DigestColumns:  # fmt: skip
+    """Series ``rows`` of each ``(cols, rows)`` part, the parts one after another:
+    :func:`concat` of :func:`take` s with one copy of the centroids (a series' centroids are
+    one run, copied whole; an index per centroid would cost more than the copy). ``k``: the
+    result's (default: the first part's)."""
+    if not parts:
+        return DigestColumns.empty(0, k or DEFAULT_K)
+    indexes = [np.asarray(rows, dtype=np.int64) for _, rows in parts]
+    sizes = [cols.sizes[index] for (cols, _), index in zip(parts, indexes, strict=True)]
+    offsets = np.zeros(sum(len(index) for index in indexes) + 1, np.int64)
+    np.cumsum(np.concatenate(sizes), out=offsets[1:])
+    means = np.empty(int(offsets[-1]), np.float64)
+    weights = np.empty(int(offsets[-1]), np.float64)
+    first = 0
+    for (cols, _), index, size in zip(parts, indexes, sizes, strict=True):
+        _copy_runs(cols.offsets[index], size, offsets[first : first + len(index)], cols.means,
+                   cols.weights, means, weights)  # fmt: skip
+        first += len(index)
     return DigestColumns(
-        offsets, cols.means[source], cols.weights[source], cols.mins[index], cols.maxs[index],
-        cols.reverse_merge[index], cols.k,
+        offsets, means, weights,
+        np.concatenate([cols.mins[index] for (cols, _), index in zip(parts, indexes, strict=True)]),
+        np.concatenate([cols.maxs[index] for (cols, _), index in zip(parts, indexes, strict=True)]),
+        np.concatenate([cols.reverse_merge[index]
+                        for (cols, _), index in zip(parts, indexes, strict=True)]),
+        parts[0][0].k if k is None else k,
     )  # fmt: skip

@@ -335,7 +335,7 @@ class WindowBuilder:
             last[o[newer]] = table.last[rows][newer]
             last_event[o[newer]] = table.last_event_ms[rows][newer]
             assert table.digests is not None
-            digest_parts.append(dc.take(table.digests, rows))
+            digest_parts.append((table.digests, rows))
             hdr_parts.append(take_hdr(table.hdr, rows))
             row_owner = np.full(table.num_rows, -1, np.int64)
             row_owner[rows] = o
@@ -346,7 +346,7 @@ class WindowBuilder:
                 hll_images.append(images.take(pa.array(ok, pa.int64())))
         merged = Merged(
             owners, type_code, count, total, low, high, last, last_event,
-            dc.merge_by_owner(dc.concat(digest_parts, self._k), owner, n),
+            dc.merge_by_owner(dc.gather(digest_parts, self._k), owner, n),
             hc.merge_by_owner(hc.concat(hdr_parts), owner, n),
         )  # fmt: skip
         return merged, self.union_hll(hll_owner, hll_images, n)

@@ -366,6 +366,22 @@ def test_take_and_concat() -> None:
     assert len(dc.concat([])) == 0
 
 
+def test_gather_takes_rows_of_several_parts_in_order() -> None:
+    """Rows of several parts in one copy: the columns of those rows' own digests."""
+    rng = np.random.default_rng(12)
+    blobs = [[_blob(rng.lognormal(3, 1, n)) if n >= 0 else None for n in sizes]
+             for sizes in ([3, 0, 50, -1, 1], [400, 7], [2])]  # fmt: skip
+    parts = [dc.from_serialized(pa.array(part, pa.binary())) for part in blobs]
+    picks = [[4, 0, 2, 2, 3], [], [0]]
+    gathered = dc.gather(list(zip(parts, picks, strict=True)), k=300)
+    picked = [blobs[p][r] for p, rows in enumerate(picks) for r in rows]
+    expected = dc.from_serialized(pa.array(picked, pa.binary()), k=300)
+    for name in ("offsets", "means", "weights", "mins", "maxs", "reverse_merge"):
+        assert getattr(gathered, name).tolist() == getattr(expected, name).tolist(), name
+    assert gathered.k == 300 and len(dc.gather([])) == 0
+    assert dc.to_serialized(dc.take(parts[1], [1, 0])).to_pylist() == blobs[1][::-1]
+
+
 def test_unsorted_input_merges_as_if_stably_sorted_first() -> None:
     """Columns not sorted by mean (no datasketches digest is) take the full stable sort."""
     rng = np.random.default_rng(6)
