@@ -1459,22 +1459,21 @@ def gather(parts: Sequence[tuple[DigestColumns, npt.ArrayLike]], k: int | None =
     result's (default: the first part's)."""
     if not parts:
         return DigestColumns.empty(0, k or DEFAULT_K)
-    indexes = [np.asarray(rows, dtype=np.int64) for _, rows in parts]
-    sizes = [cols.sizes[index] for (cols, _), index in zip(parts, indexes, strict=True)]
-    offsets = np.zeros(sum(len(index) for index in indexes) + 1, np.int64)
+    picked = [(cols, np.asarray(rows, dtype=np.int64)) for cols, rows in parts]
+    sizes = [cols.sizes[index] for cols, index in picked]
+    offsets = np.zeros(sum(len(index) for _, index in picked) + 1, np.int64)
     np.cumsum(np.concatenate(sizes), out=offsets[1:])
     means = np.empty(int(offsets[-1]), np.float64)
     weights = np.empty(int(offsets[-1]), np.float64)
     first = 0
-    for (cols, _), index, size in zip(parts, indexes, sizes, strict=True):
+    for (cols, index), size in zip(picked, sizes, strict=True):
         _copy_runs(cols.offsets[index], size, offsets[first : first + len(index)], cols.means,
                    cols.weights, means, weights)  # fmt: skip
         first += len(index)
     return DigestColumns(
         offsets, means, weights,
-        np.concatenate([cols.mins[index] for (cols, _), index in zip(parts, indexes, strict=True)]),
-        np.concatenate([cols.maxs[index] for (cols, _), index in zip(parts, indexes, strict=True)]),
-        np.concatenate([cols.reverse_merge[index]
-                        for (cols, _), index in zip(parts, indexes, strict=True)]),
+        np.concatenate([cols.mins[index] for cols, index in picked]),
+        np.concatenate([cols.maxs[index] for cols, index in picked]),
+        np.concatenate([cols.reverse_merge[index] for cols, index in picked]),
         parts[0][0].k if k is None else k,
     )  # fmt: skip
