@@ -45,6 +45,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
+from streamgauge.ingest.spool_fs import SpoolLike
 from streamgauge.retention import PASSED_OVER_FILE
 from streamgauge.sinks.store import (
     Finalization,
@@ -53,7 +54,6 @@ from streamgauge.sinks.store import (
 from streamgauge.windows.pane_writer import PaneWindowsWriter
 from streamgauge.windows.plan import TRIGGER_INTERVAL, QueryPlan, WindowPlan
 from streamgauge.windows.results import REVISION_BASE_FILE as REVISION_BASE_FILE
-from streamgauge.windows.results import LateRowsOrigin as LateRowsOrigin
 from streamgauge.windows.results import revision_base as revision_base
 from streamgauge.windows.results import to_late_rows as to_late_rows
 from streamgauge.windows.results import to_result_rows as to_result_rows
@@ -288,16 +288,17 @@ class WindowBatchWriter:
         store: ResultStore,
         clock: Clock,
         *,
-        late_rows: LateRowsOrigin | None = None,
+        late_rows_spool: SpoolLike | None = None,
     ) -> None:
-        """``late_rows``: given if the query records the window's late rows."""
+        """``late_rows_spool``: the spool, given if the query records the window's late
+        rows."""
         window = query.window
         self._config = config
         self._window = window
         self._store = store
         self._checkpoint = query.checkpoint
         self._clock = clock
-        self._late_rows = late_rows
+        self._late_rows_spool = late_rows_spool
         self._name = query.name
         self._late_name = query.late_name
         self._state_key = f"watermark_ms:{window.name}"
@@ -310,7 +311,7 @@ class WindowBatchWriter:
         if self._revision_base is None:
             self._revision_base = revision_base(
                 self._checkpoint, self._store, self._config, self._window, [self._name],
-                late_rows=self._late_rows,
+                late_rows_spool=self._late_rows_spool,
             )  # fmt: skip
         return self._revision_base + batch_id + 1
 
@@ -408,7 +409,7 @@ def start_window_queries(
             # its checkpoint (results.checkpoint_generation).
             writer = KllBatchWriter(
                 plan.config, query, store_factory(), clock,
-                late_rows=LateRowsOrigin(plan.paths.spool),
+                late_rows_spool=plan.paths.spool,
             )  # fmt: skip
             log = _read_spool(spark, plan, query.name)
             changes = kll_lane_with_late_rows(log, query.window, plan.sketches.kll_k)

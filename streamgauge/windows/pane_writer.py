@@ -34,7 +34,6 @@ from streamgauge.windows.batch_log import batch_offsets, partials_since, read_pa
 from streamgauge.windows.pane_logic import PaneWindowLogic, Step
 from streamgauge.windows.plan import QueryPlan, WindowPlan
 from streamgauge.windows.results import (
-    LateRowsOrigin,
     revision_base,
     to_late_rows,
     to_result_rows,
@@ -107,7 +106,7 @@ class PaneWindowsWriter:
         if self._revision_base is None:
             self._revision_base = revision_base(
                 self._checkpoint, self._store, self._config, self._window, [self.name],
-                late_rows=LateRowsOrigin(self._spool),
+                late_rows_spool=self._spool,
             )  # fmt: skip
         return self._revision_base + batch_id + 1
 

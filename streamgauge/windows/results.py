@@ -11,7 +11,6 @@ import functools
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +31,6 @@ _QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "distinct_count")
 REVISION_BASE_FILE = "streamgauge-revision-base.json"
 
 
-@dataclass(frozen=True)
-class LateRowsOrigin:
-    """What a writer that records a window's late rows reads them from: the spool
-    (``store.LateRowsReread``)."""
-
-    spool: SpoolLike
-
-
 def checkpoint_generation(checkpoint: Path) -> str:
     """What the late rows a checkpoint records again are named by (``LateRowsReread``):
     Spark's id of the checkpoint, new whenever its directory is made again (a changed
@@ -57,7 +48,7 @@ def revision_base(
     window: WindowSpec,
     query_names: Sequence[str],
     *,
-    late_rows: LateRowsOrigin | None = None,
+    late_rows_spool: SpoolLike | None = None,
 ) -> int:
     """What a checkpoint's revisions start from: ``revision = base + batch id + 1``.
 
@@ -65,7 +56,8 @@ def revision_base(
     same revision as the first time. A new checkpoint (a changed window definition, or a
     deleted checkpoint directory) starts above every revision stored for the window, and its
     batch ids are forgotten in ``sink_batches`` (``ResultStore.start_checkpoint``), as are
-    the late rows it will record again if it records the window's (``late_rows``). A
+    the late rows it will record again if it records the window's (``late_rows_spool``: the
+    spool it reads them from). A
     checkpoint that committed batches before bases existed keeps base 0, as it was numbered.
     """
     marker = checkpoint / REVISION_BASE_FILE
@@ -76,9 +68,9 @@ def revision_base(
         base = 0
     else:
         reread = None
-        if late_rows is not None:
+        if late_rows_spool is not None:
             reread = LateRowsReread(
-                checkpoint_generation(checkpoint), first_heartbeats(late_rows.spool),
+                checkpoint_generation(checkpoint), first_heartbeats(late_rows_spool),
                 query_name(config, window),
             )
         base = store.start_checkpoint(config.name, window.name, query_names, late_reread=reread)
