@@ -39,6 +39,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import queue
 import re
 import shutil
 import statistics
@@ -191,7 +192,17 @@ class Writer:
         return self._collector.is_alive()
 
     def _collect(self) -> None:
-        while (record := self._records.get()) is not None:
+        """Until the writer says it is done, or its process ended without saying so (an
+        error: the bench's poll then stops instead of waiting for ever)."""
+        while True:
+            try:
+                record = self._records.get(timeout=1)
+            except queue.Empty:
+                if self._process.is_alive():
+                    continue
+                return
+            if record is None:
+                return
             beat, wall, rows = record
             self.heartbeats.append((beat, wall))
             self.written.append((wall, rows))
