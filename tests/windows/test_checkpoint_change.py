@@ -202,14 +202,3 @@ def test_a_new_session_checkpoint_records_each_late_partial_once(
                          " - %s, late_events from window_results order by 1", [T0])  # fmt: skip
     assert counted == [(0, 1), (7_000, 0)]
 
-
-def _values(url: str) -> dict[tuple[str, int], tuple[str, int, float | None, bool, int]]:
-    _, rows = run_sql(
-        url,
-        "select metric, (extract(epoch from window_start) * 1000)::bigint - %s, metric_type,"
-        " count, distinct_count, is_final, revision from window_results"
-        " where config_name = 'upgrade'",
-        [T0],
-    )
-    return {(m, start): (kind, count, distinct, final, revision)
-            for m, start, kind, count, distinct, final, revision in rows}  # fmt: skip
