@@ -5,10 +5,12 @@
     .venv/bin/python bench/window_job.py --series 100000 --types ms --compare e1f16d3 --pairs 2
     .venv/bin/python bench/window_job.py --kind session --series 10000 --types ms --compare e1f16d3
     .venv/bin/python bench/window_job.py --series 100000 --types ms --minute-window --before DIR
+    .venv/bin/python bench/window_job.py --series 100000 --types ms --quantiles kll --before DIR
 
 A writer process appends one segment per second to a live spool, holding one pane partial per
 active series (what ingest writes at 1 s panes: timers carry a t-digest and HDR buckets of 10
-values, sets an HLL of 20 members), with the receiver's heartbeat. The real window job
+values, and with ``--quantiles kll`` a KLL sketch of them, sets an HLL of 20 members), with the
+receiver's heartbeat; the measured window has ``quantiles: kll`` then. The real window job
 (Spark ``local[2]``, the embedded PostgreSQL) processes it. Printed, over the measured span
 (after ``--warmup``):
 
@@ -86,8 +88,10 @@ its sessions close (gap 3 s) and new ones open all the time."""
 HERE = Path(__file__).resolve().parent
 
 
-def type_batch(names: pa.Array, metric_type: str, rng: np.random.Generator) -> pa.RecordBatch:
-    """One pane partial per name, at pane 0 (``moved_to_pane`` places it)."""
+def type_batch(names: pa.Array, metric_type: str, rng: np.random.Generator,
+               kll_k: int | None = None) -> pa.RecordBatch:  # fmt: skip
+    """One pane partial per name, at pane 0 (``moved_to_pane`` places it); ``kll_k``: timers
+    carry a KLL sketch of that k too."""
     n = len(names)
     times = np.zeros(n, np.int64)
     count = np.ones(n, np.int64)
@@ -95,7 +99,7 @@ def type_batch(names: pa.Array, metric_type: str, rng: np.random.Generator) -> p
     sketch_columns = [pa.nulls(n, SEGMENT_SCHEMA.field(name).type)
                       for name in SEGMENT_SCHEMA.names[-4:]]  # fmt: skip
     if metric_type in ("ms", "s"):
-        sketches = PaneSketches(compile_accuracy())
+        sketches = PaneSketches(compile_accuracy(), kll_k)
         keys = [((name, metric_type, "{}"), 0) for name in names.to_pylist()]
         if metric_type == "ms":
             samples = rng.lognormal(3.0, 0.8, (n, 10)).round(3)
@@ -135,12 +139,12 @@ def parse_types(text: str, series: int) -> dict[str, int]:
 
 
 def _write_segments(spool: Path, types: dict[str, int], seconds: int, sessions: bool,
-                    records: Any) -> None:  # fmt: skip
+                    kll_k: int | None, records: Any) -> None:  # fmt: skip
     """The writer's process: one segment a second; after each, (heartbeat ms, wall ms when
     written, rows) on ``records``, then None."""
     rng = np.random.default_rng(7)
     batches = [
-        type_batch(pa.array([f"bench.{t}{i}" for i in range(n)], pa.string()), t, rng)
+        type_batch(pa.array([f"bench.{t}{i}" for i in range(n)], pa.string()), t, rng, kll_k)
         for t, n in types.items() if n
     ]  # fmt: skip
     panes_all = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
@@ -165,12 +169,14 @@ class Writer:
     Its CPU is left out of the job's cores (``pid``)."""
 
     def __init__(
-        self, spool: Path, types: dict[str, int], seconds: int, sessions: bool = False
-    ) -> None:
+        self, spool: Path, types: dict[str, int], seconds: int, sessions: bool = False,
+        kll_k: int | None = None,
+    ) -> None:  # fmt: skip
         context = multiprocessing.get_context("spawn")
         self._records: Any = context.Queue()
         self._process = context.Process(
-            target=_write_segments, args=(spool, types, seconds, sessions, self._records),
+            target=_write_segments,
+            args=(spool, types, seconds, sessions, kll_k, self._records),
             daemon=True,
         )  # fmt: skip
         self._collector = threading.Thread(target=self._collect, daemon=True)
@@ -373,6 +379,8 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
     try:
         ResultStore(url).ensure_schema()
         shape = WINDOWS[args.kind].replace("SIZE", args.size).replace("HOP", args.hop)
+        if args.quantiles == "kll":
+            shape = shape.replace("}", ", quantiles: kll}")
         shapes = f"{shape}, {MINUTE_WINDOW}" if args.minute_window else shape
         config = parse_config(f"name: bench\npane: 1s\nwindows: [{shapes}]\n", "bench")
         Batches.install()
@@ -384,7 +392,8 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
             SystemClock(), **({} if args.trigger is None else {"trigger_interval": args.trigger}),
         )  # fmt: skip
         types = parse_types(args.types, args.series)
-        writer = Writer(spool, types, args.seconds, sessions=args.kind == "session")
+        writer = Writer(spool, types, args.seconds, sessions=args.kind == "session",
+                        kll_k=config.kll_k)  # fmt: skip
         writer.start()
         measured_from = time.time_ns() // 1_000_000 + args.warmup * 1000
         time.sleep(args.warmup)
@@ -534,6 +543,8 @@ def main() -> None:
     parser.add_argument("--minute-window", action="store_true",
                         help="a second window beside the measured one: tumbling 1 m, delay 2 s, "
                         "lateness 30 s (the quickstart's per_1m)")  # fmt: skip
+    parser.add_argument("--quantiles", choices=("tdigest", "kll"), default="tdigest",
+                        help="the measured window's quantiles: (tumbling, hopping)")
     parser.add_argument("--trigger", help="the job's trigger interval (default: each version's "
                         "own)")  # fmt: skip
     parser.add_argument("--compare", metavar="REV", help="alternate with REV's bench/windows.py")

@@ -162,7 +162,6 @@ def build_parser(*, grafana: bool = True) -> argparse.ArgumentParser:
     replay.add_argument("--config", default=DEFAULT_CONFIG)
     replay.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR))
     replay.add_argument("--postgres-url")
-    replay.add_argument("--master", default=DEFAULT_MASTER)
     spool_flag(replay)
     replay.set_defaults(handler=cmd_replay)
 
@@ -699,11 +698,9 @@ def _query_cell(value: Any) -> str | None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Recompute final windows overlapping [--from, --to) with their late partials."""
-    from streamgauge.operator.jvm_logs import JvmLogs
-    from streamgauge.operator.progress import SparkProgress
+    from streamgauge.operator.progress import WindowProgress
     from streamgauge.sinks.store import ResultStore
     from streamgauge.windows.replay import parse_time_ms, replay
-    from streamgauge.windows.session import build_spark_session
 
     config = _load_config_or_exit(args.config)
     try:
@@ -712,25 +709,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"replay: {error}", file=sys.stderr)
         return 2
     url, server = _query_store(args)
-    # Spark's and the JVM's output to the data directory's logs/, as under `run`; progress
-    # on stderr, the result on stdout
-    data_dir = args.data_dir.resolve()
-    jvm_logs = JvmLogs(data_dir / "logs") if data_dir.is_dir() else None
     try:
         store = ResultStore(url)
         store.ensure_schema()
-        spark = build_spark_session(args.master, app_name="streamgauge-replay",
-                                    jvm_logs=jvm_logs)  # fmt: skip
-        progress = SparkProgress(spark.sparkContext, "replay", sys.stderr)
+        # progress on stderr, the result on stdout
+        progress = WindowProgress("replay", sys.stderr)
         progress.start()
         try:
             report = replay(
-                spark, config, _spool_location(args), store, SystemClock(),
+                config, _spool_location(args), store, SystemClock(),
                 from_ms=from_ms, to_ms=to_ms, on_window=progress.window,
             )  # fmt: skip
         finally:
             progress.stop()
-            spark.stop()
             store.close()
     finally:
         if server is not None and not server.adopted:

@@ -58,8 +58,8 @@ COMPARISONS: tuple[Comparison, ...] = (">=", "<=", "==", "!=", ">", "<")
 WINDOW_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping", "sliding", "session")
 #: How a window computes the percentiles of timers, histograms and distributions:
 #: ``tdigest`` (default): the panes' t-digests and HDR histograms merged per window, p50..p999
-#: and histogram rows; ``kll``: the panes' KLL sketches merged by Spark's native aggregation,
-#: p50 and p90 only (see ``kll_problem``).
+#: and histogram rows; ``kll``: the panes' KLL sketches merged per window
+#: (``sketches.kll_columns``), p50 and p90 only (see ``kll_problem``), and histogram rows.
 QUANTILE_SKETCHES: tuple[QuantileSketch, ...] = ("tdigest", "kll")
 #: Window kinds that take the ``quantiles:`` key. Sessions and sliding windows compute
 #: percentiles too, always from t-digests and HDR histograms (``windows.window_sketches``), so
@@ -699,13 +699,12 @@ def describe_sketches(params: SketchParams, kll_windows: Sequence[str] = ()) -> 
         error = params.kll_rank_error * 100
         kll_lines = [
             f"  timers in {', '.join(kll_windows)} (quantiles: kll): KLL k {params.kll_k}, "
-            f"~{-(-KLL_BYTES_PER_K * params.kll_k // 1024)} KiB; merged by Spark natively (no "
-            "sketch-lane query);",
+            f"~{-(-KLL_BYTES_PER_K * params.kll_k // 1024)} KiB, instead of the t-digest;",
             f"    rank error ±{error:.3g} % at any quantile (99 % confidence): p50 is a value "
             f"between p{50 - error:.4g} and p{50 + error:.4g}, p90 between p{90 - error:.4g} "
             f"and p{90 + error:.4g};",
             f"    p99 and p999 not stored (a p99 would be anywhere in p{99 - error:.4g}.."
-            f"p{min(99 + error, 100):.4g}), no HDR histogram rows",
+            f"p{min(99 + error, 100):.4g})",
         ]
     return [
         "sketches, compiled (what the targets cost per series and window):",

@@ -57,7 +57,7 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("hdr_bucket", pa.list_(pa.int32())),
         pa.field("hdr_count", pa.list_(pa.int64())),
         # ms/h/d, when a window of the config has quantiles: kll: a serialized KLL doubles
-        # sketch of the values (Spark's kll_merge_agg_double reads it); NULL otherwise.
+        # sketch of the values (the window job merges them, sketches.kll_columns); NULL otherwise.
         pa.field("kll", pa.binary()),
     ]
 )

@@ -43,9 +43,10 @@ from streamgauge.configs import WindowSpec
 
 PANE_COLUMNS = (
     "metric", "tags", "metric_type", "pane_ms", "from_start_ms", "count", "sum", "min", "max",
-    "last", "last_event_ms", "sketch", "hdr_bucket", "hdr_count",
+    "last", "last_event_ms", "sketch", "hdr_bucket", "hdr_count", "kll",
 )  # fmt: skip
-"""The columns of an on-time partial placed in its pane (``Assigned.on_time``)."""
+"""The columns of an on-time partial placed in its pane (``Assigned.on_time``); ``kll`` is NULL
+unless the config has a ``quantiles: kll`` window."""
 
 LATE_COLUMNS = (
     "metric", "tags", "metric_type", "window_start_ms", "window_end_ms", "receiver",

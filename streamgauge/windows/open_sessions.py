@@ -45,8 +45,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from streamgauge.configs import WindowSpec
-from streamgauge.sketches import digest_columns as dc
 from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.quantile_kernels import quantile_kernel
 from streamgauge.windows.assign import SeriesSelector, late_table, no_late_rows
 from streamgauge.windows.batch_log import segment_ranges
 from streamgauge.windows.open_windows import SeriesIndex
@@ -95,10 +95,10 @@ class OpenSessions:
         self.lateness_ms = window.allowed_lateness_ms
         self.delay_ms = window.watermark_delay_ms
         self.select = SeriesSelector(tuple(window.metrics), session_series_keys(window))
-        self._k = params.tdigest_k
+        self._quantiles = quantile_kernel(window.quantiles, params)
         self.series = SeriesIndex()
-        self._build = WindowBuilder(self.series, params)
-        self.rows = AggregateRows(digests=dc.DigestColumns.empty(0, self._k))
+        self._build = WindowBuilder(self.series, params, self._quantiles)
+        self.rows = AggregateRows(self._quantiles)
         self.start = np.zeros(0, np.int64)
         self.end = np.zeros(0, np.int64)
         self.stored = np.zeros(0, np.bool_)
@@ -233,7 +233,7 @@ class OpenSessions:
         self.rewrite = np.concatenate([self.rewrite, np.zeros(n_new, np.bool_)])
         # The partials, in log order, into their run's row.
         partial_run = run[len(touched) :]
-        self.rows.absorb(target[partial_run], Partials.of(seg, kept, self._k))
+        self.rows.absorb(target[partial_run], Partials.of(seg, kept, self._quantiles))
         # Bounds: a held session whose bounds move is replaced in the store (a new key).
         moved = (self.start[target] != run_start) | (self.end[target] != run_end)
         replaced_rows.append(target[moved & self.stored[target]])

@@ -24,8 +24,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamgauge.sketches import digest_columns as dc
 from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.quantile_kernels import QuantileKernel
 from streamgauge.windows.assign import PaneAssigner
 from streamgauge.windows.window_rows import (
     AggregateRows,
@@ -92,11 +92,13 @@ class SeriesIndex:
 class OpenWindows:
     """The panes of one tumbling or hopping window spec's open windows (module docstring)."""
 
-    def __init__(self, assigner: PaneAssigner, params: SketchParams) -> None:
+    def __init__(self, assigner: PaneAssigner, params: SketchParams, quantiles: QuantileKernel
+                 ) -> None:  # fmt: skip
+        """``quantiles``: the kernel of the window's quantile sketch."""
         self.assigner = assigner
-        self._k = params.tdigest_k
+        self._quantiles = quantiles
         self.series = SeriesIndex()
-        self._build = WindowBuilder(self.series, params)
+        self._build = WindowBuilder(self.series, params, quantiles)
         self._tables: dict[tuple[int, int], AggregateRows] = {}
         """By (pane start, first on-time window start)."""
 
@@ -122,10 +124,8 @@ class OpenWindows:
         from_start = ints_of(placed, "from_start_ms")
         for p, f in sorted(set(zip(pane.tolist(), from_start.tolist(), strict=True))):
             rows = np.flatnonzero((pane == p) & (from_start == f))
-            table = self._tables.setdefault((p, f), AggregateRows())
-            if table.digests is None:
-                table.digests = dc.DigestColumns.empty(0, self._k)
-            table.absorb(table.rows_of(series[rows]), Partials.of(placed, rows, self._k))
+            table = self._tables.setdefault((p, f), AggregateRows(self._quantiles))
+            table.absorb(table.rows_of(series[rows]), Partials.of(placed, rows, self._quantiles))
 
     def starts_touched(
         self, placed: pa.Table, wanted: Callable[[int], bool]

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.quantile_kernels import quantile_kernel
 from streamgauge.windows.assign import PaneAssigner
 from streamgauge.windows.open_windows import OpenWindows
 from streamgauge.windows.window_rows import Windows
@@ -76,7 +77,8 @@ class PaneWindowLogic:
 
     def __init__(self, window: WindowSpec, params: SketchParams) -> None:
         self.window = window
-        self.open = OpenWindows(PaneAssigner.of(window), params)
+        self.open = OpenWindows(PaneAssigner.of(window), params,
+            quantile_kernel(window.quantiles, params))
         self.watermark_ms: int | None = None
         """The watermark of the last batch: windows ending at or before it are published."""
 

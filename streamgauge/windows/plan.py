@@ -1,10 +1,10 @@
 """What a config's windows compile into: the window job's plan, read by everyone who needs it.
 
 A config (``PipelineConfig``: what the user wrote) compiles into one ``WindowPlan`` (what
-runs): per window one streaming query (``QueryPlan``) with its name, its checkpoint, the lane
-that computes it (``driver``: the logic objects of ``pane_writer``, every kind and type;
-``kll``: Spark's KLL aggregation, ``quantiles: kll`` windows) and, on the driver's lane, the
-span an idle query waits out (``source.QuietLane``). The job starts its queries from the plan
+runs): per window one streaming query (``QueryPlan``) with its name, its checkpoint, the span
+an idle query waits out and the watermarks at which its results change
+(``source.QuietLane``); the logic objects of ``pane_writer`` compute every window kind and
+metric type. The job starts its queries from the plan
 (``job.start_window_queries``); retention and the receivers' ``segment_lag_ms`` read its
 checkpoints (only the running config's count: one left by an older config, a window renamed,
 resized or with a changed sketch layout, stops moving for good); `status` reads them for a
@@ -21,15 +21,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 LANE_LAYOUT = 4
 """Bumped when a query's shape changes, so a checkpoint of an older shape is not resumed (see
-checkpoint_dir). 4: every window but ``quantiles: kll`` is one stateless query whose driver
-holds the open windows (``pane_writer``)."""
+checkpoint_dir). 4: the window is one stateless query whose driver holds the open windows
+(``pane_writer``)."""
 
 
 TRIGGER_INTERVAL = "0.1 seconds"
@@ -60,10 +59,9 @@ def checkpoint_dir(paths: JobPaths, config: PipelineConfig, window: WindowSpec) 
     elif window.kind == "sliding":
         shape += [LANE_LAYOUT]
     else:
+        shape += [LANE_LAYOUT, window.hop_ms]
         if window.uses_kll:  # appended only here: tdigest windows keep their checkpoints
-            shape += [3, "kll", sketch_params(config).kll_k]
-        else:
-            shape += [LANE_LAYOUT, window.hop_ms]
+            shape += ["kll", sketch_params(config).kll_k]
     fingerprint = json.dumps(shape)
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
     return paths.checkpoints / config.name / f"{window.name}-{digest}"
@@ -108,11 +106,10 @@ class QueryPlan:
     #: ``<config>.<window>``: Spark's query name, and the store's lock and batch claims.
     name: str
     checkpoint: Path
-    lane: Literal["driver", "kll"]
-    #: ``quiet_span_ms`` (the driver's lane; the kll lane runs a batch per segment).
-    quiet_span_ms: int | None
-    #: ``boundaries_ms`` (the driver's lane).
-    boundaries_ms: tuple[int, int] | None = None
+    #: ``quiet_span_ms``.
+    quiet_span_ms: int
+    #: ``boundaries_ms``.
+    boundaries_ms: tuple[int, int]
 
     @property
     def late_name(self) -> str:
@@ -134,9 +131,7 @@ class WindowPlan:
         queries = tuple(
             QueryPlan(
                 window, query_name(config, window), checkpoint_dir(paths, config, window),
-                "kll" if window.uses_kll else "driver",
-                None if window.uses_kll else quiet_span_ms(config, window),
-                None if window.uses_kll else boundaries_ms(config, window),
+                quiet_span_ms(config, window), boundaries_ms(config, window),
             )
             for window in config.windows
         )  # fmt: skip

@@ -1,14 +1,11 @@
 """`streamgauge replay`: recompute final windows from the segment log and publish corrections.
 
 The streaming job never changes a final window: partials that arrive after it are recorded in
-``late_events``. Replay reads the whole retained log in one Spark batch job, with the same
-window assignment and aggregation code as the streaming job but **without** the lateness
-cut, so late partials are included, and writes every window that changed with the next
-revision (``ResultStore.publish_corrections``).
-
-Every window kind but ``quantiles: kll`` is recomputed with the streaming job's own logic
-objects (``OpenWindows``, ``OpenSessions``, ``SlidingWindowLogic``) over the log read again
-by the driver, every partial on time. Only metrics with rows in ``late_events`` are
+``late_events``. Replay reads the retained log again, with the streaming job's own logic
+objects (``OpenWindows``, ``OpenSessions``, ``SlidingWindowLogic``) but **without** the
+lateness cut, so late partials are included, and writes every window that changed with the
+next revision (``ResultStore.publish_corrections``). Like the job's, its windows are merged
+in this process (no Spark). Only metrics with rows in ``late_events`` are
 recomputed (the others cannot differ), and of their recomputed windows only the final ones
 that intersect ``[from, to)`` and that the late partials affect are published. Sessions read
 **every** retained segment (a session can chain across any span of time, so no range of the
@@ -37,11 +34,8 @@ before the log). ``late_events`` of a published row counts, as for every row, th
 partials recorded against its exact bounds: a session merged by replay starts from 0.
 Replaying again recomputes the same values, so it changes nothing.
 
-A ``quantiles: kll`` window is recomputed like its streaming query: one native aggregation of
-every type, p50/p90 from the merged KLL (``aggregate_windows(..., kll_k)``), no HDR buckets.
-
 Only final windows are replayed (``window_end + allowed_lateness <= watermark`` of the query
-that computes the window, its lane's, as stored in ``pipeline_state``): open windows still
+that computes the window, as stored in ``pipeline_state``): open windows still
 belong to the streaming job, whose revisions must keep increasing.
 """
 
@@ -57,27 +51,20 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, SparkSession
-from pyspark.sql import functions as F
 
 from streamgauge.clock import Clock
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.sinks.store import LateRecord, ResultStore, canonical_tags_text
 from streamgauge.sketches.hdr import HdrLayout
+from streamgauge.sketches.quantile_kernels import quantile_kernel
 from streamgauge.windows.assign import PaneAssigner
 from streamgauge.windows.batch_log import partials_since
-from streamgauge.windows.job import (
-    aggregate_windows,
-    assign_windows,
-    metric_filter,
-    to_result_rows,
-)
 from streamgauge.windows.open_sessions import OpenSessions
 from streamgauge.windows.open_windows import OpenWindows
 from streamgauge.windows.plan import query_name, sketch_params
-from streamgauge.windows.results import with_hdr_buckets
+from streamgauge.windows.results import to_result_rows, with_hdr_buckets
 from streamgauge.windows.sliding_logic import SlidingWindowLogic
-from streamgauge.windows.source import SOURCE_NAME, admitted_offset
+from streamgauge.windows.source import admitted_offset
 from streamgauge.windows.window_rows import take_hdr
 
 log = logging.getLogger(__name__)
@@ -117,7 +104,6 @@ def parse_time_ms(text: str) -> int:
 
 
 def replay(
-    spark: SparkSession,
     config: PipelineConfig,
     spool: Path | str,
     store: ResultStore,
@@ -131,7 +117,6 @@ def replay(
     ``on_window(index, of, name)`` is told as each window's turn comes (progress)."""
     if to_ms <= from_ms:
         raise ValueError(f"--to ({to_ms} ms) must be after --from ({from_ms} ms)")
-    log_rows = spark.read.format(SOURCE_NAME).option("path", str(spool)).load()
     report = []
     for index, window in enumerate(config.windows):
         if on_window is not None:
@@ -142,40 +127,10 @@ def replay(
                                      to_ms=to_ms)  # fmt: skip
             )
             continue
-        if not window.uses_kll:
-            report.append(
-                replay_pane_window(config, window, spool, store, clock, from_ms=from_ms,
-                                   to_ms=to_ms)  # fmt: skip
-            )
-            continue
-        watermark_ms = store.read_state(config.name, f"watermark_ms:{window.name}")
-        if watermark_ms is None:
-            report.append(ReplayedWindow(window.name, None, 0, 0, 0))
-            continue
-
-        assigned = assign_windows(log_rows, window).where(
-            metric_filter(window.metrics)
-            & (F.col("window_start_ms") < F.lit(to_ms))
-            & (F.col("window_end_ms") > F.lit(from_ms))
-        )
-        params = sketch_params(config)
-        # every type in one aggregation, as the streaming query does
-        rows = to_result_rows(
-            aggregate_windows(
-                assigned.where(_final_in(window, watermark_ms))
-                .withColumn("window_end_ts", F.timestamp_millis("window_end_ms")),
-                params.kll_k,
-            ).toArrow(),
-            config, window, revision=1, watermark_ms=watermark_ms,
-            emitted_at_ms=clock.now_ms(),
-        )  # fmt: skip
-        outcome = store.publish_corrections(rows, lock_name=query_name(config, window))
         report.append(
-            ReplayedWindow(
-                window.name, watermark_ms, rows.num_rows, outcome.rows_upserted,
-                outcome.rows_finalized,
-            )
-        )  # fmt: skip
+            replay_pane_window(config, window, spool, store, clock, from_ms=from_ms,
+                               to_ms=to_ms)  # fmt: skip
+        )
     return report
 
 
@@ -201,7 +156,8 @@ def replay_pane_window(
         return ReplayedWindow(window.name, watermark_ms, 0, 0, 0)
     assert window.size_ms is not None
     params = sketch_params(config)
-    windows = OpenWindows(PaneAssigner.of(window), params)
+    windows = OpenWindows(PaneAssigner.of(window), params,
+            quantile_kernel(window.quantiles, params))
     metrics = pa.array(sorted({record.metric for record in late}), pa.string())
     for table in _never_late(spool, metrics, from_ms - window.size_ms):
         windows.absorb(windows.assigner.assign(table).on_time)
@@ -235,14 +191,6 @@ def _rows_of(table: pa.Table, chosen: pa.Table) -> list[int]:
     return [index[key] for key in zip(
         *(chosen.column(n).to_pylist() for n in ("metric", "tags", "window_start_ms")),
         strict=True)]  # fmt: skip
-
-
-def _final_in(window: WindowSpec, lane_watermark_ms: int | None) -> Column:
-    """Windows final by a lane's watermark (None: the lane never committed, none)."""
-    if lane_watermark_ms is None:
-        return F.lit(False)
-    ends = F.col("window_end_ms") + F.lit(window.allowed_lateness_ms)
-    return ends <= F.lit(lane_watermark_ms)
 
 
 def replay_series_window(

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from streamgauge.configs import WindowSpec
 from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.quantile_kernels import quantile_kernel
 from streamgauge.windows.assign import LATE_COLUMNS, PaneAssigner, no_late_rows
 from streamgauge.windows.batch_log import segment_ranges
 from streamgauge.windows.open_windows import OpenWindows, series_keys
@@ -60,7 +61,8 @@ class SlidingWindowLogic:
     def __init__(self, window: WindowSpec, params: SketchParams, pane_ms: int) -> None:
         self.window = window
         self.pane_ms = pane_ms
-        self.open = OpenWindows(PaneAssigner.sliding(window, pane_ms), params)
+        self.open = OpenWindows(PaneAssigner.sliding(window, pane_ms), params,
+            quantile_kernel(window.quantiles, params))
         self.watermark_ms: int | None = None
         """The watermark of the last batch: windows ending at or before it are published."""
 

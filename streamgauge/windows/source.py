@@ -64,7 +64,7 @@ Offsets keep their format: ``seq``/``heartbeat_ms``/``closed`` of the last segme
 Batch reads (``replay``) read the whole log.
 
 **An idle query waits** (``QuietLane``, ``docs/architecture.md`` D6: in a live job, the one
-query of each window but ``quantiles: kll``, whose driver reads each batch's segments itself).
+query of each window, whose driver reads each batch's segments itself).
 A query with nothing to do would still run a micro-batch on every new segment (an idle
 receiver writes one a second): read it, plan, commit its offsets and its store transaction.
 ``latestOffset`` reads each new segment's footer (``read_contents``: its pane range) and

@@ -1,12 +1,12 @@
 """Held aggregates of windows as columns, and the windows' rows made of them.
 
 ``docs/architecture.md`` §4. A window's open state is a row of :class:`AggregateRows`: scalar
-aggregates in numpy arrays, t-digests and HDR buckets in CSR columns
-(``sketches.digest_columns``, ``sketches.hdr_columns``), merged by one compiled call per batch
-whatever the number of series; sets keep their pane HLL images and union them when a window is
-made. ``OpenWindows`` (tumbling, hopping: a row per series and pane) and ``OpenSessions`` (a row
-per session) hold them; :class:`WindowBuilder` merges rows into windows and makes their result
-rows (``WINDOW_SCHEMA``) in one pass for all series.
+aggregates in numpy arrays, quantile sketches (t-digests, or KLLs in a ``quantiles: kll``
+window: ``sketches.quantile_kernels``) and HDR buckets in CSR columns, merged by one compiled
+call per batch whatever the number of series; sets keep their pane HLL images and union them
+when a window is made. ``OpenWindows`` (tumbling, hopping: a row per series and pane) and
+``OpenSessions`` (a row per session) hold them; :class:`WindowBuilder` merges rows into
+windows and makes their result rows (``WINDOW_SCHEMA``) in one pass for all series.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamgauge.sketches import digest_columns as dc
 from streamgauge.sketches import hdr_columns as hc
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hdr_encoding import encode_v2
-from streamgauge.sketches.tdigest import DEFAULT_K
+from streamgauge.sketches.quantile_kernels import QuantileColumns, QuantileKernel
 from streamgauge.windows.window_sketches import QUANTILE_COLUMNS, QUANTILES, merge_hll
 from streamgauge.windows.window_sketches import distinct_count as hll_distinct_count
 
@@ -60,8 +59,10 @@ class SeriesNames(Protocol):
 class AggregateRows:
     """Merged partials, a row per (series, what the owner keys it by): a pane of
     ``OpenWindows``, a session of ``OpenSessions``. Row ``i`` belongs to series
-    ``series[i]``; the aggregates of every metric type sit side by side."""
+    ``series[i]``; the aggregates of every metric type sit side by side, the quantile
+    sketches those of ``kernel``."""
 
+    kernel: QuantileKernel
     series: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     type_code: npt.NDArray[np.int8] = field(default_factory=lambda: np.zeros(0, np.int8))
     count: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -70,10 +71,14 @@ class AggregateRows:
     max: FloatArray = field(default_factory=lambda: np.zeros(0))
     last: FloatArray = field(default_factory=lambda: np.zeros(0))
     last_event_ms: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
-    digests: dc.DigestColumns | None = None
+    digests: QuantileColumns = field(init=False)
+    """The quantile sketches, ``kernel``'s columns."""
     hdr: hc.HdrColumns = field(default_factory=lambda: hc.HdrColumns.empty(0))
     hll_rows: list[IntArray] = field(default_factory=list)
     hll_images: list[pa.Array] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.digests = self.kernel.empty(len(self.series))
 
     @property
     def num_rows(self) -> int:
@@ -104,7 +109,7 @@ class AggregateRows:
         self._grow(new_series)
         return np.arange(base, self.num_rows, dtype=np.int64)
 
-    def _grow(self, new_series: IntArray, k: int = DEFAULT_K) -> None:
+    def _grow(self, new_series: IntArray) -> None:
         n = len(new_series)
         self.series = np.concatenate([self.series, new_series])
         self.type_code = np.concatenate([self.type_code, np.full(n, _NO_TYPE, np.int8)])
@@ -114,8 +119,7 @@ class AggregateRows:
         self.max = np.concatenate([self.max, np.full(n, -np.inf)])
         self.last = np.concatenate([self.last, np.zeros(n)])
         self.last_event_ms = np.concatenate([self.last_event_ms, np.full(n, -(2**62), np.int64)])
-        empty = dc.DigestColumns.empty(n, self.digests.k if self.digests else k)
-        self.digests = empty if self.digests is None else dc.concat([self.digests, empty])
+        self.digests = self.kernel.concat([self.digests, self.kernel.empty(n)])
         self.hdr = hc.concat([self.hdr, hc.HdrColumns.empty(n)])
 
     def absorb(self, rows: IntArray, partials: Partials) -> None:
@@ -132,9 +136,8 @@ class AggregateRows:
         newer = partials.last_event_ms[latest] >= self.last_event_ms[rows[latest]]
         self.last[rows[latest][newer]] = partials.last[latest][newer]
         self.last_event_ms[rows[latest][newer]] = partials.last_event_ms[latest][newer]
-        assert self.digests is not None
         if partials.has_digests:
-            self.digests = dc.merge_into(self.digests, partials.digests, rows)
+            self.digests = self.kernel.merge_into(self.digests, partials.digests, rows)
             self.hdr = hc.merge_into(self.hdr, partials.hdr, rows)
         if partials.has_hll:
             valid = np.flatnonzero(partials.hll_valid)
@@ -146,11 +149,10 @@ class AggregateRows:
         rows = np.flatnonzero(alive)
         new_row = np.full(self.num_rows, -1, np.int64)
         new_row[rows] = np.arange(len(rows))
-        assert self.digests is not None
         self.series = remap[self.series[rows]]
         for name in ("type_code", "count", "sum", "min", "max", "last", "last_event_ms"):
             setattr(self, name, getattr(self, name)[rows])
-        self.digests = dc.take(self.digests, rows)
+        self.digests = self.kernel.take(self.digests, rows)
         self.hdr = take_hdr(self.hdr, rows)
         kept_rows, kept_images = [], []
         for held, images in zip(self.hll_rows, self.hll_images, strict=True):
@@ -187,22 +189,23 @@ class Partials:
     max: FloatArray
     last: FloatArray
     last_event_ms: IntArray
-    digests: dc.DigestColumns
+    digests: QuantileColumns
     hdr: hc.HdrColumns
     hll: pa.Array
     hll_valid: npt.NDArray[np.bool_]
 
     @property
     def has_digests(self) -> bool:
-        return bool(len(self.digests.means)) or bool(len(self.hdr.buckets))
+        return bool(self.digests.sizes.any()) or bool(len(self.hdr.buckets))
 
     @property
     def has_hll(self) -> bool:
         return bool(self.hll_valid.any())
 
     @classmethod
-    def of(cls, placed: pa.Table, rows: IntArray, k: int) -> Partials:
-        """The ``rows`` of ``placed`` (all of them, the usual batch of one pane: no copy)."""
+    def of(cls, placed: pa.Table, rows: IntArray, kernel: QuantileKernel) -> Partials:
+        """The ``rows`` of ``placed`` (all of them, the usual batch of one pane: no copy), their
+        quantile sketches ``kernel``'s."""
         whole = len(rows) == placed.num_rows and (len(rows) == 0 or int(rows[-1]) == len(rows) - 1)
         part = placed if whole else placed.take(pa.array(rows, pa.int64()))
         types = part.column("metric_type").combine_chunks()
@@ -216,7 +219,8 @@ class Partials:
             code, ints_of(part, "count"), floats_of(part, "sum"),
             floats_of(part, "min"), floats_of(part, "max"),
             floats_of(part, "last"), ints_of(part, "last_event_ms"),
-            dc.from_serialized(_only(sketch, is_sketched), k),
+            kernel.from_serialized(_only(array_of(part.column(kernel.partial_column)),
+                                         is_sketched)),
             hc.from_lists(part.column("hdr_bucket"), part.column("hdr_count")),
             _only(sketch, is_set),
             is_set & np.asarray(pc.is_valid(sketch).to_numpy(zero_copy_only=False), bool),
@@ -290,9 +294,10 @@ class Windows:
 class WindowBuilder:
     """Merges held rows into windows and makes their rows, for one window spec's series."""
 
-    def __init__(self, series: SeriesNames, params: SketchParams) -> None:
+    def __init__(self, series: SeriesNames, params: SketchParams, kernel: QuantileKernel
+                 ) -> None:  # fmt: skip
         self.series = series
-        self._k = params.tdigest_k
+        self._kernel = kernel
         self._lg_k = params.hll_lg_k
         self._layout = HdrLayout.from_params(params)
 
@@ -334,7 +339,6 @@ class WindowBuilder:
             newer = table.last_event_ms[rows] >= last_event[o]
             last[o[newer]] = table.last[rows][newer]
             last_event[o[newer]] = table.last_event_ms[rows][newer]
-            assert table.digests is not None
             digest_parts.append((table.digests, rows))
             hdr_parts.append(take_hdr(table.hdr, rows))
             row_owner = np.full(table.num_rows, -1, np.int64)
@@ -346,7 +350,7 @@ class WindowBuilder:
                 hll_images.append(images.take(pa.array(ok, pa.int64())))
         merged = Merged(
             owners, type_code, count, total, low, high, last, last_event,
-            dc.merge_by_owner(dc.gather(digest_parts, self._k), owner, n),
+            self._kernel.merge_by_owner(self._kernel.gather(digest_parts), owner, n),
             hc.merge_by_owner(hc.concat(hdr_parts), owner, n),
         )  # fmt: skip
         return merged, self.union_hll(hll_owner, hll_images, n)
@@ -359,7 +363,7 @@ class WindowBuilder:
         take = pa.array(merged.series, pa.int64())
         types = np.array(_TYPES + ("",), dtype=object)[merged.type_code]
         is_sketched = np.isin(types, _SKETCHED)
-        quantile_values = dc.quantiles(merged.digests, QUANTILES)
+        quantile_values = self._kernel.quantiles(merged.digests, QUANTILES)
         has_digest = is_sketched & (merged.digests.sizes > 0)
         values = pa.table(
             {
@@ -374,7 +378,8 @@ class WindowBuilder:
                 "max": pa.array(merged.max, pa.float64()),
                 "last": pa.array(merged.last, pa.float64()),
                 **{
-                    name: _where(has_digest, pa.array(quantile_values[:, i]),
+                    # NaN: a percentile the kernel stores none for (a KLL's p99)
+                    name: _where(has_digest, pa.array(quantile_values[:, i], from_pandas=True),
                                  pa.nulls(n, pa.float64()))
                     for i, name in enumerate(QUANTILE_COLUMNS)
                 },  # fmt: skip
@@ -384,7 +389,7 @@ class WindowBuilder:
 
         def encode() -> pa.Table:
             return pa.table({
-                "sketch": _where(has_digest, dc.to_serialized(merged.digests), hll),
+                "sketch": _where(has_digest, self._kernel.to_serialized(merged.digests), hll),
                 "hdr_histogram": self._encoded(merged.hdr, is_sketched),
             })  # fmt: skip
 
@@ -436,17 +441,16 @@ class Merged:
     max: FloatArray
     last: FloatArray
     last_event_ms: IntArray
-    digests: dc.DigestColumns
+    digests: QuantileColumns
     hdr: hc.HdrColumns
 
     @classmethod
     def of_rows(cls, table: AggregateRows, rows: IntArray) -> Merged:
-        assert table.digests is not None
         whole = len(rows) == table.num_rows
         return cls(
             table.series[rows], table.type_code[rows], table.count[rows], table.sum[rows],
             table.min[rows], table.max[rows], table.last[rows], table.last_event_ms[rows],
-            table.digests if whole else dc.take(table.digests, rows),
+            table.digests if whole else table.kernel.take(table.digests, rows),
             table.hdr if whole else take_hdr(table.hdr, rows),
         )  # fmt: skip
 

@@ -75,8 +75,8 @@ def merge_hll(hll: bytes, blobs: Iterable[bytes | None], lg_k: int) -> bytes:
 
 
 def distinct_count(hll: bytes) -> float | None:
-    """A set window's distinct count, rounded as Spark's ``hll_sketch_estimate`` rounds (the
-    native lanes' and other window kinds' numbers are the same)."""
+    """A set window's distinct count, rounded as Spark's ``hll_sketch_estimate`` rounds (so
+    the number equals what Spark SQL reads from the stored image)."""
     return float(math.floor(estimate(hll).estimate + 0.5)) if hll else None
 
 

@@ -131,9 +131,9 @@ def test_validate_prints_what_kll_buys(tmp_path: Path, capsys: pytest.CaptureFix
     assert err == ""
     comments = [line for line in out.splitlines() if line.startswith("#")]
     assert comments[-3:] == [
-        "#   timers in fast (quantiles: kll): KLL k 200, ~5 KiB; merged by Spark natively (no sketch-lane query);",
+        "#   timers in fast (quantiles: kll): KLL k 200, ~5 KiB, instead of the t-digest;",
         "#     rank error ±1.33 % at any quantile (99 % confidence): p50 is a value between p48.67 and p51.33, p90 between p88.67 and p91.33;",
-        "#     p99 and p999 not stored (a p99 would be anywhere in p97.67..p100), no HDR histogram rows",
+        "#     p99 and p999 not stored (a p99 would be anywhere in p97.67..p100)",
     ]
 
 

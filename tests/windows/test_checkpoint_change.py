@@ -20,8 +20,8 @@ from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import Heartbeat, SegmentWriter
 from streamgauge.ingest.protocol import Sample
 from streamgauge.sinks.store import run_sql
-from streamgauge.windows.job import REVISION_BASE_FILE
 from streamgauge.windows.plan import JobPaths, checkpoint_dir
+from streamgauge.windows.results import REVISION_BASE_FILE
 from tests.windows.jobrun import run_job_once
 
 T0 = 1_700_000_000_000

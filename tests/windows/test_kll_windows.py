@@ -1,11 +1,12 @@
-"""A ``quantiles: kll`` window through the job: one query, p50/p90 from Spark's KLL, no p99.
+"""A ``quantiles: kll`` window through the job: one query, p50/p90 from the merged KLL, no p99.
 
 Seeded timer values go through the real combiner (with pane KLLs, as a receiver of a config
 with a kll window builds them) into segments of two receivers over four panes, plus a counter
 and a set; then a segment whose timer partial is late for the window. The job runs once; the
-stored p50/p90 must be within KLL's rank bound of the exact quantiles of what was sent, p99/p999
-NULL, no histogram rows, the late partial in ``late_events``. ``replay`` then recomputes the
-window with the late partial included, the same way.
+stored p50/p90 must be within KLL's rank bound of the exact quantiles of what was sent and be
+the stored sketch's own (as Python's and Spark's DataSketches read it), p99/p999 NULL, the HDR
+histogram every timer window has, the late partial in ``late_events``. ``replay`` then
+recomputes the window with the late partial included, the same way.
 
     event time (s)  0    1    2    3    4 ...  10
     window          [      per_4s       )
@@ -74,9 +75,23 @@ def _assert_kll_timer(row: dict[str, Any], values: np.ndarray, config: PipelineC
     bound = config.sketches.kll_rank_error + 1 / len(values)
     for column, q in (("p50", 0.5), ("p90", 0.9)):
         assert abs(_rank(ordered, row[column]) - q) <= bound, (column, row[column])
-    assert (row["p99"], row["p999"], row["hdr_histogram"]) == (None, None, None)
+    assert (row["p99"], row["p999"]) == (None, None)
+    assert row["hdr_histogram"] is not None
     sketch = deserialize_kll(bytes(row["sketch"]))  # the merged KLL, readable in Python
     assert (sketch.n, sketch.k) == (len(values), 200)
+    assert (row["p50"], row["p90"]) == (sketch.get_quantile(0.5, True),
+                                        sketch.get_quantile(0.9, True))  # inclusive, as Spark
+
+
+def _spark_reads(spark: SparkSession, blob: bytes) -> tuple[int, float, float]:
+    """n, p50 and p90 of a KLL image as Spark's own KLL functions read it."""
+    frame = spark.createDataFrame([(bytearray(blob),)], "kll binary")
+    row = frame.selectExpr(
+        "kll_sketch_get_n_double(kll)", "kll_sketch_get_quantile_double(kll, 0.5)",
+        "kll_sketch_get_quantile_double(kll, 0.9)",
+    ).first()  # fmt: skip
+    assert row is not None
+    return int(row[0]), float(row[1]), float(row[2])
 
 
 def test_kll_window_stores_p50_p90_within_the_rank_bound_and_no_p99(
@@ -111,11 +126,14 @@ def test_kll_window_stores_p50_p90_within_the_rank_bound_and_no_p99(
     timer = window["api.latency"]
     assert timer["is_final"]
     _assert_kll_timer(timer, latencies, CONFIG)
+    assert _spark_reads(spark, bytes(timer["sketch"])) == (len(latencies), timer["p50"],
+                                                           timer["p90"])  # fmt: skip
     hits, users = window["hits"], window["users"]
     assert (hits["count"], hits["sum"], hits["p50"], hits["sketch"]) == (40, 40.0, None, None)
     assert (users["count"], users["distinct_count"], users["p50"]) == (40, 7, None)
-    _, histograms = run_sql(clean_store, "select count(*) from window_histograms")
-    assert histograms == [(0,)]
+    _, histograms = run_sql(clean_store, "select metric, sum(count) from window_histograms "
+                            "group by metric")  # fmt: skip
+    assert histograms == [("api.latency", len(latencies))]
     _, late_rows = run_sql(
         clean_store, "select metric, count, query_name from late_events where config_name = "
         "'klltest'",
@@ -126,7 +144,7 @@ def test_kll_window_stores_p50_p90_within_the_rank_bound_and_no_p99(
     assert state == [("watermark_ms:per_4s",)]  # one query: one watermark
 
     with ResultStore(clean_store) as store:
-        [report] = replay(spark, CONFIG, spool, store, ManualClock(T0), from_ms=T0, to_ms=T0 + 4000)
+        [report] = replay(CONFIG, spool, store, ManualClock(T0), from_ms=T0, to_ms=T0 + 4000)
     assert (report.windows_corrected, report.late_partials_applied) == (1, 1)
     corrected = _window(clean_store)["api.latency"]
     assert corrected["revision"] > timer["revision"]

@@ -1,5 +1,5 @@
-"""A config compiles into one plan: a query per window, with its name, checkpoint, lane and
-idle span, which the job, retention, the receivers and `status` all read."""
+"""A config compiles into one plan: a query per window, with its name, checkpoint, idle span
+and boundaries, which the job, retention, the receivers and `status` all read."""
 
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ windows:
      allowed_lateness: 0s}
 """
 
-#   window  lane      idle span = pane + reach + delay + lateness (reach: size; session: gap;
-#                     sliding: size + a pane; kll: none, a batch per segment)
-#                                                           boundaries (stride, phase): where
-#                     the watermark changes the results (ends, early ticks; any pane)
+#   window  idle span = pane + reach + delay + lateness (reach: size; session: gap;
+#           sliding: size + a pane; delay and lateness by default 1 s and 0 s)
+#                                                 boundaries (stride, phase): where the
+#           watermark changes the results (ends, early ticks; any pane)
 EXPECTED = {
-    "t10": ("driver", 1_000 + 10_000 + 1_000 + 2_000, (10_000, 0)),
-    "h10": ("driver", 1_000 + 10_000 + 1_000 + 2_000, (5_000, 0)),
-    "s10": ("driver", 1_000 + 11_000 + 1_000 + 2_000, (1_000, 0)),
-    "sess": ("driver", 1_000 + 3_000 + 1_000 + 2_000, (1_000, 0)),
-    "k10": ("kll", None, None),
-    "e60": ("driver", 1_000 + 60_000 + 2_000 + 0, (20_000, 15_000)),
+    "t10": (1_000 + 10_000 + 1_000 + 2_000, (10_000, 0)),
+    "h10": (1_000 + 10_000 + 1_000 + 2_000, (5_000, 0)),
+    "s10": (1_000 + 11_000 + 1_000 + 2_000, (1_000, 0)),
+    "sess": (1_000 + 3_000 + 1_000 + 2_000, (1_000, 0)),
+    "k10": (1_000 + 10_000 + 1_000 + 0, (10_000, 0)),
+    "e60": (1_000 + 60_000 + 2_000 + 0, (20_000, 15_000)),
 }
 
 
@@ -44,9 +44,9 @@ def plan(tmp_path: Path) -> WindowPlan:
 
 
 @pytest.mark.parametrize("window", EXPECTED)
-def test_each_window_is_one_query_on_its_lane(plan: WindowPlan, window: str) -> None:
+def test_each_window_is_one_query(plan: WindowPlan, window: str) -> None:
     query = plan.query(window)
-    assert (query.lane, query.quiet_span_ms, query.boundaries_ms) == EXPECTED[window]
+    assert (query.quiet_span_ms, query.boundaries_ms) == EXPECTED[window]
     assert (query.name, query.late_name) == (f"shop.{window}", f"shop.{window}.late")
     assert query.checkpoint.parent == plan.paths.checkpoints / "shop"
     assert query.checkpoint.name.startswith(f"{window}-")
@@ -61,5 +61,9 @@ def test_checkpoints_are_one_per_window_and_follow_the_window_s_shape(
                                                         "watermark", 1), "shop"), plan.paths)
     assert resized.query("t10").checkpoint != plan.query("t10").checkpoint  # a fresh one
     assert resized.query("h10").checkpoint == plan.query("h10").checkpoint
+    # the sketch a window merges is part of its shape: its state starts afresh
+    tdigest = WindowPlan.of(parse_config(CONFIG.replace(", quantiles: kll", ""), "shop"),
+                            plan.paths)  # fmt: skip
+    assert tdigest.query("k10").checkpoint != plan.query("k10").checkpoint
     with pytest.raises(KeyError, match="no window 'nope'"):
         plan.query("nope")

@@ -363,7 +363,7 @@ def test_spark_job_stores_what_the_reference_computes(
         transcript, stored_sketches(clean_store, transcript.config), reference_sketches(transcript)
     )
     if transcript.expected_after_replay is not None:
-        check_replay(spark, clean_store, tmp_path / "spool", transcript)
+        check_replay(clean_store, tmp_path / "spool", transcript)
 
 
 _VERSIONS = """
@@ -382,7 +382,7 @@ def versions(url: str, config: PipelineConfig) -> dict[tuple[Any, ...], tuple[An
             for w, m, t, s, e, r, c, *values in rows}  # fmt: skip
 
 
-def check_replay(spark: SparkSession, url: str, spool: Path, transcript: Transcript) -> None:
+def check_replay(url: str, spool: Path, transcript: Transcript) -> None:
     """`streamgauge replay` over all time after the streaming run: the store then equals the
     reference's ``after_replay`` state (sketch columns and bucket rows included, no stale
     bucket rows, no overlapping sessions), every late partial is marked applied, and:
@@ -399,7 +399,7 @@ def check_replay(spark: SparkSession, url: str, spool: Path, transcript: Transcr
     before = versions(url, config)
     everything = {"from_ms": T0 - 3_600_000, "to_ms": T0 + 3_600_000}
     with ResultStore(url) as store:
-        report = replay(spark, config, spool, store, ManualClock(T0 + 60_000), **everything)
+        report = replay(config, spool, store, ManualClock(T0 + 60_000), **everything)
         stored, stored_late = stored_state(url, config)
         expected, expected_late = reference_state(transcript, after_replay=True)
         assert stored == expected
@@ -424,7 +424,7 @@ def check_replay(spark: SparkSession, url: str, spool: Path, transcript: Transcr
                 assert corrections == max(before[k][1] for k in covered) + 1, key
             else:  # a window that did not exist: an insert, not a correction
                 assert (revision, corrections) == (1, 0), key
-        again = replay(spark, config, spool, store, ManualClock(T0 + 70_000), **everything)
+        again = replay(config, spool, store, ManualClock(T0 + 70_000), **everything)
         assert [(r.windows_corrected, r.windows_retracted, r.late_partials_applied)
                 for r in again] == [(0, 0, 0)] * len(again)  # fmt: skip
         assert versions(url, config) == after
@@ -511,8 +511,7 @@ def test_replay_applies_late_partials_as_corrections_and_is_idempotent(
             " where key like 'watermark_ms.sketches:%%'", [T0])  # fmt: skip
 
     store = ResultStore(clean_store)
-    report = replay(
-        spark, transcript.config, spool, store, ManualClock(T0 + 60_000),
+    report = replay(transcript.config, spool, store, ManualClock(T0 + 60_000),
         from_ms=T0, to_ms=T0 + 60_000,
     )  # fmt: skip
     assert [(r.windows_corrected, r.late_partials_applied) for r in report] == [(1, 1)]
@@ -541,8 +540,7 @@ def test_replay_applies_late_partials_as_corrections_and_is_idempotent(
     )
     assert replayed == [(1,)]
 
-    again = replay(
-        spark, transcript.config, spool, store, ManualClock(T0 + 70_000),
+    again = replay(transcript.config, spool, store, ManualClock(T0 + 70_000),
         from_ms=T0, to_ms=T0 + 60_000,
     )  # fmt: skip
     assert [(r.windows_corrected, r.late_partials_applied) for r in again] == [(0, 0)]
