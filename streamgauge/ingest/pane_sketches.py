@@ -16,7 +16,8 @@ Columns produced (``SEGMENT_SCHEMA``):
   layout's range are clamped into its end buckets (their exact value still shows in min/max);
 - ``kll``: timers/histograms/distributions, only when built with ``kll_k`` (a window of the
   config has ``quantiles: kll``): a serialized ``kll_doubles_sketch(kll_k)`` of the values,
-  the DataSketches binary format Spark's ``kll_merge_agg_double`` reads; NULL otherwise.
+  the DataSketches binary format (``sketches.kll_columns`` merges it, Spark reads it); NULL
+  otherwise.
   Built like the t-digest, one C call per partial (about 5 µs for 10 values).
 
 **Weights.** Each value carries the number of values it stands for (``protocol.sample_weight``:

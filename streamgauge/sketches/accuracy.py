@@ -102,7 +102,7 @@ DEFAULT_KLL_K = 200
 """DataSketches' and Spark's default: ±1.33 % normalized rank error."""
 MIN_KLL_K = 8
 MAX_KLL_K = 65_535
-"""Spark's ``kll_merge_agg_double`` accepts k in 8..65535."""
+"""The k DataSketches' KLL image (a uint16) and Spark's ``kll_merge_agg_double`` accept."""
 KLL_BYTES_PER_K = 25
 """Serialized KLL doubles bytes per unit of k once a sketch has compacted (k 200: 5 000 bytes
 at 10^6 samples, k 2000: 44 632)."""

@@ -1,8 +1,9 @@
 """KLL quantile sketches for ``quantiles: kll`` windows, in Spark's own KLL format.
 
 Apache DataSketches ``kll_doubles_sketch``: ingest builds one per timer/histogram/distribution
-pane partial, Spark merges them with its native ``kll_merge_agg_double`` and reads p50/p90 with
-``kll_sketch_get_quantile_double``. No conversion is needed either way (checked with pyspark
+pane partial, the window job merges them (``kll_columns``), and the stored images are what
+Spark's ``kll_sketch_*`` / ``kll_merge_agg_double`` functions read. No conversion is needed
+either way (checked with pyspark
 4.3.0 and datasketches 5.2.0; ``tests/sketches/test_kll.py`` keeps a blob of each side):
 
 - Spark reads Python's serialization: n, quantiles and merges of Python-built sketches (k 200,
