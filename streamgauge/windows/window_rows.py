@@ -71,14 +71,14 @@ class AggregateRows:
     max: FloatArray = field(default_factory=lambda: np.zeros(0))
     last: FloatArray = field(default_factory=lambda: np.zeros(0))
     last_event_ms: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
-    digests: QuantileColumns = field(init=False)
-    """The quantile sketches, ``kernel``'s columns."""
+    quantile_sketches: QuantileColumns = field(init=False)
+    """``kernel``'s columns (t-digests or KLLs)."""
     hdr: hc.HdrColumns = field(default_factory=lambda: hc.HdrColumns.empty(0))
     hll_rows: list[IntArray] = field(default_factory=list)
     hll_images: list[pa.Array] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.digests = self.kernel.empty(len(self.series))
+        self.quantile_sketches = self.kernel.empty(len(self.series))
 
     @property
     def num_rows(self) -> int:
@@ -119,7 +119,8 @@ class AggregateRows:
         self.max = np.concatenate([self.max, np.full(n, -np.inf)])
         self.last = np.concatenate([self.last, np.zeros(n)])
         self.last_event_ms = np.concatenate([self.last_event_ms, np.full(n, -(2**62), np.int64)])
-        self.digests = self.kernel.concat([self.digests, self.kernel.empty(n)])
+        self.quantile_sketches = self.kernel.concat([self.quantile_sketches,
+                                                     self.kernel.empty(n)])  # fmt: skip
         self.hdr = hc.concat([self.hdr, hc.HdrColumns.empty(n)])
 
     def absorb(self, rows: IntArray, partials: Partials) -> None:
@@ -136,8 +137,10 @@ class AggregateRows:
         newer = partials.last_event_ms[latest] >= self.last_event_ms[rows[latest]]
         self.last[rows[latest][newer]] = partials.last[latest][newer]
         self.last_event_ms[rows[latest][newer]] = partials.last_event_ms[latest][newer]
-        if partials.has_digests:
-            self.digests = self.kernel.merge_into(self.digests, partials.digests, rows)
+        if partials.has_distributions:
+            self.quantile_sketches = self.kernel.merge_into(
+                self.quantile_sketches, partials.quantile_sketches, rows
+            )
             self.hdr = hc.merge_into(self.hdr, partials.hdr, rows)
         if partials.has_hll:
             valid = np.flatnonzero(partials.hll_valid)
@@ -152,7 +155,7 @@ class AggregateRows:
         self.series = remap[self.series[rows]]
         for name in ("type_code", "count", "sum", "min", "max", "last", "last_event_ms"):
             setattr(self, name, getattr(self, name)[rows])
-        self.digests = self.kernel.take(self.digests, rows)
+        self.quantile_sketches = self.kernel.take(self.quantile_sketches, rows)
         self.hdr = take_hdr(self.hdr, rows)
         kept_rows, kept_images = [], []
         for held, images in zip(self.hll_rows, self.hll_images, strict=True):
@@ -189,14 +192,15 @@ class Partials:
     max: FloatArray
     last: FloatArray
     last_event_ms: IntArray
-    digests: QuantileColumns
+    quantile_sketches: QuantileColumns
     hdr: hc.HdrColumns
     hll: pa.Array
     hll_valid: npt.NDArray[np.bool_]
 
     @property
-    def has_digests(self) -> bool:
-        return bool(self.digests.sizes.any()) or bool(len(self.hdr.buckets))
+    def has_distributions(self) -> bool:
+        """Some partial holds values' distribution (a quantile sketch or HDR buckets)."""
+        return bool(self.quantile_sketches.sizes.any()) or bool(len(self.hdr.buckets))
 
     @property
     def has_hll(self) -> bool:
@@ -232,7 +236,7 @@ class Partials:
         """Merged windows as partials (to fold into rows: a merge of sessions)."""
         return cls(
             merged.type_code, merged.count, merged.sum, merged.min, merged.max, merged.last,
-            merged.last_event_ms, merged.digests, merged.hdr, hll,
+            merged.last_event_ms, merged.quantile_sketches, merged.hdr, hll,
             np.asarray(pc.is_valid(hll).to_numpy(zero_copy_only=False), bool),
         )  # fmt: skip
 
@@ -325,7 +329,7 @@ class WindowBuilder:
         last = np.zeros(n)
         last_event = np.full(n, -(2**62), np.int64)
         at = 0
-        digest_parts, hdr_parts = [], []
+        quantile_parts, hdr_parts = [], []
         hll_owner: list[IntArray] = []
         hll_images: list[pa.Array] = []
         for table, rows in picked:
@@ -339,7 +343,7 @@ class WindowBuilder:
             newer = table.last_event_ms[rows] >= last_event[o]
             last[o[newer]] = table.last[rows][newer]
             last_event[o[newer]] = table.last_event_ms[rows][newer]
-            digest_parts.append((table.digests, rows))
+            quantile_parts.append((table.quantile_sketches, rows))
             hdr_parts.append(take_hdr(table.hdr, rows))
             row_owner = np.full(table.num_rows, -1, np.int64)
             row_owner[rows] = o
@@ -350,7 +354,7 @@ class WindowBuilder:
                 hll_images.append(images.take(pa.array(ok, pa.int64())))
         merged = Merged(
             owners, type_code, count, total, low, high, last, last_event,
-            self._kernel.merge_by_owner(self._kernel.gather(digest_parts), owner, n),
+            self._kernel.merge_by_owner(self._kernel.gather(quantile_parts), owner, n),
             hc.merge_by_owner(hc.concat(hdr_parts), owner, n),
         )  # fmt: skip
         return merged, self.union_hll(hll_owner, hll_images, n)
@@ -363,8 +367,8 @@ class WindowBuilder:
         take = pa.array(merged.series, pa.int64())
         types = np.array(_TYPES + ("",), dtype=object)[merged.type_code]
         is_sketched = np.isin(types, _SKETCHED)
-        quantile_values = self._kernel.quantiles(merged.digests, QUANTILES)
-        has_digest = is_sketched & (merged.digests.sizes > 0)
+        quantile_values = self._kernel.quantiles(merged.quantile_sketches, QUANTILES)
+        has_quantiles = is_sketched & (merged.quantile_sketches.sizes > 0)
         values = pa.table(
             {
                 "metric": self.series.metric.take(take),
@@ -379,7 +383,8 @@ class WindowBuilder:
                 "last": pa.array(merged.last, pa.float64()),
                 **{
                     # NaN: a percentile the kernel stores none for (a KLL's p99)
-                    name: _where(has_digest, pa.array(quantile_values[:, i], from_pandas=True),
+                    name: _where(has_quantiles,
+                                 pa.array(quantile_values[:, i], from_pandas=True),
                                  pa.nulls(n, pa.float64()))
                     for i, name in enumerate(QUANTILE_COLUMNS)
                 },  # fmt: skip
@@ -389,7 +394,8 @@ class WindowBuilder:
 
         def encode() -> pa.Table:
             return pa.table({
-                "sketch": _where(has_digest, self._kernel.to_serialized(merged.digests), hll),
+                "sketch": _where(has_quantiles,
+                                 self._kernel.to_serialized(merged.quantile_sketches), hll),
                 "hdr_histogram": self._encoded(merged.hdr, is_sketched),
             })  # fmt: skip
 
@@ -441,7 +447,7 @@ class Merged:
     max: FloatArray
     last: FloatArray
     last_event_ms: IntArray
-    digests: QuantileColumns
+    quantile_sketches: QuantileColumns
     hdr: hc.HdrColumns
 
     @classmethod
@@ -450,7 +456,8 @@ class Merged:
         return cls(
             table.series[rows], table.type_code[rows], table.count[rows], table.sum[rows],
             table.min[rows], table.max[rows], table.last[rows], table.last_event_ms[rows],
-            table.digests if whole else table.kernel.take(table.digests, rows),
+            table.quantile_sketches if whole
+            else table.kernel.take(table.quantile_sketches, rows),
             table.hdr if whole else take_hdr(table.hdr, rows),
         )  # fmt: skip
 
