@@ -188,14 +188,22 @@ def test_status_loads_neither_spark_nor_grafana(daemon: PtyDaemon) -> None:
 
 
 def test_status_watch_redraws_until_ctrl_c(daemon: PtyDaemon) -> None:
+    # -X faulthandler: a SIGABRT prints every thread's stack, should Ctrl-C not end it
     master, process = run_on_terminal([
-        sys.executable, "-m", "streamgauge", "status", "--data-dir", daemon.info["data_dir"],
-        "--watch", "0.5"])  # fmt: skip
+        sys.executable, "-X", "faulthandler", "-m", "streamgauge", "status", "--data-dir",
+        daemon.info["data_dir"], "--watch", "0.5"])  # fmt: skip
     screen = Screen(master)
     screen.start()
     screen.wait_for(r"(?s)every 0.5 s, Ctrl-C to stop.*every 0.5 s, Ctrl-C to stop", 30)
     os.write(master, b"\x03")
-    assert process.wait(timeout=20) == 0
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        process.wait(timeout=10)
+        time.sleep(0.5)  # the screen thread reads the dump
+        pytest.fail("status --watch did not end on Ctrl-C; where it was:\n" + screen.text[-6000:])
+    assert process.returncode == 0
     # the second drawing has lines/s: the difference of two readings
     second = screen.text.replace("\r\n", "\n").split("\x1b[H\x1b[2J")[2]
     header, receiver = second.split("receivers (since start)\n", 1)[1].splitlines()[:2]
