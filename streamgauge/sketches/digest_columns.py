@@ -91,7 +91,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from streamgauge.sketches.kernels import chunk_bounds, compact, run_chunks
+from streamgauge.sketches.kernels import chunk_bounds, compact, merge_capacity, run_chunks
 from streamgauge.sketches.tdigest import DEFAULT_K
 
 __all__ = [
@@ -636,26 +636,6 @@ def _merge_two(b_m: Any, b_w: Any, b: Any, b_end: Any, a_m: Any, a_w: Any, a: An
 
 
 @_jit
-def _merge_capacity(a_offsets: Any, heads: Any, offsets: Any, order: Any, b_first: Any,
-                    b_last: Any) -> Any:  # fmt: skip
-    """Per owner, the centroids of all its inputs, summed from the first owner on (``n + 1``
-    entries): a compress never outputs more than it reads, so owner ``g``'s output fits in
-    ``capacity[g] .. capacity[g + 1]``."""
-    n_owners = len(heads)
-    capacity = np.zeros(n_owners + 1, np.int64)
-    for g in range(n_owners):
-        size = 0
-        for r in range(b_first[g], b_last[g]):
-            i = order[r]
-            size += offsets[i + 1] - offsets[i]
-        h = heads[g]
-        if h >= 0:
-            size += a_offsets[h + 1] - a_offsets[h]
-        capacity[g + 1] = capacity[g] + size
-    return capacity
-
-
-@_jit
 def _merge_owner_rows(
     a_offsets: Any, a_means: Any, a_weights: Any, a_mins: Any, a_maxs: Any, a_reverse: Any,
     heads: Any, offsets: Any, means: Any, weights: Any, mins: Any, maxs: Any, reverse: Any,
@@ -903,7 +883,7 @@ def merge_into(state: DigestColumns, partials: DigestColumns, owner: npt.ArrayLi
 def _merged(head_cols: DigestColumns, heads: IntArray, cols: DigestColumns, order: IntArray,
             b_first: IntArray, b_last: IntArray) -> DigestColumns:  # fmt: skip
     n_owners = len(heads)
-    capacity = _merge_capacity(head_cols.offsets, heads, cols.offsets, order, b_first, b_last)
+    capacity = merge_capacity(head_cols.offsets, heads, cols.offsets, order, b_first, b_last)
     # Outputs allocated by numpy, not in the kernel: numpy asks for huge pages for large
     # arrays, which halves the cost of first touching them (numba's allocations get 4 KiB
     # pages, one page fault each).

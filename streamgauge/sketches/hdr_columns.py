@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.sketches.hdr import HdrLayout
-from streamgauge.sketches.kernels import chunk_bounds, compact, run_chunks
+from streamgauge.sketches.kernels import chunk_bounds, compact, merge_capacity, run_chunks
 
 __all__ = [
     "HdrColumns", "concat", "from_lists", "merge_by_owner", "merge_into", "quantiles", "to_lists",
@@ -139,25 +139,6 @@ def to_lists(cols: HdrColumns) -> tuple[Any, Any]:
         kind.from_arrays(offsets, pa.array(cols.buckets, pa.int32())),
         kind.from_arrays(offsets, pa.array(cols.counts, pa.int64())),
     )
-
-
-@_jit
-def _capacity(a_offsets: Any, heads: Any, offsets: Any, order: Any, b_first: Any,
-              b_last: Any) -> Any:  # fmt: skip
-    """Per owner, the rows of all its inputs, summed from the first owner on (``n + 1``
-    entries): owner ``g``'s merged rows fit in ``capacity[g] .. capacity[g + 1]``."""
-    n_owners = len(heads)
-    capacity = np.zeros(n_owners + 1, np.int64)
-    for g in range(n_owners):
-        size = 0
-        for r in range(b_first[g], b_last[g]):
-            i = order[r]
-            size += offsets[i + 1] - offsets[i]
-        h = heads[g]
-        if h >= 0:
-            size += a_offsets[h + 1] - a_offsets[h]
-        capacity[g + 1] = capacity[g] + size
-    return capacity
 
 
 @_jit
@@ -307,7 +288,7 @@ def _merged(head_cols: HdrColumns, heads: IntArray, cols: HdrColumns, order: Int
                 raise ValueError(f"negative bucket index {low}")
             width = max(width, high + 1)
     n_owners = len(heads)
-    capacity = _capacity(head_cols.offsets, heads, cols.offsets, order, b_first, b_last)
+    capacity = merge_capacity(head_cols.offsets, heads, cols.offsets, order, b_first, b_last)
     # Allocated by numpy (huge pages for large arrays: cheaper to touch first than numba's).
     out_offsets = np.zeros(n_owners + 1, np.int64)
     out_buckets = np.empty(capacity[-1], np.int32)

@@ -65,6 +65,27 @@ def jit(function: _F) -> _F:
     return cast(_F, numba.njit(cache=True, nogil=True)(function))
 
 
+@jit
+def merge_capacity(a_offsets: Any, heads: Any, offsets: Any, order: Any, b_first: Any,
+                   b_last: Any) -> Any:  # fmt: skip
+    """The output bounds of a CSR merge by owner: per owner ``g``, the entries of its held row
+    ``heads[g]`` (in ``a_offsets``; -1: none) and of its inputs ``order[b_first[g]:b_last[g]]``
+    (in ``offsets``), summed from the first owner on (``n + 1`` entries). A merge never outputs
+    more than it reads, so owner ``g``'s output fits in ``capacity[g] .. capacity[g + 1]``."""
+    n_owners = len(heads)
+    capacity = np.zeros(n_owners + 1, np.int64)
+    for g in range(n_owners):
+        size = 0
+        for r in range(b_first[g], b_last[g]):
+            i = order[r]
+            size += offsets[i + 1] - offsets[i]
+        h = heads[g]
+        if h >= 0:
+            size += a_offsets[h + 1] - a_offsets[h]
+        capacity[g + 1] = capacity[g] + size
+    return capacity
+
+
 def threads() -> int:
     """Threads a batch's chunks run on."""
     return _threads

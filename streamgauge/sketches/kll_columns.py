@@ -99,7 +99,7 @@ import pyarrow as pa
 
 from streamgauge.sketches.accuracy import DEFAULT_KLL_K, MAX_KLL_K, MIN_KLL_K
 from streamgauge.sketches.digest_columns import binary_parts
-from streamgauge.sketches.kernels import chunk_bounds, compact, run_chunks
+from streamgauge.sketches.kernels import chunk_bounds, compact, merge_capacity, run_chunks
 from streamgauge.sketches.kernels import jit as _jit
 
 __all__ = [
@@ -621,26 +621,6 @@ def to_serialized(cols: KllColumns) -> pa.BinaryArray:
 
 
 @_jit
-def _merge_capacity(a_offsets: Any, heads: Any, offsets: Any, order: Any, b_first: Any,
-                    b_last: Any) -> Any:  # fmt: skip
-    """Per owner, the retained items of all its inputs, summed from the first owner on
-    (``n + 1`` entries): a merge never outputs more than it reads, so owner ``g``'s output fits
-    in ``capacity[g] .. capacity[g + 1]``."""
-    n_owners = len(heads)
-    capacity = np.zeros(n_owners + 1, np.int64)
-    for g in range(n_owners):
-        size = 0
-        for r in range(b_first[g], b_last[g]):
-            i = order[r]
-            size += offsets[i + 1] - offsets[i]
-        h = heads[g]
-        if h >= 0:
-            size += a_offsets[h + 1] - a_offsets[h]
-        capacity[g + 1] = capacity[g] + size
-    return capacity
-
-
-@_jit
 def _place(items: Any, levels: Any, lo: Any, hi: Any, work: Any, fill: Any) -> None:
     """Items ``lo .. hi - 1`` of one input into their levels' next slots of ``work``."""
     for j in range(lo, hi):
@@ -875,7 +855,7 @@ def merge_into(state: KllColumns, partials: KllColumns, owner: npt.ArrayLike) ->
 def _merged(head_cols: KllColumns, heads: IntArray, cols: KllColumns, order: IntArray,
             b_first: IntArray, b_last: IntArray, k: int) -> KllColumns:  # fmt: skip
     n_owners = len(heads)
-    capacity = _merge_capacity(head_cols.offsets, heads, cols.offsets, order, b_first, b_last)
+    capacity = merge_capacity(head_cols.offsets, heads, cols.offsets, order, b_first, b_last)
     total = int(capacity[-1])
     outputs = (
         np.zeros(n_owners + 1, np.int64), np.empty(total, np.float64), np.empty(total, np.uint8),
