@@ -37,18 +37,26 @@ STATUS_LINE = re.compile(
 )
 
 
-def run_on_terminal(argv: list[str], columns: int = COLUMNS) -> tuple[int, subprocess.Popen[bytes]]:
-    """Starts ``argv`` with a new pty as its controlling terminal; (master fd, process)."""
+def run_on_terminal(
+    argv: list[str], columns: int = COLUMNS, stderr: int | None = None
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """Starts ``argv`` with a new pty as its controlling terminal; (master fd, process).
+    ``stderr``: a file descriptor for its stderr instead of the pty."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
 
     def controlling_terminal() -> None:
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        # As from a person's shell: Ctrl-C interrupts. A test run started in the background
+        # (`make test &`) ignores SIGINT, and an ignored signal stays ignored across exec,
+        # so Python would install no KeyboardInterrupt handler and Ctrl-C would do nothing.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     # COLUMNS, when set (pytest sets it), wins over the terminal's own size
     env = {**os.environ, "COLUMNS": str(columns), "LINES": "50"}
-    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave,
+                               stderr=slave if stderr is None else stderr, env=env,
                                preexec_fn=controlling_terminal)  # fmt: skip
     os.close(slave)
     return master, process

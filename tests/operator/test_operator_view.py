@@ -187,11 +187,14 @@ def test_status_loads_neither_spark_nor_grafana(daemon: PtyDaemon) -> None:
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
 
 
-def test_status_watch_redraws_until_ctrl_c(daemon: PtyDaemon) -> None:
-    # -X faulthandler: a SIGABRT prints every thread's stack, should Ctrl-C not end it
-    master, process = run_on_terminal([
-        sys.executable, "-X", "faulthandler", "-m", "streamgauge", "status", "--data-dir",
-        daemon.info["data_dir"], "--watch", "0.5"])  # fmt: skip
+def test_status_watch_redraws_until_ctrl_c(daemon: PtyDaemon, tmp_path: Path) -> None:
+    # -X faulthandler: a SIGABRT writes every thread's stack to stderr (a file, which outlives
+    # the process, unlike what a dying process leaves in a pty), should Ctrl-C not end it
+    stderr = tmp_path / "stderr"
+    with stderr.open("wb") as errors:
+        master, process = run_on_terminal([
+            sys.executable, "-X", "faulthandler", "-m", "streamgauge", "status", "--data-dir",
+            daemon.info["data_dir"], "--watch", "0.5"], stderr=errors.fileno())  # fmt: skip
     screen = Screen(master)
     screen.start()
     screen.wait_for(r"(?s)every 0.5 s, Ctrl-C to stop.*every 0.5 s, Ctrl-C to stop", 30)
@@ -201,8 +204,10 @@ def test_status_watch_redraws_until_ctrl_c(daemon: PtyDaemon) -> None:
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGABRT)
         process.wait(timeout=10)
-        time.sleep(0.5)  # the screen thread reads the dump
-        pytest.fail("status --watch did not end on Ctrl-C; where it was:\n" + screen.text[-6000:])
+        pytest.fail(
+            f"status --watch did not end on Ctrl-C (SIGINT in this test process: "
+            f"{signal.getsignal(signal.SIGINT)!r}); its stacks:\n{stderr.read_text()[-6000:]}"
+        )
     assert process.returncode == 0
     # the second drawing has lines/s: the difference of two readings
     second = screen.text.replace("\r\n", "\n").split("\x1b[H\x1b[2J")[2]
