@@ -91,7 +91,13 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from streamgauge.sketches.kernels import chunk_bounds, compact, merge_capacity, run_chunks
+from streamgauge.sketches.kernels import (
+    chunk_bounds,
+    compact,
+    copy_runs,
+    merge_capacity,
+    run_chunks,
+)
 from streamgauge.sketches.tdigest import DEFAULT_K
 
 __all__ = [
@@ -1419,18 +1425,6 @@ def take(cols: DigestColumns, rows: npt.ArrayLike) -> DigestColumns:
     return gather([(cols, rows)], cols.k)
 
 
-@_jit
-def _copy_runs(starts: Any, sizes: Any, out_starts: Any, means: Any, weights: Any,
-               out_means: Any, out_weights: Any) -> None:  # fmt: skip
-    """Run ``i`` of ``sizes[i]`` centroids from ``starts[i]`` to ``out_starts[i]``."""
-    for i in range(len(sizes)):
-        s = starts[i]
-        o = out_starts[i]
-        for j in range(sizes[i]):
-            out_means[o + j] = means[s + j]
-            out_weights[o + j] = weights[s + j]
-
-
 def gather(parts: Sequence[tuple[DigestColumns, npt.ArrayLike]], k: int | None = None
            ) -> DigestColumns:  # fmt: skip
     """Series ``rows`` of each ``(cols, rows)`` part, the parts one after another:
@@ -1447,7 +1441,7 @@ def gather(parts: Sequence[tuple[DigestColumns, npt.ArrayLike]], k: int | None =
     weights = np.empty(int(offsets[-1]), np.float64)
     first = 0
     for (cols, index), size in zip(picked, sizes, strict=True):
-        _copy_runs(cols.offsets[index], size, offsets[first : first + len(index)], cols.means,
+        copy_runs(cols.offsets[index], size, offsets[first : first + len(index)], cols.means,
                    cols.weights, means, weights)  # fmt: skip
         first += len(index)
     return DigestColumns(

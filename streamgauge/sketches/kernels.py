@@ -86,6 +86,20 @@ def merge_capacity(a_offsets: Any, heads: Any, offsets: Any, order: Any, b_first
     return capacity
 
 
+@jit
+def copy_runs(starts: Any, sizes: Any, out_starts: Any, first: Any, second: Any,
+              out_first: Any, out_second: Any) -> None:  # fmt: skip
+    """CSR rows copied whole, two columns at once: run ``i`` of ``sizes[i]`` entries of
+    ``first`` and ``second`` from ``starts[i]`` to ``out_starts[i]`` of ``out_first`` and
+    ``out_second`` (a gather of rows: a run per row, not an index per entry)."""
+    for i in range(len(sizes)):
+        s = starts[i]
+        o = out_starts[i]
+        size = sizes[i]
+        out_first[o : o + size] = first[s : s + size]
+        out_second[o : o + size] = second[s : s + size]
+
+
 def threads() -> int:
     """Threads a batch's chunks run on."""
     return _threads

@@ -99,7 +99,13 @@ import pyarrow as pa
 
 from streamgauge.sketches.accuracy import DEFAULT_KLL_K, MAX_KLL_K, MIN_KLL_K
 from streamgauge.sketches.digest_columns import binary_parts
-from streamgauge.sketches.kernels import chunk_bounds, compact, merge_capacity, run_chunks
+from streamgauge.sketches.kernels import (
+    chunk_bounds,
+    compact,
+    copy_runs,
+    merge_capacity,
+    run_chunks,
+)
 from streamgauge.sketches.kernels import jit as _jit
 
 __all__ = [
@@ -1033,18 +1039,6 @@ def take(cols: KllColumns, rows: npt.ArrayLike) -> KllColumns:
     return gather([(cols, rows)], cols.k)
 
 
-@_jit
-def _copy_runs(starts: Any, sizes: Any, out_starts: Any, items: Any, levels: Any,
-               out_items: Any, out_levels: Any) -> None:  # fmt: skip
-    """Run ``i`` of ``sizes[i]`` items from ``starts[i]`` to ``out_starts[i]``."""
-    for i in range(len(sizes)):
-        s = starts[i]
-        o = out_starts[i]
-        size = sizes[i]
-        out_items[o : o + size] = items[s : s + size]
-        out_levels[o : o + size] = levels[s : s + size]
-
-
 def gather(parts: Sequence[tuple[KllColumns, npt.ArrayLike]], k: int | None = None
            ) -> KllColumns:  # fmt: skip
     """Sketches ``rows`` of each ``(cols, rows)`` part, the parts one after another:
@@ -1060,7 +1054,7 @@ def gather(parts: Sequence[tuple[KllColumns, npt.ArrayLike]], k: int | None = No
     levels = np.empty(int(offsets[-1]), np.uint8)
     first = 0
     for (cols, index), size in zip(picked, sizes, strict=True):
-        _copy_runs(cols.offsets[index], size, offsets[first : first + len(index)], cols.items,
+        copy_runs(cols.offsets[index], size, offsets[first : first + len(index)], cols.items,
                    cols.levels, items, levels)  # fmt: skip
         first += len(index)
     return KllColumns(
