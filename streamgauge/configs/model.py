@@ -26,6 +26,8 @@ from streamgauge.configs.durations import format_duration_ms
 from streamgauge.sketches.accuracy import (
     DEFAULT_KLL_K,
     KLL_BYTES_PER_K,
+    KLL_PERCENTILES,
+    PERCENTILES,
     SketchParams,
     compile_accuracy,
     kll_error,
@@ -65,9 +67,8 @@ QUANTILE_SKETCHES: tuple[QuantileSketch, ...] = ("tdigest", "kll")
 #: percentiles too, always from t-digests and HDR histograms (``windows.window_sketches``), so
 #: for them the key would choose nothing.
 QUANTILE_KINDS: tuple[WindowKind, ...] = ("tumbling", "hopping")
-#: What a ``quantiles: kll`` window stores no value for: KLL's rank error is the same at every
-#: quantile (±1.33 % at k 200), so its "p99" may be anywhere between p97.7 and p100.
-KLL_UNSTORED: tuple[Aggregate, ...] = ("p99", "p999")
+#: What a ``quantiles: kll`` window stores no value for (``accuracy.KLL_PERCENTILES`` says why).
+KLL_UNSTORED: tuple[str, ...] = tuple(name for name in PERCENTILES if name not in KLL_PERCENTILES)
 
 #: Keys whose meaning depends on the kind; every other window key is valid for every kind.
 KIND_SPECIFIC_KEYS: tuple[str, ...] = ("size", "hop", "offset", "gap", "key")
@@ -538,7 +539,7 @@ def alert_problems(
 def kll_problem(aggregate: str, window: str | None, rank_error: float | None) -> str:
     """Why an alert cannot watch ``aggregate`` (p99, p999) of a ``quantiles: kll`` window."""
     error = rank_error if rank_error is not None else kll_error(DEFAULT_KLL_K)
-    q = {"p99": 0.99, "p999": 0.999}.get(aggregate, 0.99)
+    q = PERCENTILES.get(aggregate, 0.99)
     low, high = max(q - error, 0.0), min(q + error, 1.0)
     return (
         f"window {window!r} computes percentiles with KLL (quantiles: kll), whose rank error "

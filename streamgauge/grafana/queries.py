@@ -45,6 +45,7 @@ from grafana_foundation_sdk.cog import variants as cogvariants
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 from streamgauge.configs import CLIENT_AGGREGATE_METRICS, Aggregate, AlertSpec, PipelineConfig
+from streamgauge.sketches.accuracy import PERCENTILES
 
 DATASOURCE_TYPE = "grafana-postgresql-datasource"
 """The PostgreSQL plugin id since Grafana 10.3 (``postgres`` remains an alias)."""
@@ -164,13 +165,9 @@ WINDOW_EXPRESSIONS: Mapping[Aggregate, str] = {
 }
 
 #: Quantiles the histogram panels draw: (series label, q).
-HISTOGRAM_QUANTILES: tuple[tuple[str, float], ...] = (
-    ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999),
-)  # fmt: skip
+HISTOGRAM_QUANTILES: tuple[tuple[str, float], ...] = tuple(PERCENTILES.items())
 #: The aggregates an alert reads from the window's HDR histogram when it has one.
-ALERT_HISTOGRAM_QUANTILES: Mapping[Aggregate, float] = {
-    "p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999,
-}
+ALERT_HISTOGRAM_QUANTILES: Mapping[str, float] = PERCENTILES
 #: Heatmap rows per power of two (2^(1/8): rows about 9 % apart; an HDR bucket is ≤ 1 % wide).
 HEATMAP_ROWS_PER_OCTAVE = 8
 

@@ -59,6 +59,7 @@ microseconds.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from datasketches import hll_sketch, kll_doubles_sketch
@@ -97,6 +98,13 @@ TDIGEST_RANK_ERROR: dict[int, float] = {
     2000: 0.0001,
 }
 """k → worst measured mid-range rank error, gap case included (table in the module docstring)."""
+
+PERCENTILES: Mapping[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+"""The percentiles a window of timers, histograms or distributions stores (its columns), by
+name: the normalized rank of each."""
+KLL_PERCENTILES: tuple[str, ...] = ("p50", "p90")
+"""Those a ``quantiles: kll`` window stores a value for: KLL's rank error is the same at every
+quantile (±1.33 % at k 200), so its "p99" could be anywhere between p97.7 and p100."""
 
 DEFAULT_KLL_K = 200
 """DataSketches' and Spark's default: ±1.33 % normalized rank error."""

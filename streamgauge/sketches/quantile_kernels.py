@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from streamgauge.sketches import digest_columns as dc
 from streamgauge.sketches import kll_columns as kc
-from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.accuracy import KLL_PERCENTILES, PERCENTILES, SketchParams
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -122,7 +122,7 @@ class TDigestKernel(QuantileKernel):
     """DataSketches ``tdigest_double`` (``digest_columns``): every percentile."""
 
     partial_column = "sketch"
-    stored_quantiles = frozenset({0.5, 0.9, 0.99, 0.999})
+    stored_quantiles = frozenset(PERCENTILES.values())
 
     def empty(self, n: int) -> QuantileColumns:
         return dc.DigestColumns.empty(n, self.k)
@@ -157,7 +157,7 @@ class KllKernel(QuantileKernel):
     """DataSketches ``kll_doubles_sketch`` (``kll_columns``): p50 and p90 only."""
 
     partial_column = "kll"
-    stored_quantiles = frozenset({0.5, 0.9})
+    stored_quantiles = frozenset(PERCENTILES[name] for name in KLL_PERCENTILES)
 
     def empty(self, n: int) -> QuantileColumns:
         return kc.KllColumns.empty(n, self.k)

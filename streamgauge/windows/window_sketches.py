@@ -25,15 +25,13 @@ from typing import Any
 import numpy as np
 
 from streamgauge.ingest.pane_sketches import SKETCHED_TYPES
-from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.accuracy import PERCENTILES, SketchParams
 from streamgauge.sketches.hdr import HdrLayout, merge
 from streamgauge.sketches.hll import estimate, serialize_hll, union_hll
 from streamgauge.sketches.tdigest import deserialize_tdigest, new_tdigest, quantiles
 
-QUANTILES = (0.5, 0.9, 0.99, 0.999)
-
-
-QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999")
+QUANTILES = tuple(PERCENTILES.values())
+QUANTILE_COLUMNS = tuple(PERCENTILES)
 
 
 def merge_digest(digest: bytes, blobs: Iterable[bytes | None], k: int) -> bytes:
