@@ -8,9 +8,9 @@ windows' rows are published for the first time (``commit_batch(fresh=...)``, wit
 finalization and the watermark), each with its sketch, its HdrHistogram encoding and its HDR
 buckets. Timed per round: **build**, turning the windows' CSR buckets into what the store takes
 (``results.histogram_rows``: one row per window and bucket, or ``results.with_hdr_buckets``:
-two list columns of the window rows), **commit**, the ``commit_batch`` call, and **rows
-visible**, the part of it until the windows' rows commit (from schema version 15 their
-sketches commit after them; before, the whole call).
+list columns of the window rows, two, or one packed from schema version 17), **commit**,
+the ``commit_batch`` call, and **rows visible**, the part of it until the windows' rows
+commit (from schema version 15 their sketches commit after them; before, the whole call).
 
 Each version runs in its own process (``PYTHONPATH`` = its checkout) against an embedded
 PostgreSQL of its own, started by its code (with its settings); the rounds alternate the

@@ -3,7 +3,7 @@
 Two per config: the results dashboard (template variables ``window`` and ``metric``; a time
 series per aggregate with provisional values drawn as dashed points over the full series;
 stat panels; an annotation on every corrected window; percentiles per tag group and over the
-whole range from the windows' merged HDR histograms (their ``hdr_buckets``, what
+whole range from the windows' merged HDR histograms (their ``hdr_bucket_counts``, what
 ``window_histograms`` shows), and a heatmap of them) and
 the pipeline-health dashboard (ingest rates, rejects by reason, kernel drops, each client's
 completeness, watermark lag, late events, corrections, store errors from

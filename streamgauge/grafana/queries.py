@@ -21,10 +21,10 @@ which the sketch's exact small-set mode makes exact where registers alone cannot
 Percentiles over a bucket or the whole range come from the windows' HDR histograms instead:
 the buckets of all windows in the bucket (per tag group) are added per bucket (index and
 bounds, so a layout change never adds unlike buckets), then ``streamgauge_hdr_quantiles``
-reads the quantiles off the sum, as HdrHistogram does (schema migrations 4 and 12). Only
-windows that are in ``window_results`` count (CTE ``windows``: the emitted ones the other
-panels show, with their finality), and their buckets are unnested from those same rows
-(``hdr_buckets``, ``hdr_counts``; the bounds from the row's layout columns): what the
+reads the quantiles off the sum, as HdrHistogram does (schema migrations 4, 12 and 17).
+Only windows that are in ``window_results`` count (CTE ``windows``: the emitted ones the other
+panels show, with their finality), and their buckets are unpacked from those same rows
+(``streamgauge_hdr_entries(hdr_bucket_counts)``; the bounds from the row's layout columns): the
 ``window_histograms`` view shows a row each, without joining it back to ``windows``. The
 per-tag-group panel hands each series' bins to the quantile function unmerged
 (``histogram_percentiles_sql`` says why); the range stat adds them per bucket first, down to a
@@ -277,7 +277,7 @@ def _emitted_windows(config: PipelineConfig) -> str:
     return (
         "windows AS (\n"
         "  SELECT $__timeGroup(window_start, $__interval) AS t, metric, tags, window_start,\n"
-        "    is_final, hdr_buckets, hdr_counts, hdr_unit_magnitude, hdr_half_count_magnitude,\n"
+        "    is_final, hdr_bucket_counts, hdr_unit_magnitude, hdr_half_count_magnitude,\n"
         "    hdr_value_scale\n"
         "  FROM window_results\n"
         f"  WHERE {_series_filter(config).replace(chr(10), chr(10) + '  ')}\n"
@@ -286,7 +286,7 @@ def _emitted_windows(config: PipelineConfig) -> str:
 
 
 _WINDOW_BUCKETS = (
-    "windows w CROSS JOIN LATERAL unnest(w.hdr_buckets, w.hdr_counts) AS h(bucket, count)"
+    "windows w CROSS JOIN LATERAL streamgauge_hdr_entries(w.hdr_bucket_counts) AS h(bucket, count)"
 )
 """The buckets of the ``windows`` CTE's rows, one row each (``window_histograms``' rows)."""
 
@@ -531,7 +531,7 @@ def _alert_value(aggregate: Aggregate) -> str:
     The histogram's quantile has a bounded *value* error (the layout's, 1 % by default) and is
     the number the dashboard's histogram panels show; windows stored without HDR buckets
     (types without one, or written before schema version 4) keep the column's estimate. The
-    buckets are the row's own (``hdr_buckets``, what ``window_histograms`` shows of it).
+    buckets are the row's own (``hdr_bucket_counts``, what ``window_histograms`` shows of it).
     """
     q = ALERT_HISTOGRAM_QUANTILES.get(aggregate)
     if q is None:
@@ -541,8 +541,7 @@ def _alert_value(aggregate: Aggregate) -> str:
         "coalesce((\n"
         "    SELECT streamgauge_hdr_quantile(array_agg(\n"
         f"      (h.bucket,\n       {bounds},\n       h.count)::streamgauge_hdr_bin), {q!r})\n"
-        "    FROM unnest(window_results.hdr_buckets, window_results.hdr_counts)"
-        " AS h(bucket, count)\n"
+        "    FROM streamgauge_hdr_entries(window_results.hdr_bucket_counts) AS h(bucket, count)\n"
         f"  ), {WINDOW_EXPRESSIONS[aggregate]})"
     )
 

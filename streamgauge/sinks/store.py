@@ -87,10 +87,10 @@ RESULT_SCHEMA = pa.schema(
         pa.field("distinct_count", pa.float64()),
         pa.field("sketch", pa.binary()),  # t-digest (ms/h/d) or HLL_8 (s), serialized
         pa.field("hdr_histogram", pa.string()),  # HdrHistogram V2 compressed, base64
-        # The same histogram's non-empty buckets (ascending) and their counts, with the
-        # three constants of its layout their bounds follow from (``HDR_COLUMNS``).
-        pa.field("hdr_buckets", pa.list_(pa.int32())),
-        pa.field("hdr_counts", pa.list_(pa.int64())),
+        # The same histogram's non-empty buckets (ascending) with their counts, packed
+        # (``pack_hdr_buckets``), and the three constants of its layout their bounds follow
+        # from (``HDR_COLUMNS``).
+        pa.field("hdr_bucket_counts", pa.list_(pa.int64())),
         pa.field("hdr_unit_magnitude", pa.int16()),
         pa.field("hdr_half_count_magnitude", pa.int16()),
         pa.field("hdr_value_scale", pa.float64()),
@@ -105,16 +105,31 @@ safely, e.g. int32 → int64 or large_string → string; a lossy cast is refused
 ``OPTIONAL_RESULT_COLUMNS`` may be left out: they are NULL then."""
 
 HDR_COLUMNS = (
-    "hdr_buckets", "hdr_counts", "hdr_unit_magnitude", "hdr_half_count_magnitude",
-    "hdr_value_scale",
+    "hdr_bucket_counts", "hdr_unit_magnitude", "hdr_half_count_magnitude", "hdr_value_scale",
 )  # fmt: skip
-"""A window's HDR buckets as the store keeps them in its row (schema version 12), unnested by
-the ``window_histograms`` view: bucket indices and counts as arrays (NULL for a window without
-a histogram) and the layout's unit magnitude, sub-bucket half count magnitude and value scale,
-from which SQL computes each bucket's bounds (``streamgauge_hdr_lower_bound``)."""
+"""A window's HDR buckets as the store keeps them beside its row (schema version 17),
+unnested by the ``window_histograms`` view: the non-empty buckets packed with their counts
+(``pack_hdr_buckets``; NULL for a window without a histogram) and the layout's unit
+magnitude, sub-bucket half count magnitude and value scale, from which SQL computes each
+bucket's bounds (``streamgauge_hdr_lower_bound``)."""
+
+
+def pack_hdr_buckets(buckets: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """HDR bucket indices and their counts (same length) as ``hdr_bucket_counts`` holds them:
+    ``bucket << HDR_COUNT_BITS | count``, int64. A count too large for its bits is refused
+    rather than stored wrong."""
+    counts = np.asarray(counts, np.int64)
+    if counts.size and int(counts.max()) >> schema.HDR_COUNT_BITS:
+        raise ValueError(
+            f"an HDR bucket holds {int(counts.max())} samples, more than the store's "
+            f"{schema.HDR_COUNT_BITS}-bit count of a bucket"
+        )
+    packed: np.ndarray = (np.asarray(buckets, np.int64) << schema.HDR_COUNT_BITS) | counts
+    return packed
+
 
 OPTIONAL_RESULT_COLUMNS = frozenset({"p999", "sketch", "hdr_histogram", *HDR_COLUMNS})
-"""Added with the sketches (schema versions 4 and 12); writers that produce none need not
+"""Added with the sketches (schema versions 4, 12 and 17); writers that produce none need not
 name them."""
 
 _STAGED_SCHEMA = RESULT_SCHEMA.append(pa.field("hll_registers", pa.binary()))
@@ -196,7 +211,9 @@ _VALUES_CHANGED = (
 )  # the values, not their encodings, revision, finality or emission
 _STAGED_VALUES = ", ".join(f"s.{c}" for c in (*_VALUES, *_ENCODINGS))
 _STAGED_ROW_VALUES = ", ".join(f"s.{c}" for c in _VALUES)
-_HAS_SKETCH = "(s.sketch IS NOT NULL OR s.hll_registers IS NOT NULL OR s.hdr_buckets IS NOT NULL)"
+_HAS_SKETCH = (
+    "(s.sketch IS NOT NULL OR s.hll_registers IS NOT NULL OR s.hdr_bucket_counts IS NOT NULL)"
+)
 
 
 def _with_sketches(write: str, source: str, source_key: str, returning: str = "") -> str:
@@ -1035,7 +1052,7 @@ class ResultStore:
         sketched = fresh.select(list(_SKETCHED_COLUMNS))
         has = pc.or_(pc.or_(pc.is_valid(sketched["sketch"]),
                             pc.is_valid(sketched["hll_registers"])),
-                     pc.is_valid(sketched["hdr_buckets"]))  # fmt: skip
+                     pc.is_valid(sketched["hdr_bucket_counts"]))  # fmt: skip
         if not pc.any(has).as_py():
             return
         if not pc.all(has).as_py():  # counters and gauges beside: no row of theirs
@@ -1379,6 +1396,12 @@ def _copy_into(cur: psycopg.Cursor[Any], ddl: str, staging: str, table: pa.Table
     _copy_arrow(cur, staging, table)
 
 
+_COPY_CHUNK_BYTES = 16 * 2**20
+"""Arrow bytes ``_copy_arrow`` encodes at a time: the server parses a chunk while the next is
+encoded, and no buffer of a whole table's encoding is built (a close of 100k timer windows
+has ~230 MB of sketches; ``docs/performance.md``, "Sketches packed, copied in chunks")."""
+
+
 def _copy_arrow(
     cur: psycopg.Cursor[Any],
     target: str,
@@ -1400,9 +1423,10 @@ def _copy_arrow(
         table.schema,
         {field.name: encoders.get(field.name, _infer_encoder)(field) for field in table.schema},
     )
+    rows_per_chunk = max(1, _COPY_CHUNK_BYTES * table.num_rows // max(table.nbytes, 1))
     with cur.copy(statement) as copy:
         copy.write(encoder.write_header())
-        for batch in table.to_batches():
+        for batch in table.to_batches(max_chunksize=rows_per_chunk):
             copy.write(encoder.write_batch(batch))
         copy.write(encoder.finish())
 

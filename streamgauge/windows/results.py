@@ -21,7 +21,7 @@ from hdrh.histogram import HdrHistogram
 from streamgauge.configs import PipelineConfig, WindowSpec
 from streamgauge.ingest.log import first_heartbeats
 from streamgauge.ingest.spool_fs import SpoolLike
-from streamgauge.sinks.store import LateRowsReread, ResultStore
+from streamgauge.sinks.store import LateRowsReread, ResultStore, pack_hdr_buckets
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hdr_columns import HdrColumns
 from streamgauge.windows.plan import query_name
@@ -184,9 +184,9 @@ def with_hdr_buckets(rows: pa.Table, hdr: HdrColumns, layout: HdrLayout) -> pa.T
     def per_row(value: float, kind: pa.DataType) -> pa.Array:
         return pc.if_else(none, pa.nulls(n, kind), pa.array(np.full(n, value), kind))
 
+    packed = pa.array(pack_hdr_buckets(hdr.buckets, hdr.counts))
     columns = {
-        "hdr_buckets": pa.ListArray.from_arrays(offsets, pa.array(hdr.buckets), mask=none),
-        "hdr_counts": pa.ListArray.from_arrays(offsets, pa.array(hdr.counts), mask=none),
+        "hdr_bucket_counts": pa.ListArray.from_arrays(offsets, packed, mask=none),
         "hdr_unit_magnitude": per_row(unit, pa.int16()),
         "hdr_half_count_magnitude": per_row(half, pa.int16()),
         "hdr_value_scale": per_row(layout.value_scale, pa.float64()),

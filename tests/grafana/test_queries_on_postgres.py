@@ -36,7 +36,14 @@ from hdrh.histogram import HdrHistogram
 from streamgauge.clock import ManualClock
 from streamgauge.configs import AGGREGATES, Aggregate, PipelineConfig
 from streamgauge.grafana import alerts, dashboards, queries
-from streamgauge.sinks.store import RESULT_SCHEMA, Finalization, ResultStore, RetryPolicy, run_sql
+from streamgauge.sinks.store import (
+    RESULT_SCHEMA,
+    Finalization,
+    ResultStore,
+    RetryPolicy,
+    pack_hdr_buckets,
+    run_sql,
+)
 from streamgauge.sketches.hdr import HdrLayout
 from tests.grafana.grafana_macros import expand
 
@@ -86,7 +93,7 @@ def _buckets(host: str, start_s: int, *, samples: int | None = None) -> dict[str
     hist = LAYOUT.histogram(SAMPLES[(host, start_s)][:samples])
     reference = HdrHistogram(LAYOUT.lowest, LAYOUT.highest, LAYOUT.significant_digits)
     return {
-        "hdr_buckets": hist.indices.tolist(), "hdr_counts": hist.counts.tolist(),
+        "hdr_bucket_counts": pack_hdr_buckets(hist.indices, hist.counts).tolist(),
         "hdr_unit_magnitude": reference.unit_magnitude,
         "hdr_half_count_magnitude": reference.sub_bucket_half_count_magnitude,
         "hdr_value_scale": LAYOUT.value_scale,

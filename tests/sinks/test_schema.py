@@ -93,19 +93,27 @@ def test_every_column_of_every_table_and_view_is_commented(database: str) -> Non
 
 
 def test_a_windows_bucket_and_count_arrays_are_of_one_length(database: str) -> None:
+    """Written through window_results as two arrays, they are packed (schema version 17), and
+    arrays of unequal lengths are refused; read back, they are the arrays written."""
     with psycopg.connect(database, autocommit=True) as conn:
         ensure_schema(conn)
-        for table in ("window_results", "window_pending"):
-            insert = (
-                f"INSERT INTO {table} (config_name, window_name, metric, window_start,"
-                " window_end, metric_type, count, revision, emitted_at, hdr_buckets,"
-                " hdr_counts) VALUES ('c', 'w', %s, '2024-01-01', '2024-01-01 00:00:10', 'ms',"
-                " 3, 1, now(), %s, %s)"
-            )
-            with pytest.raises(psycopg.errors.CheckViolation, match="hdr_check"):
-                conn.execute(insert, ("m", [1, 2], [3]))
-            conn.execute(insert, ("m", [1, 2], [1, 2]))
-            conn.execute(insert, ("n", None, None))
+        insert = (
+            "INSERT INTO window_results (config_name, window_name, metric, window_start,"
+            " window_end, metric_type, count, revision, emitted_at, hdr_buckets,"
+            " hdr_counts) VALUES ('c', 'w', %s, '2024-01-01', '2024-01-01 00:00:10', 'ms',"
+            " 3, 1, now(), %s, %s)"
+        )
+        with pytest.raises(psycopg.errors.CheckViolation, match="hdr_check"):
+            conn.execute(insert, ("m", [1, 2], [3]))
+        conn.execute(insert, ("m", [7, 2_000_000], [1, 2**40 - 1]))
+        conn.execute(insert, ("n", None, None))
+        stored = conn.execute(
+            "SELECT metric, hdr_buckets, hdr_counts, hdr_bucket_counts FROM window_results"
+            " ORDER BY metric").fetchall()  # fmt: skip
+        assert stored == [
+            ("m", [7, 2_000_000], [1, 2**40 - 1], [7 << 40 | 1, 2_000_000 << 40 | 2**40 - 1]),
+            ("n", None, None, None),
+        ]
 
 
 LAYOUTS = {  # metric: the layout its windows were written with
@@ -180,7 +188,9 @@ def test_version_twelve_moves_version_eleven_bucket_rows_into_their_windows(
             "SELECT metric, to_char(window_start, 'YYYY-MM-DD HH24:MI:SS'), hdr_buckets,"
             " hdr_counts, hdr_unit_magnitude, hdr_half_count_magnitude, hdr_value_scale"
             " FROM window_results UNION ALL SELECT metric,"
-            " to_char(window_start, 'YYYY-MM-DD HH24:MI:SS'), hdr_buckets, hdr_counts,"
+            " to_char(window_start, 'YYYY-MM-DD HH24:MI:SS'),"
+            " streamgauge_hdr_buckets(hdr_bucket_counts),"
+            " streamgauge_hdr_counts(hdr_bucket_counts),"
             " hdr_unit_magnitude, hdr_half_count_magnitude, hdr_value_scale FROM window_pending"
         ).fetchall()
         assert conn.execute(
@@ -336,7 +346,8 @@ def test_version_fifteen_moves_the_sketches_beside_the_rows(database: str) -> No
         conn.execute(insert, ("n", "c", None, None, None, None, None, None))
         rows_14 = conn.execute(before).fetchall()
         ensure_schema(conn)
-        assert conn.execute(before).fetchall() == rows_14
+        columns_14 = len(rows_14[0])  # a later version adds columns after them
+        assert [row[:columns_14] for row in conn.execute(before).fetchall()] == rows_14
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'window_results'"
                             ).fetchone() == ("v",)  # fmt: skip
         assert conn.execute("SELECT metric, sketch FROM window_sketches").fetchall() == [
@@ -386,3 +397,46 @@ def test_version_sixteen_keeps_a_timer_window_s_sketches_in_its_row(database: st
             " a WHERE a.attrelid = 'client_completeness'::regclass AND a.attname = 'source'"
         ).fetchone()[0]  # type: ignore[index]
         assert "unixgram pid N" in comment
+
+
+def test_version_seventeen_packs_a_window_s_buckets_with_their_counts(database: str) -> None:
+    """Migration 17 over version-16 windows, published and pending: window_results shows the
+    same buckets and counts (and the packed array beside them), window_histograms the same
+    rows, the pending row its packed buckets; the view keeps its column comments; and the
+    sketches row of a timer window of 90 buckets shrinks by their 90 counts' arrays."""
+    _apply(database, 16)
+    insert = (
+        "INSERT INTO {} (config_name, window_name, metric, window_start, window_end,"
+        " metric_type, count, revision, emitted_at, hdr_buckets, hdr_counts,"
+        " hdr_unit_magnitude, hdr_half_count_magnitude, hdr_value_scale) VALUES ('c', 'w', %s,"
+        " '2024-01-01', '2024-01-01 00:00:10', 'ms', 3, 1, now(), %s, %s, 0, 7, 1000.0)"
+    )
+    buckets, counts = list(range(1000, 1090)), [1] * 89 + [2**33]
+    read = "SELECT * FROM window_results ORDER BY metric"
+    histograms = "SELECT * FROM window_histograms ORDER BY metric, bucket"
+    size = "SELECT pg_column_size(k.*) FROM window_sketches k WHERE metric = 't'"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(insert.format("window_results"), ("t", buckets, counts))
+        conn.execute(insert.format("window_results"), ("n", None, None))
+        conn.execute(insert.format("window_pending"), ("p", [5, 9], [3, 4]))
+        rows_16, histograms_16 = conn.execute(read).fetchall(), conn.execute(histograms).fetchall()
+        size_16 = conn.execute(size).fetchone()[0]  # type: ignore[index]
+        ensure_schema(conn)
+        rows_17 = conn.execute(read).fetchall()
+        assert [row[:-1] for row in rows_17] == rows_16
+        assert [row[-1] for row in rows_17] == [
+            None, [b << 40 | c for b, c in zip(buckets, counts, strict=True)]]  # fmt: skip
+        assert conn.execute(histograms).fetchall() == histograms_16
+        assert conn.execute(
+            "SELECT streamgauge_hdr_buckets(hdr_bucket_counts),"
+            " streamgauge_hdr_counts(hdr_bucket_counts) FROM window_pending").fetchall() == [
+            ([5, 9], [3, 4])]  # fmt: skip
+        # A row written now (an older one keeps its dropped arrays' bytes until rewritten).
+        conn.execute(insert.format("window_results"), ("t2", buckets, counts))
+        assert conn.execute(size.replace("'t'", "'t2'")).fetchone()[0] <= (  # type: ignore[index]
+            size_16 - 90 * 4)
+        comment = conn.execute(
+            "SELECT col_description('window_results'::regclass, a.attnum) FROM pg_attribute a"
+            " WHERE a.attrelid = 'window_results'::regclass AND a.attname = 'hdr_buckets'"
+        ).fetchone()[0]  # type: ignore[index]
+        assert "non-empty buckets" in comment

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 import pytest
@@ -33,6 +34,7 @@ from streamgauge.sinks.store import (
     ResultStore,
     ResultStoreUnavailable,
     RetryPolicy,
+    pack_hdr_buckets,
     run_sql,
 )
 from tests.conftest import stopped_cluster
@@ -63,8 +65,7 @@ def row(**overrides: Any) -> dict[str, Any]:
         "distinct_count": None,
         "sketch": None,
         "hdr_histogram": None,
-        "hdr_buckets": None,
-        "hdr_counts": None,
+        "hdr_bucket_counts": None,
         "hdr_unit_magnitude": None,
         "hdr_half_count_magnitude": None,
         "hdr_value_scale": None,
@@ -360,7 +361,8 @@ def test_a_window_the_watermark_passes_by_its_lateness_is_promoted_final_not_rew
 
 def hdr(buckets: dict[int, int]) -> dict[str, Any]:
     """A window row's HDR columns holding ``buckets`` (index: count), in the default layout."""
-    return {"hdr_buckets": list(buckets), "hdr_counts": list(buckets.values()),
+    packed = pack_hdr_buckets(np.array(list(buckets)), np.array(list(buckets.values())))
+    return {"hdr_bucket_counts": packed.tolist(),
             "hdr_unit_magnitude": 0, "hdr_half_count_magnitude": 7, "hdr_value_scale": 1000.0}
 
 
