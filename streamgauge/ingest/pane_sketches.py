@@ -1,11 +1,13 @@
 """The sketch columns of pane partials: raw values kept per (series, pane) until a drain.
 
-Why keep raw values rather than update a sketch per sample: a t-digest accepts a whole numpy
-array in one call and HDR bucket indices are computed for every value of every partial at once
-(``HdrLayout.bucket_indices``), so building at drain time costs one C call per partial instead
-of one Python call per sample, and the receive loop's fast lane only appends the arrays it
-already has. A pane lives at most a roll interval (250 ms by default) in the combiner, so the
-values held are bounded by what one roll interval brings.
+Why keep raw values rather than update a sketch per sample: at drain time the values of every
+partial are one CSR (the fast lane's gathered in one indexing), their t-digests are built by
+one ``digest_columns.merge_by_owner`` call (DataSketches' compress, the bytes its ``update``
+then ``serialize`` would write) and their HDR bucket indices by one
+``HdrLayout.bucket_indices``; no Python call per partial or per sample, and the receive loop's
+fast lane only appends the arrays it already has. A pane lives at most a roll interval
+(250 ms by default) in the combiner, so the values held are bounded by what one roll interval
+brings.
 
 Columns produced (``SEGMENT_SCHEMA``):
 
@@ -17,8 +19,7 @@ Columns produced (``SEGMENT_SCHEMA``):
 - ``kll``: timers/histograms/distributions, only when built with ``kll_k`` (a window of the
   config has ``quantiles: kll``): a serialized ``kll_doubles_sketch(kll_k)`` of the values,
   the DataSketches binary format (``sketches.kll_columns`` merges it, Spark reads it); NULL
-  otherwise.
-  Built like the t-digest, one C call per partial (about 5 µs for 10 values).
+  otherwise. One C call per partial (about 5 µs for 10 values): only for such a config.
 
 **Weights.** Each value carries the number of values it stands for (``protocol.sample_weight``:
 ``lat:5|h|@0.5`` is 5 with weight 2). A partial whose values all weigh 1 is built as above. One
@@ -54,7 +55,6 @@ from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import new_hll, serialize_hll
 from streamgauge.sketches.kll import deserialize_kll, new_kll, serialize_kll
-from streamgauge.sketches.tdigest import new_tdigest, serialize_tdigest
 
 SKETCHED_TYPES = ("d", "h", "ms")
 """Types whose partials carry a t-digest and HDR buckets of their values (sets: an HLL)."""
@@ -135,14 +135,13 @@ class PaneSketches:
         held, scalars, members = self._values, self._scalars, self._members
         self._values, self._scalars, self._members = (
             defaultdict(list), defaultdict(list), defaultdict(list))
-        # row -> its (values, weights), in order; fast-only rows are sliced in the loop below
+        # row -> its (values, weights), in order, for the rows with more than fast-lane
+        # values; the fast lane's own rows are gathered at once (``_value_rows``)
         merged: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         set_rows: list[tuple[int, list[str]]] = []
-        fast_slices: dict[int, tuple[int, int]] = {}
+        fast_at = np.full(n, -1, np.int64)  # row -> its entry in ``fast``; -1: none, or taken
         if fast is not None:
-            fast_slices = dict(zip(fast.rows.tolist(),
-                                   zip(fast.starts.tolist(), fast.ends.tolist(), strict=True),
-                                   strict=True))  # fmt: skip
+            fast_at[fast.rows] = np.arange(len(fast.rows))
         if held or scalars or members:
             row_of = {key: row for row, key in enumerate(keys)}
             for key in held.keys() | scalars.keys():
@@ -150,8 +149,9 @@ class PaneSketches:
                 if row is None:  # values without a partial: cannot happen (add makes both)
                     continue
                 parts = list(held.get(key, []))
-                if row in fast_slices and fast is not None:
-                    start, end = fast_slices.pop(row)
+                if fast is not None and fast_at[row] >= 0:
+                    start, end = int(fast.starts[fast_at[row]]), int(fast.ends[fast_at[row]])
+                    fast_at[row] = -1
                     parts.append((fast.values[start:end], fast.weights[start:end]))
                 if scalars.get(key):
                     pairs = scalars[key]
@@ -160,88 +160,139 @@ class PaneSketches:
                 merged[row] = parts
             set_rows = [(row_of[key], member_list) for key, member_list in members.items()
                         if key in row_of]
-        sketches: list[bytes | None] = [None] * n
-        klls: list[bytes | None] = [None] * n
-        rows: list[int] = []
-        arrays: list[np.ndarray] = []
-        weight_arrays: list[np.ndarray] = []
-        weighted: list[int] = []  # indices into rows of those with a weight above 1
+        rows, sizes, values, weights = _value_rows(merged, fast_at, fast)
+        owner = np.repeat(np.arange(len(rows), dtype=np.int64), sizes)
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        heavy = np.bincount(owner, weights=weights != 1, minlength=len(rows)) > 0
         tdigest_k, kll_k = self._params.tdigest_k, self._kll_k
-        fast_values = fast.values if fast is not None else np.zeros(0)
-        fast_weights = fast.weights if fast is not None else np.zeros(0, np.int64)
-        for row in sorted(fast_slices.keys() | merged.keys()):
-            row_parts = merged.get(row)
-            if row_parts is None:
-                start, end = fast_slices[row]
-                array, weights = fast_values[start:end], fast_weights[start:end]
-            elif len(row_parts) == 1:
-                array, weights = row_parts[0]
-            else:
-                array = np.concatenate([values for values, _ in row_parts])
-                weights = np.concatenate([w for _, w in row_parts])
-            if (weights == 1).all():
-                digest = new_tdigest(tdigest_k)
-                digest.update(array)
-                sketches[row] = serialize_tdigest(digest)
-                if kll_k is not None:
-                    kll = new_kll(kll_k)
-                    kll.update(array)
-                    klls[row] = serialize_kll(kll)
-            else:
-                weighted.append(len(rows))
-                if kll_k is not None:
-                    klls[row] = serialize_kll(_weighted_kll(array, weights, kll_k))
-            rows.append(row)
-            arrays.append(array)
-            weight_arrays.append(weights)
+        blobs: list[pa.Array] = []  # the sketch column's values, taken by ``place`` below
+        place = np.full(n, -1, np.int64)
+        unit = np.flatnonzero(~heavy)
+        if len(unit):
+            blobs.append(_unit_tdigests(values, offsets, unit, tdigest_k))
+            place[rows[unit]] = np.arange(len(unit))
+        weighted = np.flatnonzero(heavy).tolist()
         if weighted:
-            blobs = _weighted_tdigests([arrays[i] for i in weighted],
-                                       [weight_arrays[i] for i in weighted], tdigest_k)
-            for i, blob in zip(weighted, blobs, strict=True):
-                sketches[rows[i]] = blob
-        for row, member_list in set_rows:
-            hll = new_hll(self._params.hll_lg_k)
-            for member in member_list:
-                hll.update(member)
-            sketches[row] = serialize_hll(hll)
-        bucket, count = self._hdr_lists(n, rows, arrays, weight_arrays if weighted else None)
-        return pa.array(sketches, pa.binary()), bucket, count, pa.array(klls, pa.binary())
+            pieces = _weighted_tdigests(
+                [values[offsets[i]:offsets[i + 1]] for i in weighted],
+                [weights[offsets[i]:offsets[i + 1]] for i in weighted], tdigest_k,
+            )  # fmt: skip
+            place[rows[weighted]] = len(unit) + np.arange(len(weighted))
+            blobs.append(pa.array(pieces, pa.binary()))
+        klls: list[bytes | None] = [None] * n
+        if kll_k is not None:  # one call per partial: only for a window with quantiles: kll
+            for i, row in enumerate(rows.tolist()):
+                part = values[offsets[i]:offsets[i + 1]]
+                if heavy[i]:
+                    kll = _weighted_kll(part, weights[offsets[i]:offsets[i + 1]], kll_k)
+                else:
+                    kll = new_kll(kll_k)
+                    kll.update(part)
+                klls[row] = serialize_kll(kll)
+        if set_rows:
+            hlls = []
+            for _, member_list in set_rows:
+                hll = new_hll(self._params.hll_lg_k)
+                for member in member_list:
+                    hll.update(member)
+                hlls.append(serialize_hll(hll))
+            place[[row for row, _ in set_rows]] = len(unit) + len(weighted) + np.arange(len(hlls))
+            blobs.append(pa.array(hlls, pa.binary()))
+        bucket, count = self._hdr_lists(n, rows, owner, values,
+                                        weights if weighted else None)  # fmt: skip
+        return _placed(blobs, place), bucket, count, pa.array(klls, pa.binary())
 
     def _hdr_lists(
-        self, n: int, rows: list[int], arrays: list[np.ndarray],
-        weights: list[np.ndarray] | None = None,
+        self, n: int, rows: np.ndarray, owner: np.ndarray, values: np.ndarray,
+        weights: np.ndarray | None = None,
     ) -> tuple[pa.Array, pa.Array]:  # fmt: skip
-        """Sparse HDR histograms of every partial at once (one ``np.unique`` over all values)."""
+        """Sparse HDR histograms of every partial at once (one ``np.unique`` over all values,
+        keyed by row): ``values[owner == i]`` are row ``rows[i]``'s."""
         lengths = np.zeros(n, dtype=np.int64)
         present = np.zeros(n, dtype=bool)
-        if not rows:
+        if not len(rows):
             offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
             mask = pa.array(~present)
             return (
                 pa.ListArray.from_arrays(offsets, pa.array([], pa.int32()), mask=mask),
                 pa.ListArray.from_arrays(offsets, pa.array([], pa.int64()), mask=mask),
             )
-        sizes = np.array([len(a) for a in arrays], dtype=np.int64)
-        owner = np.repeat(np.arange(len(rows), dtype=np.int64), sizes)
-        indices = self._layout.bucket_indices(np.concatenate(arrays))
-        combined = owner * self._layout.counts_len + indices
+        indices = self._layout.bucket_indices(values)
+        combined = rows[owner] * self._layout.counts_len + indices  # by row: the lists' order
         if weights is None:
             unique, counts = np.unique(combined, return_counts=True)
         else:  # each value counts its weight; integer sums, exact
             unique, inverse = np.unique(combined, return_inverse=True)
             counts = np.zeros(len(unique), dtype=np.int64)
-            np.add.at(counts, inverse, np.concatenate(weights))
-        owners = unique // self._layout.counts_len
+            np.add.at(counts, inverse, weights)
         buckets = (unique % self._layout.counts_len).astype(np.int32)
-        row_array = np.array(rows, dtype=np.int64)
-        lengths[row_array] = np.bincount(owners, minlength=len(rows))
-        present[row_array] = True
+        lengths += np.bincount(unique // self._layout.counts_len, minlength=n)
+        present[rows] = True
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
         mask = pa.array(~present)
         return (
             pa.ListArray.from_arrays(offsets, pa.array(buckets, pa.int32()), mask=mask),
             pa.ListArray.from_arrays(offsets, pa.array(counts.astype(np.int64)), mask=mask),
         )
+
+
+def _value_rows(
+    merged: dict[int, list[tuple[np.ndarray, np.ndarray]]], fast_at: np.ndarray,
+    fast: FastValues | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Every row with values as one CSR: ``(rows, sizes, values, weights)``, the values of
+    ``rows[i]`` the ``sizes[i]`` after those of the rows before it. The fast lane's rows
+    (``fast_at[row]`` still pointing at their entry) are gathered in one indexing, not a
+    call per row; ``merged``'s rows, few, are joined one by one."""
+    if fast is not None and len(fast.rows):
+        own = np.flatnonzero(fast_at[fast.rows] == np.arange(len(fast.rows)))
+        fast_rows = fast.rows[own].astype(np.int64)
+        fast_sizes = (fast.ends[own] - fast.starts[own]).astype(np.int64)
+        take = _ranges(fast.starts[own].astype(np.int64), fast_sizes)
+        fast_values, fast_weights = fast.values[take], fast.weights[take]
+    else:
+        fast_rows, fast_sizes = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        fast_values, fast_weights = np.zeros(0), np.zeros(0, np.int64)
+    slow = [(np.concatenate([v for v, _ in parts]), np.concatenate([w for _, w in parts]))
+            for parts in merged.values()]  # fmt: skip
+    rows = np.concatenate([fast_rows, np.fromiter(merged, np.int64, len(merged))])
+    sizes = np.concatenate([fast_sizes, np.array([len(v) for v, _ in slow], np.int64)])
+    values = np.concatenate([fast_values, *(v for v, _ in slow)]).astype(np.float64, copy=False)
+    weights = np.concatenate([fast_weights, *(w for _, w in slow)]).astype(np.int64, copy=False)
+    return rows, sizes, values, weights
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The indices ``starts[i] .. starts[i] + sizes[i] - 1`` of every ``i``, end to end."""
+    return np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+
+
+def _unit_tdigests(values: np.ndarray, offsets: np.ndarray, owners: np.ndarray, k: int
+                   ) -> pa.Array:  # fmt: skip
+    """A serialized ``tdigest_double(k)`` of each owner's values (``values[offsets[i]:
+    offsets[i + 1]]``, every weight 1), all in one ``merge_by_owner`` call: the bytes
+    datasketches' ``update`` then ``serialize`` writes (``digest_columns``' merge is its
+    compress; a digest of one value carries the reverse-merge flag its compress leaves)."""
+    sizes = offsets[owners + 1] - offsets[owners]
+    part = values[_ranges(offsets[owners], sizes)]
+    columns = digest_columns.DigestColumns(
+        np.arange(len(part) + 1, dtype=np.int64), part, np.ones(len(part)), part, part,
+        np.zeros(len(part), np.bool_), k,
+    )  # fmt: skip
+    merged = digest_columns.merge_by_owner(
+        columns, np.repeat(np.arange(len(owners), dtype=np.int64), sizes), len(owners))
+    merged.reverse_merge[sizes == 1] = True
+    return digest_columns.to_serialized(merged)
+
+
+def _placed(blobs: list[pa.Array], place: np.ndarray) -> pa.Array:
+    """The sketch column: row ``i`` is element ``place[i]`` of ``blobs`` end to end, NULL
+    where ``place[i]`` is -1."""
+    values = pa.concat_arrays([b.cast(pa.binary()) for b in blobs]) if blobs else (
+        pa.array([], pa.binary()))
+    index = pa.array(place, mask=place < 0)
+    return values.take(index)
 
 
 #: The most centroids one weighted partial's values enter its t-digest's compress as.

@@ -11,7 +11,12 @@ from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import estimate
 from streamgauge.sketches.kll import deserialize_kll
-from streamgauge.sketches.tdigest import deserialize_tdigest, quantiles
+from streamgauge.sketches.tdigest import (
+    deserialize_tdigest,
+    new_tdigest,
+    quantiles,
+    serialize_tdigest,
+)
 
 PANE = 1000
 
@@ -41,6 +46,30 @@ def test_timer_partials_carry_a_tdigest_and_hdr_buckets_of_their_values() -> Non
         assert sum(expected.counts) == row["count"] == len(part)
     counter = rows[("api.count", 0)]
     assert (counter["sketch"], counter["hdr_bucket"], counter["hdr_count"]) == (None, None, None)
+
+
+def test_a_partial_s_tdigest_is_datasketches_own_bytes_for_its_values() -> None:
+    """Built for all partials at once, each pane digest is the image DataSketches' own
+    ``update`` then ``serialize`` makes of the partial's values, in the order they came: one
+    value (the single-value form), a few, and more than the compression keeps apart; through
+    the general lane, the fast lane, and both."""
+    rng = np.random.default_rng(11)
+    sizes = {"one": 1, "few": 10, "near": 150, "many": 1000}
+    combiner = PaneCombiner(PANE)
+    slots = {name: combiner.add(Sample(name, "ms", 0.5, 1.0, ()), 5, 5) for name in sizes}
+    sent: dict[str, list[float]] = {name: [0.5] for name in sizes}
+    for name, size in sizes.items():
+        values = rng.lognormal(3.0, 1.0, size).round(3)
+        general, fast = values[: size // 2], values[size // 2:]
+        for value in general:
+            combiner.add(Sample(name, "ms", float(value), 1.0, ()), 6, 6)
+        combiner.add_fast(np.full(len(fast), slots[name], np.int64), fast, 7)
+        sent[name] += general.tolist() + fast.tolist()
+    rows = _rows(combiner.drain())
+    for name, values_sent in sent.items():
+        expected = new_tdigest(compile_accuracy().tdigest_k)
+        expected.update(np.array(values_sent))
+        assert rows[(name, 0)]["sketch"] == serialize_tdigest(expected), name
 
 
 def test_fast_lane_values_reach_the_same_sketches_as_the_general_lane() -> None:
