@@ -54,6 +54,7 @@ from streamgauge.sketches import digest_columns
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import new_hll, serialize_hll
+from streamgauge.sketches.kernels import run_indices
 from streamgauge.sketches.kll import deserialize_kll, new_kll, serialize_kll
 
 SKETCHED_TYPES = ("d", "h", "ms")
@@ -174,12 +175,11 @@ class PaneSketches:
             place[rows[unit]] = np.arange(len(unit))
         weighted = np.flatnonzero(heavy).tolist()
         if weighted:
-            pieces = _weighted_tdigests(
+            blobs.append(_weighted_tdigests(
                 [values[offsets[i]:offsets[i + 1]] for i in weighted],
                 [weights[offsets[i]:offsets[i + 1]] for i in weighted], tdigest_k,
-            )  # fmt: skip
+            ))  # fmt: skip
             place[rows[weighted]] = len(unit) + np.arange(len(weighted))
-            blobs.append(pa.array(pieces, pa.binary()))
         klls: list[bytes | None] = [None] * n
         if kll_k is not None:  # one call per partial: only for a window with quantiles: kll
             for i, row in enumerate(rows.tolist()):
@@ -209,15 +209,7 @@ class PaneSketches:
     ) -> tuple[pa.Array, pa.Array]:  # fmt: skip
         """Sparse HDR histograms of every partial at once (one ``np.unique`` over all values,
         keyed by row): ``values[owner == i]`` are row ``rows[i]``'s."""
-        lengths = np.zeros(n, dtype=np.int64)
         present = np.zeros(n, dtype=bool)
-        if not len(rows):
-            offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
-            mask = pa.array(~present)
-            return (
-                pa.ListArray.from_arrays(offsets, pa.array([], pa.int32()), mask=mask),
-                pa.ListArray.from_arrays(offsets, pa.array([], pa.int64()), mask=mask),
-            )
         indices = self._layout.bucket_indices(values)
         combined = rows[owner] * self._layout.counts_len + indices  # by row: the lists' order
         if weights is None:
@@ -227,7 +219,7 @@ class PaneSketches:
             counts = np.zeros(len(unique), dtype=np.int64)
             np.add.at(counts, inverse, weights)
         buckets = (unique % self._layout.counts_len).astype(np.int32)
-        lengths += np.bincount(unique // self._layout.counts_len, minlength=n)
+        lengths = np.bincount(unique // self._layout.counts_len, minlength=n)
         present[rows] = True
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
         mask = pa.array(~present)
@@ -249,7 +241,7 @@ def _value_rows(
         own = np.flatnonzero(fast_at[fast.rows] == np.arange(len(fast.rows)))
         fast_rows = fast.rows[own].astype(np.int64)
         fast_sizes = (fast.ends[own] - fast.starts[own]).astype(np.int64)
-        take = _ranges(fast.starts[own].astype(np.int64), fast_sizes)
+        take = run_indices(fast.starts[own].astype(np.int64), fast_sizes)
         fast_values, fast_weights = fast.values[take], fast.weights[take]
     else:
         fast_rows, fast_sizes = np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -263,25 +255,28 @@ def _value_rows(
     return rows, sizes, values, weights
 
 
-def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """The indices ``starts[i] .. starts[i] + sizes[i] - 1`` of every ``i``, end to end."""
-    return np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
-
-
 def _unit_tdigests(values: np.ndarray, offsets: np.ndarray, owners: np.ndarray, k: int
                    ) -> pa.Array:  # fmt: skip
     """A serialized ``tdigest_double(k)`` of each owner's values (``values[offsets[i]:
-    offsets[i + 1]]``, every weight 1), all in one ``merge_by_owner`` call: the bytes
-    datasketches' ``update`` then ``serialize`` writes (``digest_columns``' merge is its
-    compress; a digest of one value carries the reverse-merge flag its compress leaves)."""
+    offsets[i + 1]]``, every weight 1): the bytes datasketches' ``update`` then ``serialize``
+    writes (``_tdigests``)."""
     sizes = offsets[owners + 1] - offsets[owners]
-    part = values[_ranges(offsets[owners], sizes)]
+    if len(owners) < len(offsets) - 1:  # not every owner: their values only
+        values = values[run_indices(offsets[owners], sizes)]
+    return _tdigests(values, np.ones(len(values)), sizes, k)
+
+
+def _tdigests(means: np.ndarray, weights: np.ndarray, sizes: np.ndarray, k: int) -> pa.Array:
+    """A serialized ``tdigest_double(k)`` per owner of ``sizes[i]`` centroids (``means``,
+    ``weights``, owner after owner), all compressed in one ``merge_by_owner`` call
+    (``digest_columns``' merge is datasketches' compress; a digest of one unit value carries
+    the reverse-merge flag datasketches' compress leaves on it)."""
     columns = digest_columns.DigestColumns(
-        np.arange(len(part) + 1, dtype=np.int64), part, np.ones(len(part)), part, part,
-        np.zeros(len(part), np.bool_), k,
+        np.arange(len(means) + 1, dtype=np.int64), means, weights, means, means,
+        np.zeros(len(means), np.bool_), k,
     )  # fmt: skip
     merged = digest_columns.merge_by_owner(
-        columns, np.repeat(np.arange(len(owners), dtype=np.int64), sizes), len(owners))
+        columns, np.repeat(np.arange(len(sizes), dtype=np.int64), sizes), len(sizes))
     merged.reverse_merge[sizes == 1] = True
     return digest_columns.to_serialized(merged)
 
@@ -310,23 +305,14 @@ def _pieces(values: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray
     return values[of], (whole[of] + (nth < extra[of])).astype(np.float64)
 
 
-def _weighted_tdigests(
-    arrays: list[np.ndarray], weights: list[np.ndarray], k: int
-) -> list[bytes]:
+def _weighted_tdigests(arrays: list[np.ndarray], weights: list[np.ndarray], k: int
+                       ) -> pa.Array:  # fmt: skip
     """A serialized ``tdigest_double(k)`` per (values, weights) (module docstring: the
-    pieces), all compressed in one ``merge_by_owner`` call."""
+    pieces), all compressed in one ``merge_by_owner`` call (``_tdigests``)."""
     parts = [_pieces(a, w, k) for a, w in zip(arrays, weights, strict=True)]
     sizes = np.array([len(v) for v, _ in parts], dtype=np.int64)
-    values = np.concatenate([v for v, _ in parts])
-    columns = digest_columns.DigestColumns(
-        np.arange(len(values) + 1, dtype=np.int64), values,
-        np.concatenate([w for _, w in parts]), values, values,
-        np.zeros(len(values), np.bool_), k,
-    )  # fmt: skip
-    owner = np.repeat(np.arange(len(arrays), dtype=np.int64), sizes)
-    merged = digest_columns.merge_by_owner(columns, owner, len(arrays))
-    blobs: list[bytes] = digest_columns.to_serialized(merged).to_pylist()
-    return blobs
+    return _tdigests(np.concatenate([v for v, _ in parts]),
+                     np.concatenate([w for _, w in parts]), sizes, k)  # fmt: skip
 
 
 def _weighted_kll(values: np.ndarray, weights: np.ndarray, k: int) -> kll_doubles_sketch:

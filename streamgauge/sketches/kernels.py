@@ -31,7 +31,10 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["chunk_bounds", "compact", "jit", "run_chunks", "set_threads", "threads"]
+__all__ = [
+    "chunk_bounds", "compact", "copy_runs", "jit", "merge_capacity", "run_chunks", "run_indices",
+    "set_threads", "threads",
+]  # fmt: skip
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _T = TypeVar("_T")
@@ -98,6 +101,17 @@ def copy_runs(starts: Any, sizes: Any, out_starts: Any, first: Any, second: Any,
         size = sizes[i]
         out_first[o : o + size] = first[s : s + size]
         out_second[o : o + size] = second[s : s + size]
+
+
+def run_indices(starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+                ) -> npt.NDArray[np.int64]:  # fmt: skip
+    """The indices ``starts[i] .. starts[i] + sizes[i] - 1`` of every run ``i``, end to end:
+    what a gather of CSR rows indexes a column with when it copies by numpy indexing rather
+    than by ``copy_runs``."""
+    ends = np.cumsum(sizes)
+    indices: npt.NDArray[np.int64] = (
+        np.repeat(starts - ends + sizes, sizes) + np.arange(int(ends[-1]) if len(ends) else 0))
+    return indices
 
 
 def threads() -> int:

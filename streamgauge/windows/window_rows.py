@@ -24,6 +24,7 @@ from streamgauge.sketches import hdr_columns as hc
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hdr_encoding import encode_v2
+from streamgauge.sketches.kernels import run_indices
 from streamgauge.sketches.quantile_kernels import QuantileColumns, QuantileKernel
 from streamgauge.windows.window_sketches import QUANTILE_COLUMNS, QUANTILES, merge_hll
 from streamgauge.windows.window_sketches import distinct_count as hll_distinct_count
@@ -467,7 +468,7 @@ def take_hdr(cols: hc.HdrColumns, rows: IntArray) -> hc.HdrColumns:
     sizes = np.diff(cols.offsets)[rows]
     offsets = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    source = np.repeat(cols.offsets[rows] - offsets[:-1], sizes) + np.arange(offsets[-1])
+    source = run_indices(cols.offsets[rows], sizes)
     return hc.HdrColumns(offsets, cols.buckets[source], cols.counts[source])
 
 
