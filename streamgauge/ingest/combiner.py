@@ -42,8 +42,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
-from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, FastValues, PaneSketches
+from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, FastKeys, FastValues, PaneSketches
 from streamgauge.ingest.protocol import Sample, sample_weight
+from streamgauge.ingest.slot_keys import SlotKeyColumns
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
 SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
@@ -123,6 +124,7 @@ class PaneCombiner:
         self.slot_keys: list[SeriesKey | None] = []
         self.slot_series: list[tuple[str, str, tuple[tuple[str, str], ...]] | None] = []
         self._free: list[int] = []
+        self._key_columns = SlotKeyColumns()  # the slots' keys as strings, for the drains
         self.fast_pane: int | None = None
         self._n_fast = 0  # slots with a fast-lane partial (count > 0)
         # The fast lane's partials of the pane before, kept as columns until drained (turning
@@ -450,6 +452,8 @@ class PaneCombiner:
             partials=self._partials,
             # a shallow copy: a slot freed and reused later must not rename these partials
             slot_keys=list(self.slot_keys),
+            slot_gen=self.slot_gen[:used].copy(),
+            key_columns=self._key_columns,
             slots=np.concatenate([fast, sealed_slots]),
             panes=panes,
             lanes=lanes,
@@ -476,6 +480,8 @@ class PaneDrain:
 
     partials: dict[tuple[SeriesKey, int], Partial]
     slot_keys: list[SeriesKey | None]
+    slot_gen: np.ndarray
+    key_columns: SlotKeyColumns
     slots: np.ndarray
     panes: np.ndarray
     lanes: dict[str, np.ndarray]
@@ -530,8 +536,6 @@ class PaneDrain:
         items = list(self.partials.items())
         fast_values = self._group_fast_sketched(len(items))
         self.partials = {}
-        slot_keys = self.slot_keys
-        fast_keys = [slot_keys[slot] for slot in self.slots.tolist()]
         keys = [key for (key, _), _ in items]
         partials = [partial for _, partial in items]
         lanes = self.lanes
@@ -544,10 +548,12 @@ class PaneDrain:
                 np.concatenate([np.array(general, dtype=np.float64), lane]), pa.float64()
             )
 
+        fast_strings = self.key_columns.take(self.slot_keys, self.slot_gen, self.slots)
         columns = [
-            pa.array([k[0] for k in keys] + [k[0] for k in fast_keys], pa.string()),
-            pa.array([k[1] for k in keys] + [k[1] for k in fast_keys], pa.string()),
-            pa.array([k[2] for k in keys] + [k[2] for k in fast_keys], pa.string()),
+            pa.concat_arrays([pa.array([k[i] for k in keys], pa.string()), fast_strings[i]])
+            for i in range(3)
+        ]
+        columns += [
             ints([pane for (_, pane), _ in items], self.panes),
             ints([p.count for p in partials], lanes["f_count"]),
             floats([p.total for p in partials], lanes["f_total"]),
@@ -558,10 +564,9 @@ class PaneDrain:
             ints([p.first_recv_ms for p in partials], lanes["f_first_recv"]),
             ints([p.last_recv_ms for p in partials], lanes["f_last_recv"]),
         ]
-        partial_keys = [(key, pane) for (key, pane), _ in items] + list(
-            zip(fast_keys, self.panes.tolist(), strict=True)
+        columns += self.sketches.columns(
+            [key for key, _ in items], fast_values, FastKeys(self.slot_keys, self.slots, self.panes)
         )
-        columns += self.sketches.columns(partial_keys, fast_values)
         batch = pa.RecordBatch.from_arrays(columns, schema=SEGMENT_SCHEMA)
         # Ordered by (pane, metric, type, tags), as sorted() over the keys would give them
         # (UTF-8 byte order is code point order).

@@ -44,6 +44,7 @@ The three then hold the same total weight, the partial's ``count``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,24 @@ class FastValues:
     ends: np.ndarray
     values: np.ndarray
     weights: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class FastKeys:
+    """The keys of the fast lane's rows of a segment, (``slot_keys[slots[i]]``, ``panes[i]``),
+    made only when iterated: a drain needs them only for a partial the fast lane took over
+    from the general lane, whose held values are filed under its key."""
+
+    slot_keys: Sequence[SeriesKey | None]
+    slots: np.ndarray
+    panes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __iter__(self) -> Iterator[tuple[SeriesKey | None, int]]:
+        slot_keys = self.slot_keys
+        return zip((slot_keys[s] for s in self.slots.tolist()), self.panes.tolist(), strict=True)
 
 
 class PaneSketches:
@@ -123,16 +142,19 @@ class PaneSketches:
         return held
 
     def columns(
-        self, keys: list[PartialKey], fast: FastValues | None = None
-    ) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
-        """``sketch``, ``hdr_bucket``, ``hdr_count``, ``kll`` for the partials ``keys`` (in row
-        order), taking every held value; partials without values get NULLs.
+        self, keys: list[PartialKey], fast: FastValues | None = None,
+        fast_keys: FastKeys | None = None,
+    ) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:  # fmt: skip
+        """``sketch``, ``hdr_bucket``, ``hdr_count``, ``kll`` for the partials ``keys`` then
+        ``fast_keys`` (in row order), taking every held value; partials without values get
+        NULLs.
 
         ``fast``: the fast lane's values, already grouped by row (``FastValues``): a row's
         values are those held under its key, then its fast-lane values, then its scalars.
         Matching rows by position, not by key, spares a dict lookup per partial: at 10k
-        series this was a third of the segment's build time."""
-        n = len(keys)
+        series this was a third of the segment's build time. For the same reason the fast
+        rows' keys are looked at only when a held value's key is not among ``keys``."""
+        n = len(keys) + (0 if fast_keys is None else len(fast_keys))
         held, scalars, members = self._values, self._scalars, self._members
         self._values, self._scalars, self._members = (
             defaultdict(list), defaultdict(list), defaultdict(list))
@@ -144,7 +166,11 @@ class PaneSketches:
         if fast is not None:
             fast_at[fast.rows] = np.arange(len(fast.rows))
         if held or scalars or members:
-            row_of = {key: row for row, key in enumerate(keys)}
+            row_of: dict[PartialKey | tuple[SeriesKey | None, int], int] = dict(
+                zip(keys, range(len(keys)), strict=True))
+            if fast_keys is not None and not (held.keys() | scalars.keys() | members.keys()
+                                              ) <= row_of.keys():  # fmt: skip
+                row_of.update(zip(fast_keys, range(len(keys), n), strict=True))
             for key in held.keys() | scalars.keys():
                 row = row_of.get(key)
                 if row is None:  # values without a partial: cannot happen (add makes both)

@@ -126,3 +126,34 @@ def test_detached_partials_build_what_drain_gives_after_the_combiner_moved_on() 
     assert sum(rows[("lat", 1000)]["hdr_count"]) == 4
     assert rows[("lat", 2000)]["count"] == 2 and sum(rows[("lat", 2000)]["hdr_count"]) == 2
     assert [r["metric"] for r in combiner.drain().to_pylist()] == ["again", "other"]
+
+
+def test_fast_rows_name_the_series_a_reused_slot_holds_at_each_drain() -> None:
+    """A slot freed and given to another series names the new one in the next drains, whether
+    the slot was reused before the next drain or stayed free through one."""
+    combiner = PaneCombiner(1000)
+
+    def fast(line: bytes, value: float, event_ms: int) -> None:
+        _feed(combiner, line, event_ms)  # the series gets a slot (general lane)...
+        (sample,) = parse_line(line)  # type: ignore[misc]
+        slot = combiner.slot_of((sample.metric, sample.metric_type, "{}"))
+        assert slot is not None
+        combiner.add_fast(np.array([slot]), np.array([value]), event_ms)  # ...then the fast one
+
+    def drained() -> list[tuple[str, str, int]]:
+        rows = combiner.drain().to_pylist()
+        return [(r["metric"], r["metric_type"], r["count"]) for r in rows]
+
+    fast(b"a:1|ms", 2.0, 1_100)
+    fast(b"b:1|c", 2.0, 1_100)
+    assert drained() == [("a", "ms", 2), ("b", "c", 2)]
+    combiner.forget("a", "ms", ())
+    fast(b"c:1|c", 5.0, 2_100)  # a's slot, reused before the next drain
+    combiner.add_fast(np.array([combiner.slot_of(("b", "c", "{}"))]), np.array([1.0]), 2_200)
+    assert drained() == [("b", "c", 1), ("c", "c", 2)]
+    combiner.forget("c", "c", ())
+    combiner.add_fast(np.array([combiner.slot_of(("b", "c", "{}"))]), np.array([1.0]), 3_100)
+    assert drained() == [("b", "c", 1)]  # c's slot free through a drain
+    fast(b"d:3|d", 4.0, 4_100)
+    fast(b"e:1|ms", 1.0, 4_200)  # a new slot
+    assert drained() == [("d", "d", 2), ("e", "ms", 2)]
