@@ -19,7 +19,8 @@ Columns produced (``SEGMENT_SCHEMA``):
 - ``kll``: timers/histograms/distributions, only when built with ``kll_k`` (a window of the
   config has ``quantiles: kll``): a serialized ``kll_doubles_sketch(kll_k)`` of the values,
   the DataSketches binary format (``sketches.kll_columns`` merges it, Spark reads it); NULL
-  otherwise. One C call per partial (about 5 µs for 10 values): only for such a config.
+  otherwise. Built for all partials by one ``kll_columns.merge_by_owner`` call
+  (``_unit_klls``).
 
 **Weights.** Each value carries the number of values it stands for (``protocol.sample_weight``:
 ``lat:5|h|@0.5`` is 5 with weight 2). A partial whose values all weigh 1 is built as above. One
@@ -51,7 +52,7 @@ import numpy as np
 import pyarrow as pa
 from datasketches import kll_doubles_sketch
 
-from streamgauge.sketches import digest_columns
+from streamgauge.sketches import digest_columns, kll_columns
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import new_hll, serialize_hll
@@ -206,16 +207,19 @@ class PaneSketches:
                 [weights[offsets[i]:offsets[i + 1]] for i in weighted], tdigest_k,
             ))  # fmt: skip
             place[rows[weighted]] = len(unit) + np.arange(len(weighted))
-        klls: list[bytes | None] = [None] * n
-        if kll_k is not None:  # one call per partial: only for a window with quantiles: kll
-            for i, row in enumerate(rows.tolist()):
-                part = values[offsets[i]:offsets[i + 1]]
-                if heavy[i]:
-                    kll = _weighted_kll(part, weights[offsets[i]:offsets[i + 1]], kll_k)
-                else:
-                    kll = new_kll(kll_k)
-                    kll.update(part)
-                klls[row] = serialize_kll(kll)
+        kll_column = pa.nulls(n, pa.binary())
+        if kll_k is not None:  # only for a config with a window of quantiles: kll
+            kll_blobs: list[pa.Array] = []
+            kll_place = np.full(n, -1, np.int64)
+            if len(unit):
+                kll_blobs.append(_unit_klls(values, offsets, unit, kll_k))
+                kll_place[rows[unit]] = np.arange(len(unit))
+            if weighted:  # one call per weighted partial (sample rates): few
+                kll_blobs.append(pa.array([serialize_kll(_weighted_kll(
+                    values[offsets[i]:offsets[i + 1]], weights[offsets[i]:offsets[i + 1]], kll_k,
+                )) for i in weighted], pa.binary()))  # fmt: skip
+                kll_place[rows[weighted]] = len(unit) + np.arange(len(weighted))
+            kll_column = _placed(kll_blobs, kll_place)
         if set_rows:
             hlls = []
             for _, member_list in set_rows:
@@ -227,7 +231,7 @@ class PaneSketches:
             blobs.append(pa.array(hlls, pa.binary()))
         bucket, count = self._hdr_lists(n, rows, owner, values,
                                         weights if weighted else None)  # fmt: skip
-        return _placed(blobs, place), bucket, count, pa.array(klls, pa.binary())
+        return _placed(blobs, place), bucket, count, kll_column
 
     def _hdr_lists(
         self, n: int, rows: np.ndarray, owner: np.ndarray, values: np.ndarray,
@@ -290,6 +294,27 @@ def _unit_tdigests(values: np.ndarray, offsets: np.ndarray, owners: np.ndarray, 
     if len(owners) < len(offsets) - 1:  # not every owner: their values only
         values = values[run_indices(offsets[owners], sizes)]
     return _tdigests(values, np.ones(len(values)), sizes, k)
+
+
+def _unit_klls(values: np.ndarray, offsets: np.ndarray, owners: np.ndarray, k: int
+               ) -> pa.Array:  # fmt: skip
+    """A serialized ``kll_doubles_sketch(k)`` of each owner's values (``values[offsets[i]:
+    offsets[i + 1]]``, every weight 1), all built by one ``kll_columns.merge_by_owner`` call
+    over single-item sketches. DataSketches' ``update`` files level 0 downwards, so a sketch
+    holds its values in reverse order: the items go in reversed, and below ``k`` values the
+    bytes are those its ``update`` then ``serialize`` writes. From ``k`` on the merge compacts
+    (``update`` waits for the next value), deterministically where ``update`` flips a random
+    coin (``kll_columns``: the same bound)."""
+    sizes = offsets[owners + 1] - offsets[owners]
+    if len(owners) < len(offsets) - 1:  # not every owner: their values only
+        values = values[run_indices(offsets[owners], sizes)]
+    items = np.ascontiguousarray(values[::-1], np.float64)
+    owner = np.repeat(np.arange(len(owners), dtype=np.int64), sizes)[::-1]
+    singles = kll_columns.KllColumns(
+        np.arange(len(items) + 1, dtype=np.int64), items, np.zeros(len(items), np.uint8),
+        np.ones(len(items), np.int64), items, items, k,
+    )  # fmt: skip
+    return kll_columns.to_serialized(kll_columns.merge_by_owner(singles, owner, len(owners)))
 
 
 def _tdigests(means: np.ndarray, weights: np.ndarray, sizes: np.ndarray, k: int) -> pa.Array:

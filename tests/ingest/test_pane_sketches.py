@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.protocol import MAX_SAMPLE_WEIGHT, Sample, sample_weight
-from streamgauge.sketches.accuracy import compile_accuracy
+from streamgauge.sketches.accuracy import compile_accuracy, kll_error
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import estimate
-from streamgauge.sketches.kll import deserialize_kll
+from streamgauge.sketches.kll import deserialize_kll, new_kll, serialize_kll
 from streamgauge.sketches.tdigest import (
     deserialize_tdigest,
     new_tdigest,
@@ -70,6 +71,50 @@ def test_a_partial_s_tdigest_is_datasketches_own_bytes_for_its_values() -> None:
         expected = new_tdigest(compile_accuracy().tdigest_k)
         expected.update(np.array(values_sent))
         assert rows[(name, 0)]["sketch"] == serialize_tdigest(expected), name
+
+
+@pytest.mark.parametrize("size", [1, 2, 10, 199])
+def test_a_partial_s_kll_is_datasketches_own_bytes_below_k_values(size: int) -> None:
+    """With ``quantiles: kll``, below k values a pane's KLL (built for all partials at once)
+    is the image DataSketches' ``update`` then ``serialize`` makes of the partial's values in
+    its order: the fast lane's, then the general lane's (``PaneSketches.columns``)."""
+    k = 200
+    values = np.random.default_rng(size).lognormal(3.0, 1.0, size).round(3)
+    combiner = PaneCombiner(PANE, kll_k=k)
+    slot = combiner.add(Sample("api.latency", "ms", float(values[0]), 1.0, ()), 5, 5)
+    combiner.add(Sample("other", "ms", 1.0, 1.0, ()), 5, 5)  # a second owner beside it
+    combiner.add_fast(np.full(size - 1, slot, np.int64), values[1:], 6)
+    rows = _rows(combiner.drain())
+    expected = new_kll(k)
+    expected.update(np.concatenate([values[1:], values[:1]]))
+    assert rows[("api.latency", 0)]["kll"] == serialize_kll(expected)
+
+
+@pytest.mark.parametrize("size", [200, 1000, 20_000])
+def test_a_partial_s_kll_of_k_values_or_more_holds_them_within_its_rank_bound(size: int) -> None:
+    """From k values on the pane's KLL is compacted (deterministically, where DataSketches'
+    ``update`` flips a coin): every value counted, min and max exact, ranks within the
+    sketch's bound, and the same bytes for the same values."""
+    k = 200
+    values = np.random.default_rng(size).lognormal(3.0, 1.0, size)
+
+    def kll_of(sent: np.ndarray) -> bytes:
+        combiner = PaneCombiner(PANE, kll_k=k)
+        slot = combiner.add(Sample("api.latency", "ms", float(sent[0]), 1.0, ()), 5, 5)
+        combiner.add_fast(np.full(len(sent) - 1, slot, np.int64), sent[1:], 6)
+        blob = combiner.drain().column("kll")[0].as_py()
+        assert isinstance(blob, bytes)
+        return blob
+
+    blob = kll_of(values)
+    assert blob == kll_of(values)
+    sketch = deserialize_kll(blob)
+    assert (sketch.n, sketch.get_min_value(), sketch.get_max_value()) == (
+        size, values.min(), values.max())
+    ordered = np.sort(values)
+    for q in (0.5, 0.9, 0.99):
+        rank = np.searchsorted(ordered, sketch.get_quantile(q), side="right") / size
+        assert abs(rank - q) <= 1.5 * kll_error(k), q
 
 
 def test_fast_lane_values_reach_the_same_sketches_as_the_general_lane() -> None:
