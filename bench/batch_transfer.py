@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,7 @@ def projected(frame: DataFrame, group_by: tuple[str, ...]) -> DataFrame:
 
 _SCALARS = ("metric", "metric_type", "tags", "pane_start_ms", "count", "sum", "min", "max",
             "last", "last_event_ms", "segment_heartbeat_ms", "prior_heartbeat_ms")
-MODES = {
+MODES: dict[str, Callable[[DataFrame, tuple[str, ...]], DataFrame]] = {
     "raw": lambda frame, _g: frame,
     "projected": projected,
     "scalars": lambda frame, _g: frame.select(*_SCALARS),

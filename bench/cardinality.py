@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from streamgauge.clock import ManualClock
 from streamgauge.ingest.combiner import PaneCombiner
@@ -116,7 +117,7 @@ def run(series: int, shape: str, limits: CardinalityLimits, chunk_datagrams: int
     overflow_series: set[str] = set()
     logged = overflow_samples = 0
     for segment in list_segments(spool, "udp-0"):
-        for batch in read_segment(segment.path):
+        for batch in read_segment(cast(Path, segment.path)):  # a local spool: LocalSpool.path
             for row in batch.to_pylist():
                 if row["metric"].startswith(SELF_METRIC_PREFIX):
                     continue

@@ -253,8 +253,8 @@ def publish_and_batch(args: argparse.Namespace, threads: list[int]) -> None:
     finally:
         kernels.set_threads(before)
     kinds = {name: kind for kind, name, _ in steps(current)}
-    for name, row in results.items():
-        print(f"  {name:30s}" + "".join(f"{w:10.3f} /{c:7.3f}  " for w, c in row))
+    for name, timings in results.items():
+        print(f"  {name:30s}" + "".join(f"{w:10.3f} /{c:7.3f}  " for w, c in timings))
     for kind, label in (("publish", "publish total (compressed)"), ("batch", "batch total")):
         names = [n for n, k in kinds.items() if k == kind and n != "encode_v2 (stored)"]
         sums = [(sum(results[n][i][0] for n in names), sum(results[n][i][1] for n in names))

@@ -63,13 +63,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.configs import load_config
 from streamgauge.ingest.log import list_receivers, list_segments, read_heartbeat, read_segment
+from streamgauge.ingest.spool_fs import SpoolPath
 from streamgauge.retention import committed_sequences
 from streamgauge.sinks.store import run_sql
 from streamgauge.windows.reference import PanePartial, ReferenceWindower, Segment
@@ -293,6 +294,11 @@ def expected_sent(
 # -- lag -----------------------------------------------------------------------------------------
 
 
+def _local(path: SpoolPath) -> Path:
+    """A segment's path in the run's spool, a local directory (``LocalSpool.path``: a Path)."""
+    return cast(Path, path)
+
+
 def query_lags_ms(run: Run, now_ms: int) -> dict[str, int]:
     """Per streaming query (checkpoint directory): the age of the oldest segment it has not
     committed, by that segment's heartbeat, the maximum over the streams (0: all read)."""
@@ -311,7 +317,7 @@ def query_lags_ms(run: Run, now_ms: int) -> dict[str, int]:
             if not pending:
                 continue
             with contextlib.suppress(OSError, pa.ArrowException):
-                worst = max(worst, now_ms - read_heartbeat(pending[0].path).heartbeat_ms)
+                worst = max(worst, now_ms - read_heartbeat(_local(pending[0].path)).heartbeat_ms)
         lags[_short(checkpoint.name)] = worst
     return lags
 
@@ -389,7 +395,7 @@ def log_totals(spool: Path) -> tuple[dict[str, tuple[int, float]], int, float]:
     rows, first, last = 0, None, None
     for receiver in list_receivers(spool):
         for info in list_segments(spool, receiver):
-            for batch in read_segment(info.path):
+            for batch in read_segment(_local(info.path)):
                 table = pa.Table.from_batches([batch]).select(
                     ["metric", "metric_type", "pane_start_ms", "count", "sum"])
                 table = table.filter(pc.starts_with(table["metric"], "bench."))
@@ -417,9 +423,9 @@ def reference_for(run: Run, wanted: set[tuple[str, str]]) -> dict[tuple[Any, ...
     metrics = pa.array(sorted({m for m, _ in wanted}))
     for receiver in list_receivers(spool):
         for info in list_segments(spool, receiver):
-            heartbeat = read_heartbeat(info.path)
+            heartbeat = read_heartbeat(_local(info.path))
             partials = []
-            for batch in read_segment(info.path):
+            for batch in read_segment(_local(info.path)):
                 table = pa.Table.from_batches([batch]).select(PARTIAL_FIELDS)
                 table = table.filter(pc.is_in(table["metric"], value_set=metrics))
                 for row in table.to_pylist():

@@ -82,9 +82,10 @@ def _close_window(url: str, series: int, round_: int) -> dict[str, float]:
     if hasattr(ResultStore, "_commit_fresh_sketches"):  # rows first, sketches after them
         write_sketches = ResultStore._commit_fresh_sketches
 
-        def timed(self: Any, *args: Any) -> None:
+        # Any version's signature: each process runs its own checkout's ResultStore.
+        def timed(self: Any, *args: Any, **kwargs: Any) -> None:
             rows_committed.append(time.perf_counter())
-            write_sketches(self, *args)
+            write_sketches(self, *args, **kwargs)
 
         ResultStore._commit_fresh_sketches = timed  # type: ignore[method-assign]
     store = ResultStore(url, clock=ManualClock(watermark))

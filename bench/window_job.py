@@ -50,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ import psutil
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.streaming.query import StreamingQuery
 
 from streamgauge.clock import SystemClock
 from streamgauge.configs import parse_config
@@ -230,8 +232,11 @@ class Batches:
 
     @classmethod
     def install(cls) -> None:
-        read = pane_writer.read_partials
-        rows_of = pane_writer.to_result_rows
+        # The names the writer's code calls are its module's own (imported there from other
+        # modules, whichever a version has them in): read and replaced in its namespace.
+        names = vars(pane_writer)
+        read = names["read_partials"]
+        rows_of = names["to_result_rows"]
         call = pane_writer.PaneWindowsWriter.__call__
 
         def counted(*args: Any) -> pa.Table:
@@ -243,19 +248,19 @@ class Batches:
             cls._rows.published += changed.num_rows
             return rows_of(changed, *args, **kwargs)
 
-        def timed(self: Any, batch: Any, batch_id: int) -> None:
+        def timed(self: Any, _batch: Any, batch_id: int) -> None:
             if getattr(self, "name", "bench.w") != "bench.w":
-                call(self, batch, batch_id)  # the minute window's query
+                call(self, _batch, batch_id)  # the minute window's query
                 return
             wall, started = time.time_ns() // 1_000_000, time.perf_counter()
             cls._rows.value = cls._rows.published = 0
-            call(self, batch, batch_id)
+            call(self, _batch, batch_id)
             cls.done.append(
                 (wall, time.perf_counter() - started, cls._rows.value, cls._rows.published)
             )
 
-        pane_writer.read_partials = counted  # type: ignore[assignment]
-        pane_writer.to_result_rows = published  # type: ignore[assignment]
+        names["read_partials"] = counted
+        names["to_result_rows"] = published
         pane_writer.PaneWindowsWriter.__call__ = timed  # type: ignore[method-assign]
 
     @classmethod
@@ -291,7 +296,9 @@ def freshness(
     counter's window). Read from the commit timestamps of the rows of ``probes`` (per table,
     a few series spread over the load): by the key's index, so the poll costs the job next to
     nothing (a scan of every window's rows ten times a second would take a core)."""
-    seen = {(w, what): {} for w in delays_ms for what in ("rows", "sketches")}
+    seen: dict[tuple[str, str], dict[int, int]] = {
+        (w, what): {} for w in delays_ms for what in ("rows", "sketches")
+    }
     newest = dict.fromkeys(seen, 0)
     with psycopg.connect(url, autocommit=True) as poll:
         split = poll.execute("select to_regclass('window_sketches') is not null").fetchone()
@@ -345,7 +352,7 @@ def probe_series(types: dict[str, int]) -> dict[str, list[str]]:
 def cpu_seconds(leave_out: int | None = None) -> float:
     """CPU seconds of this process and its children, less the process ``leave_out``."""
     me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
+    total: float = sum(me.cpu_times()[:2])
     for child in me.children(recursive=True):
         if child.pid == leave_out:
             continue
@@ -387,7 +394,9 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
         spark = build_spark_session("local[2]", app_name="bench-window-job")
         spool = root / "spool"
         spool.mkdir()
-        queries = start_window_queries(
+        # What it takes depends on the checkout's version (``_plan``): not this one's signature.
+        start_queries: Callable[..., list[StreamingQuery]] = start_window_queries
+        queries = start_queries(
             spark, *_plan(config, spool, root / "checkpoints"), lambda: ResultStore(url),
             SystemClock(), **({} if args.trigger is None else {"trigger_interval": args.trigger}),
         )  # fmt: skip
@@ -466,7 +475,7 @@ def run_previous(revision: str, args: argparse.Namespace) -> dict[str, Any]:
         else 0.0,
         "batch_median_p99": figure("micro-batch duration (s)"),
         "freshness_s": [float(v) for v in fresh.group(1).split()] if fresh else [],
-        "sustained": bool(sustained) and sustained.group(1) == "True",
+        "sustained": sustained is not None and sustained.group(1) == "True",
         "load": os.getloadavg()[0],
     }  # fmt: skip
 

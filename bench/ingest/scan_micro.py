@@ -33,8 +33,9 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -46,6 +47,12 @@ from streamgauge.ingest.log import SegmentWriter
 from streamgauge.ingest.receiver import Receiver
 
 T0 = 1_700_000_000_000
+
+
+class _Dispatcher(Protocol):
+    """What a numba-compiled function (``numba.njit``) has besides being callable."""
+
+    py_func: Callable[..., Any]  # the Python function it compiles
 
 
 def series_keys(count: int, rng: random.Random) -> list[tuple[bytes, bytes]]:
@@ -137,7 +144,8 @@ def main() -> None:
             **{name[1:]: value for name, value in vars(fast).items()
                if name.startswith(("_key_", "_table", "_shift"))},
         }  # fmt: skip
-        names = list(inspect.signature(fastpath._scan.py_func).parameters)[2:]
+        scan = cast(_Dispatcher, fastpath._scan)  # numba's, typed as the function it compiles
+        names = list(inspect.signature(scan.py_func).parameters)[2:]
         calls = [
             (np.frombuffer(buffer, dtype=np.uint8), buffer.count(b"\n"),
              *(state[name] for name in names))

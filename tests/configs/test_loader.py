@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -218,7 +219,8 @@ def test_early_every_on_tumbling_hopping_and_sliding_windows() -> None:
         "<text>",
     )
     assert [w.early_every_ms for w in config.windows] == [60_000, 2_000, 3_000, None]
-    printed = config.to_canonical_dict()["windows"]
+    # a list of the windows' own canonical dicts (PipelineConfig.to_canonical_dict)
+    printed = cast(list[dict[str, object]], config.to_canonical_dict()["windows"])
     assert [w.get("early_every") for w in printed] == ["1m", "2s", "3s", None]
 
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -37,7 +38,8 @@ def test_default_is_tdigest_and_kll_is_per_window() -> None:
     assert [w.quantiles for w in config.windows] == ["kll", "kll", "tdigest", "tdigest"]
     assert config.kll_windows == ("fast", "hop")
     assert config.kll_k == 200  # what receivers build pane KLLs with
-    canonical = config.to_canonical_dict()["windows"]
+    # a list of the windows' own canonical dicts (PipelineConfig.to_canonical_dict)
+    canonical = cast(list[dict[str, object]], config.to_canonical_dict()["windows"])
     assert [w.get("quantiles") for w in canonical] == ["kll", "kll", "tdigest", None]
     assert parse_config(yaml.safe_dump(config.to_canonical_dict()), "again") == config
 

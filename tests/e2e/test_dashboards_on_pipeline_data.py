@@ -31,10 +31,10 @@ import random
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pytest
@@ -46,6 +46,7 @@ from streamgauge.sinks.store import run_sql
 from streamgauge.sketches.hdr import HdrLayout
 from tests.e2e.harness import Daemon, daemon_for, wait_until
 from tests.grafana.grafana_macros import expand
+from tests.local_spool import local_path
 
 CONFIG = """
 name: boards
@@ -153,7 +154,8 @@ def _receivers_with(prefix: str, spool: Path) -> list[str]:
     return sorted(
         receiver for receiver in list_receivers(spool)
         if any(name.startswith(prefix) for info in list_segments(spool, receiver)
-               for batch in read_segment(info.path) for name in batch.column("metric").to_pylist())
+               for batch in read_segment(local_path(info.path))
+               for name in batch.column("metric").to_pylist())
     )  # fmt: skip
 
 
@@ -253,6 +255,14 @@ def run_data() -> Iterator[tuple[Daemon, Sent, float]]:
 @pytest.fixture(scope="module")
 def board(run_data: tuple[Daemon, Sent, float]) -> Board:
     return Board(run_data[0], parse_config(CONFIG, "boards"))
+
+
+class _TimeRange(TypedDict):
+    """``Board.run``'s time range, passed as keyword arguments."""
+
+    start: float
+    end: float
+    interval_s: int
 
 
 def _data_range(sent: Sent) -> dict[str, Any]:
@@ -416,7 +426,7 @@ def test_alert_queries_return_each_windows_value(
     _, sent, _ = run_data
     layout = HdrLayout.from_params(board.config.sketches)
     rules = {r["title"]: r for g in alerts.rule_groups(board.config, "ds") for r in g["rules"]}
-    expected_value = {
+    expected_value: dict[str, tuple[str, Callable[[list[Any]], float] | None]] = {
         "latency_p99_high": ("api.latency", lambda v: _hdr(layout, v, 0.99)),
         "requests_rate_low": ("api.requests", lambda v: sum(v) / WINDOW_S),
         "users_many": ("api.users", lambda v: float(len(set(v)))),
@@ -442,7 +452,7 @@ def test_health_panels_count_what_the_receivers_got(
     run_data: tuple[Daemon, Sent, float], board: Board
 ) -> None:
     daemon, sent, started = run_data
-    live = {"start": started - 20, "end": time.time() + 5, "interval_s": WINDOW_S}
+    live: _TimeRange = {"start": started - 20, "end": time.time() + 5, "interval_s": WINDOW_S}
     totals: dict[str, float] = defaultdict(float)
     for _, name, rate in board.run(queries.ingest_rate_sql(board.config), **live):
         totals[name] += rate * WINDOW_S  # one row per 10 s window: rate x 10 s = its count

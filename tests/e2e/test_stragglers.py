@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from datadog.dogstatsd import DogStatsd
+from datadog.dogstatsd.base import DogStatsd
 
 from streamgauge.windows.reference import ReferenceWindower
 from tests.e2e.harness import (

@@ -36,6 +36,9 @@ line's weight (``Split.fast_weights``), from ``protocol.sample_weight``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ClassVar, cast
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,8 +106,14 @@ class NumpyFastPath:
             self._pending.append((key, slot, int(self._combiner.slot_gen[slot]), sample_rate))
 
     # The conflict keys' bookkeeping is FastPath's own (what this oracle checks is the split).
-    remember_conflict = FastPath.remember_conflict
-    forget_conflicts = FastPath.forget_conflicts
+    # Typed for this class: the functions use only attributes both classes have (key_of,
+    # _pending, _conflict_keys, _flush_pending, _index, _key_slot).
+    remember_conflict: ClassVar[Callable[[NumpyFastPath, bytes, str], None]] = cast(
+        "Callable[[NumpyFastPath, bytes, str], None]", FastPath.remember_conflict
+    )
+    forget_conflicts: ClassVar[Callable[[NumpyFastPath, str], None]] = cast(
+        "Callable[[NumpyFastPath, str], None]", FastPath.forget_conflicts
+    )
 
     def _flush_pending(self) -> None:
         if not self._pending:

@@ -18,6 +18,7 @@ from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import SegmentWriter, list_segments, read_segment
 from streamgauge.ingest.protocol import _NUMBER_RE
 from streamgauge.ingest.receiver import Receiver
+from tests.local_spool import local_path
 
 T0 = 1_700_000_000_000
 
@@ -65,7 +66,7 @@ EXTRAS = ["", "", "", "|@0.5", "|@0.25", "|@0.3", "|#x:1", "|#x:1,y:2", "|#y:2,x
 
 
 @st.composite
-def _line(draw: Any) -> bytes:
+def _line(draw: st.DrawFn) -> bytes:
     if draw(st.integers(0, 30)) == 0:
         return draw(st.sampled_from([b"", b"_e{1,1}:a|b", b"_sc|db|0", b"\xff:1|c", b"x"]))
     extra = draw(st.sampled_from(EXTRAS)).replace("{ts}", str(T0 // 1000 + 1))
@@ -74,7 +75,7 @@ def _line(draw: Any) -> bytes:
     return text.encode()
 
 
-_step = st.one_of(
+_step: st.SearchStrategy[tuple[str, list[bytes], int]] = st.one_of(
     st.tuples(
         st.just("batch"),
         st.lists(st.lists(_line(), min_size=1, max_size=6).map(b"\n".join), max_size=8),
@@ -147,7 +148,7 @@ def test_fast_and_general_paths_give_identical_partials_and_counts(
             rows = [
                 row
                 for segment in list_segments(spool, "udp-0")
-                for batch in read_segment(segment.path)
+                for batch in read_segment(local_path(segment.path))
                 for row in batch.to_pylist()
             ]
             stats = receiver.stats.to_json()
@@ -186,7 +187,8 @@ def test_mixed_datagrams_take_both_paths_and_agree(tmp_path: Path) -> None:
                     receiver.roll(receiver.now_ms())
             receiver.roll(receiver.now_ms(), closed=True)
             rows = [row for segment in list_segments(tmp_path / str(fast), "udp-0")
-                    for batch in read_segment(segment.path) for row in batch.to_pylist()]
+                    for batch in read_segment(local_path(segment.path))
+                    for row in batch.to_pylist()]
             outcomes.append((_exact(rows), receiver.stats.to_json()))
             # every line with its unknown field counted, on either path
             assert receiver.stats.adjusted["unknown_field"] == unknown_sent
@@ -249,6 +251,6 @@ def test_a_type_flood_is_counted_in_bulk_until_the_names_type_is_forgotten(
     rows = [(row["metric_type"], row["count"], row["sum"] if row["metric_type"] == "c"
              else row["last"])
             for segment in list_segments(tmp_path, "udp-0")
-            for batch in read_segment(segment.path) for row in batch.to_pylist()
+            for batch in read_segment(local_path(segment.path)) for row in batch.to_pylist()
             if row["metric"] == "x"]
     assert rows == [("c", 1, 1.0), ("g", 2, 10.0)]

@@ -22,7 +22,8 @@ def test_released_library_pages_leave_the_libraries_working() -> None:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
-        return pa.ipc.open_stream(sink.getvalue()).read_all().column("v").to_pylist()[-3:]
+        read: list[int] = pa.ipc.open_stream(sink.getvalue()).read_all().column("v").to_pylist()
+        return read[-3:]
 
     before = (round_trip(), int(values.sum()))
     released_kb = memory.release_library_pages(lambda path: "libarrow" in path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,7 +29,7 @@ def _log(spool: Path, segments: dict[str, int]) -> None:
             writer.append(empty, Heartbeat(T0_S * 1000 + i * 250, False))
 
 
-def _commits(checkpoint: Path, commits: list[tuple[float, dict[str, int]]]) -> None:
+def _commits(checkpoint: Path, commits: Sequence[tuple[float, dict[str, int]]]) -> None:
     """Batch ``n`` committed at second ``at`` having read each stream up to ``seq``."""
     (checkpoint / "commits").mkdir(parents=True, exist_ok=True)
     (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,13 @@ windows:
 """
 
 
+def _rate(status_line: str) -> str:
+    """The lines/s a status line shows (``status_line`` is one)."""
+    match = STATUS_LINE.match(status_line)
+    assert match is not None, status_line
+    return match["rate"]
+
+
 def test_plain_status_lines_and_a_quiet_stop_in_a_log_file() -> None:
     with daemon_for(CONFIG, "plain", "--status-every", "1") as daemon:
         daemon.start()
@@ -39,7 +46,7 @@ def test_plain_status_lines_and_a_quiet_stop_in_a_log_file() -> None:
     status = re.findall(r"^\d\d:\d\d:\d\d  status: (in .*)$", printed, re.MULTILINE)
     assert len(status) >= 2, printed[-3000:]
     assert all(STATUS_LINE.match(line) for line in status), status
-    assert any(STATUS_LINE.match(line)["rate"] not in ("…", "0") for line in status), status
+    assert any(_rate(line) not in ("…", "0") for line in status), status
     assert "\x1b" not in printed and "\r" not in printed  # a file gets no terminal codes
     leaked = [marker for marker in JVM_MARKERS if marker in printed]
     assert not leaked, f"{leaked} in the daemon's output:\n{printed[-3000:]}"

@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,7 @@ from tests.e2e.harness import (
     scratch_dir,
     stored_rows,
 )
+from tests.local_spool import local_path
 from tests.reliability.split_pipeline import SplitPipeline
 
 CONFIG = """
@@ -46,9 +48,10 @@ windows:
 WINDOWS = ("per_2s", "per_4s")
 
 
-def _log_rows(spool: Path) -> list[dict[str, object]]:
+def _log_rows(spool: Path) -> list[dict[str, Any]]:
     return [row for receiver in list_receivers(spool) for info in list_segments(spool, receiver)
-            for batch in read_segment(info.path) for row in batch.to_pylist()]  # fmt: skip
+            for batch in read_segment(local_path(info.path))
+            for row in batch.to_pylist()]  # fmt: skip
 
 
 @pytest.fixture()

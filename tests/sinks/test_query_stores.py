@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from streamgauge.sinks.query_stores import QueryStores
@@ -13,7 +15,8 @@ def _store_backends(url: str) -> set[int]:
     _, rows = run_sql(
         url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'streamgauge'"
     )
-    return {int(row[0]) for row in rows}
+    pids = cast(list[tuple[int]], rows)  # pid: integer
+    return {int(row[0]) for row in pids}
 
 
 def test_close_all_closes_every_store_it_made_and_the_next_start_gets_new_ones(

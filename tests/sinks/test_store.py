@@ -16,7 +16,7 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import psycopg
@@ -941,8 +941,9 @@ def test_a_fresh_window_is_stored_as_the_upsert_stores_it(
         clean_store, "SELECT config_name, to_jsonb(r) - 'config_name' FROM window_results r"
         " ORDER BY metric, window_start",
     )  # fmt: skip
-    upserted = [r for c, r in by_config if c == "web"]
-    fresh = [r for c, r in by_config if c == "fresh"]
+    jsonb_by_config = cast(list[tuple[str, dict[str, Any]]], by_config)  # text, jsonb
+    upserted = [r for c, r in jsonb_by_config if c == "web"]
+    fresh = [r for c, r in jsonb_by_config if c == "fresh"]
     assert len(upserted) == 3 and fresh == upserted
     assert upserted[0]["tags"] == {"host": "a", "région": "été"}
     assert upserted[2]["hll_registers"] is not None

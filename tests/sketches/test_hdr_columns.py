@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -143,8 +145,8 @@ def _rows(rng: np.random.Generator, n: int, longest: int, shuffled: float) -> hc
             buckets = np.sort(buckets) if draw < shuffled + 0.2 else np.unique(buckets)
         rows.append(buckets)
     offsets = np.r_[0, np.cumsum([len(b) for b in rows])]
-    buckets = np.concatenate(rows).astype(np.int32)
-    return hc.HdrColumns(offsets, buckets, rng.integers(0, 4, len(buckets)))
+    all_buckets = np.concatenate(rows).astype(np.int32)
+    return hc.HdrColumns(offsets, all_buckets, rng.integers(0, 4, len(all_buckets)))
 
 
 def _expected(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +168,7 @@ def test_merges_of_unsorted_and_repeated_rows(monkeypatch: pytest.MonkeyPatch,
     into = hc.merge_into(state, partials, owner)
     by_owner = hc.merge_by_owner(partials, owner % 11, 12)
 
-    def row(cols: hc.HdrColumns, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def row(cols: hc.HdrColumns, i: int | np.integer[Any]) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = cols.offsets[i], cols.offsets[i + 1]
         return cols.buckets[lo:hi], cols.counts[lo:hi]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ def _blob(values: Any, k: int = 200) -> bytes:
     return bytes(_sketch(values, k).serialize())
 
 
-def _binary(blobs: list[bytes | None]) -> pa.Array:
+def _binary(blobs: Sequence[bytes | None]) -> pa.Array:
     return pa.array(blobs, pa.binary())
 
 
@@ -305,7 +305,8 @@ def test_multi_level_inputs_stay_within_kll_error() -> None:
 def _capacity(k: int, num_levels: int, level: int) -> int:
     """DataSketches' level capacity: max(m, round(k (2/3)^depth)), rounded as int_cap_aux."""
     depth = num_levels - level - 1
-    return max(8, ((2 * k << depth) // 3**depth + 1) >> 1)
+    power: int = 3**depth  # typeshed gives int ** int as Any: a negative power is a float
+    return max(8, ((2 * k << depth) // power + 1) >> 1)
 
 
 def _reference_compress(k: int, n: int, by_level: list[list[float]]) -> list[list[float]]:

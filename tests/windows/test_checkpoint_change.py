@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import cast
 
 import pytest
 from pyspark.sql import SparkSession
@@ -19,6 +20,7 @@ from streamgauge.configs import parse_config
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import Heartbeat, SegmentWriter
 from streamgauge.ingest.protocol import Sample
+from streamgauge.ingest.spool_fs import SpoolLike
 from streamgauge.sinks.store import run_sql
 from streamgauge.windows.plan import JobPaths, checkpoint_dir
 from streamgauge.windows.results import REVISION_BASE_FILE
@@ -33,7 +35,7 @@ windows:
 """
 
 
-def _segment(spool: Path, at_ms: int, value: float, beat_ms: int) -> None:
+def _segment(spool: SpoolLike, at_ms: int, value: float, beat_ms: int) -> None:
     combiner = PaneCombiner(1000)
     for metric, kind in (("c.requests", "c"), ("t.latency", "ms")):
         combiner.add(Sample(metric, kind, value, 1.0, ()), T0 + at_ms, T0 + at_ms)
@@ -47,7 +49,8 @@ def _rows(url: str) -> dict[tuple[str, int], tuple[int, int]]:
         " from window_results where config_name = 'upgrade'",
         [T0],
     )
-    return {(m, start): (count, revision) for m, start, count, revision in rows}
+    typed = cast(list[tuple[str, int, int, int]], rows)  # text, bigint, bigint, bigint
+    return {(m, start): (count, revision) for m, start, count, revision in typed}
 
 
 def test_a_new_checkpoint_writes_above_the_stored_revisions_and_is_not_skipped(
@@ -98,7 +101,7 @@ windows:
 
 
 def _counter_segment(
-    spool: Path, at_ms: tuple[int, ...], beat_ms: int, sample: Sample | None = None
+    spool: SpoolLike, at_ms: tuple[int, ...], beat_ms: int, sample: Sample | None = None
 ) -> None:
     """A segment of counter samples (``sample``, default ``c.requests:1|c``) at ``at_ms``."""
     combiner = PaneCombiner(1000)
@@ -186,8 +189,9 @@ def test_a_new_session_checkpoint_records_each_late_partial_once(
     _counter_segment(paths.spool, (), 20_000, USER_U1)
 
     def late_rows() -> list[tuple[int, int]]:
-        return run_sql(clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
-                       " - %s, count from late_events order by 1", [T0])[1]  # fmt: skip
+        return cast(list[tuple[int, int]], run_sql(
+            clean_store, "select (extract(epoch from window_start) * 1000)::bigint"
+            " - %s, count from late_events order by 1", [T0])[1])  # fmt: skip
 
     expected = [(0, 1), (1_000, 1)]
     run_job_once(spark, parse_config(SESSION.format(delay="1s"), "upgrade"), paths, clean_store,

@@ -65,7 +65,7 @@ def _rows(url: str) -> dict[tuple[str, int], dict[str, Any]]:
         "where config_name = 'jobtest'",
         [T0],
     )
-    found = [dict(zip(columns, row, strict=True)) for row in rows]
+    found: list[dict[str, Any]] = [dict(zip(columns, row, strict=True)) for row in rows]
     return {(r["metric"], r["start_ms"]): r for r in found}
 
 

@@ -17,7 +17,7 @@ recomputes the window with the late partial included, the same way.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pyspark.sql import SparkSession
@@ -60,7 +60,7 @@ def _window(url: str) -> dict[str, dict[str, Any]]:
         "where config_name = 'klltest' and window_start = to_timestamp(%s / 1000.0)",
         [T0],
     )
-    return {row[0]: dict(zip(columns, row, strict=True)) for row in rows}
+    return {cast(str, row[0]): dict(zip(columns, row, strict=True)) for row in rows}  # metric
 
 
 def _rank(ordered: np.ndarray, value: float) -> float:

@@ -11,7 +11,7 @@ session merged by a straggler, no bucket rows left for the two sessions it retra
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pyspark.sql import SparkSession
@@ -59,7 +59,7 @@ def _rows(url: str, config: PipelineConfig) -> dict[tuple[str, int, int], dict[s
         "distinct_count, hdr_histogram, is_final from window_results where config_name = %s",
         [T0, T0, config.name],
     )
-    found = [dict(zip(columns, row, strict=True)) for row in rows]
+    found: list[dict[str, Any]] = [dict(zip(columns, row, strict=True)) for row in rows]
     return {(r["metric"], r["s"], r["e"]): r for r in found}
 
 
@@ -72,7 +72,7 @@ def _histograms(url: str, config: PipelineConfig) -> dict[tuple[int, int], list[
         [T0, T0, config.name],
     )
     found: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for start, end, bucket, count in rows:
+    for start, end, bucket, count in cast(list[tuple[int, int, int, int]], rows):  # all integers
         found.setdefault((int(str(start)), int(str(end))), []).append((int(bucket), int(count)))
     return found
 

@@ -329,7 +329,7 @@ def test_a_restarted_quiet_lane_without_a_bound_in_its_offset_waits_the_longest_
     _segment(writer, 100, ("c", 99))
     spark = _Spark(tmp_path, QuietLane(span_ms=14_000, every_ms=30_000))
     assert spark.trigger()
-    spark.start = {"receivers": spark.start["receivers"]}  # type: ignore[dict-item]
+    spark.start = {"receivers": spark.start["receivers"]}
     _segment(writer, 101, ("c", 100))
     assert spark.trigger()
     assert spark.start["busy_until_ms"] == 100_000 + UNKNOWN_ROWS_AHEAD_MS + 14_000

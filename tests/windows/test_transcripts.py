@@ -11,8 +11,9 @@ emission, ``early_every``) runs that way too, and each batch's written rows are 
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import pytest
 from pyspark.sql import SparkSession
@@ -96,9 +97,9 @@ def stored_state(url: str, config: PipelineConfig) -> State:
         "from window_results where config_name = %s",
         [T0, T0, T0, config.name],
     )
-    state = {}
+    state: dict[StateKey, dict[str, Any]] = {}
     for row in rows:
-        r = dict(zip(columns, row, strict=True))
+        r: dict[str, Any] = dict(zip(columns, row, strict=True))  # one SQL row, by column
         key = (r["window_name"], r["metric"], canonical_tags(r["tags"]), r["start"])
         # Two rows with one start: a session stored twice (a superseded one not retracted).
         assert key not in state, f"two windows start at {key}: {state[key]['end']}, {r['end']}"
@@ -115,7 +116,8 @@ def stored_state(url: str, config: PipelineConfig) -> State:
         "from late_events where config_name = %s",
         [T0, config.name],
     )
-    late = sorted((w, m, canonical_tags(t), int(s), int(c)) for w, m, t, s, c in late_rows)
+    typed = cast(list[tuple[str, str, object, int, int]], late_rows)  # text, text, jsonb, bigints
+    late = sorted((w, m, canonical_tags(t), int(s), int(c)) for w, m, t, s, c in typed)
     return state, late
 
 
@@ -152,7 +154,7 @@ def stored_sketches(url: str, config: PipelineConfig) -> dict[StateKey, dict[str
     )
     state: dict[StateKey, dict[str, Any]] = {}
     for row in rows:
-        r = dict(zip(columns, row, strict=True))
+        r: dict[str, Any] = dict(zip(columns, row, strict=True))  # one SQL row, by column
         key = (r["window_name"], r["metric"], canonical_tags(r["tags"]), r["start"])
         sketch = None if r["sketch"] is None else bytes(r["sketch"])
         state[key] = {**{c: r[c] for c in _SKETCH_COLUMNS}, "sketch": sketch, "histogram": []}
@@ -374,8 +376,17 @@ from window_results where config_name = %s
 def versions(url: str, config: PipelineConfig) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     """(window, metric, tags, start, end) → (revision, corrections, values...) per row."""
     _, rows = run_sql(url, _VERSIONS, [T0, T0, config.name])
+    # text, text, text, then bigints: start, end, revision, corrections; then the values
+    typed = cast(list[tuple[str, str, str, int, int, int, int, *tuple[object, ...]]], rows)
     return {(w, m, canonical_tags(t), int(s), int(e)): (int(r), int(c), *values)
-            for w, m, t, s, e, r, c, *values in rows}  # fmt: skip
+            for w, m, t, s, e, r, c, *values in typed}  # fmt: skip
+
+
+class _ReplayRange(TypedDict):
+    """``replay``'s time range, passed as keyword arguments."""
+
+    from_ms: int
+    to_ms: int
 
 
 def check_replay(url: str, spool: Path, transcript: Transcript) -> None:
@@ -393,7 +404,7 @@ def check_replay(url: str, spool: Path, transcript: Transcript) -> None:
     """
     config = transcript.config
     before = versions(url, config)
-    everything = {"from_ms": T0 - 3_600_000, "to_ms": T0 + 3_600_000}
+    everything: _ReplayRange = {"from_ms": T0 - 3_600_000, "to_ms": T0 + 3_600_000}
     with ResultStore(url) as store:
         report = replay(config, spool, store, ManualClock(T0 + 60_000), **everything)
         stored, stored_late = stored_state(url, config)
@@ -474,7 +485,7 @@ def test_batching_does_not_change_the_result(
         "select max(revision) from window_results where config_name = %s",
         [transcript.config.name],
     )
-    assert revisions[0][0] > 1  # windows were revised across several micro-batches
+    assert cast(int, revisions[0][0]) > 1  # windows were revised across several micro-batches
 
 
 @pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
@@ -500,7 +511,7 @@ def test_replay_applies_late_partials_as_corrections_and_is_idempotent(
         "select window_start, revision from window_results where config_name = %s",
         [transcript.config.name],
     )
-    revisions_before = dict(revision_rows)
+    revisions_before = dict(cast(list[tuple[datetime, int]], revision_rows))
 
     store = ResultStore(clean_store)
     report = replay(transcript.config, spool, store, ManualClock(T0 + 60_000),
@@ -523,7 +534,7 @@ def test_replay_applies_late_partials_as_corrections_and_is_idempotent(
         "select window_start, revision from window_results where config_name = %s",
         [transcript.config.name],
     )
-    revisions_after = dict(revision_rows)
+    revisions_after = dict(cast(list[tuple[datetime, int]], revision_rows))
     changed = [k for k in revisions_after if revisions_after[k] != revisions_before[k]]
     assert len(changed) == 1  # only the window the late partial belongs to
     assert revisions_after[changed[0]] == revisions_before[changed[0]] + 1

@@ -168,6 +168,8 @@ def load_transcript(text: str, source: str) -> Transcript:
             if isinstance(parsed, Reject):
                 problems.append(f"{sample_where}.line: {line!r} is rejected ({parsed.reason})")
                 continue
+            # transcripts hold metric lines only; an event or service check has no samples
+            assert isinstance(parsed, list), f"{sample_where}.line: {line!r} is not a metric"
             for value in parsed:
                 combiner.add(value, T0 + at, T0 + min(at, heartbeat))
         partials = tuple(
