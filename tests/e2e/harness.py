@@ -29,7 +29,6 @@ import statsd
 from streamgauge.configs import PipelineConfig, load_config
 from streamgauge.ingest.log import list_receivers, list_segments, read_heartbeat, read_segment
 from streamgauge.windows.reference import PanePartial, ReferenceWindower, Segment
-from tests.local_spool import local_path
 
 _PARTIAL_FIELDS = frozenset(f.name for f in fields(PanePartial))
 
@@ -193,10 +192,10 @@ def segments_from_spool(spool: Path) -> list[Segment]:
     segments = []
     for receiver in list_receivers(spool):
         for info in list_segments(spool, receiver):
-            heartbeat = read_heartbeat(local_path(info.path))
+            heartbeat = read_heartbeat(info)
             partials = tuple(
                 PanePartial(**{k: v for k, v in row.items() if k in _PARTIAL_FIELDS})
-                for batch in read_segment(local_path(info.path)) for row in batch.to_pylist()
+                for batch in read_segment(info) for row in batch.to_pylist()
             )  # the sketch columns are not part of the reference windower's partial
             segments.append(Segment(receiver, heartbeat.heartbeat_ms, heartbeat.closed, partials))
     return segments

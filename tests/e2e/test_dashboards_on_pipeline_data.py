@@ -46,7 +46,6 @@ from streamgauge.sinks.store import run_sql
 from streamgauge.sketches.hdr import HdrLayout
 from tests.e2e.harness import Daemon, daemon_for, wait_until
 from tests.grafana.grafana_macros import expand
-from tests.local_spool import local_path
 
 CONFIG = """
 name: boards
@@ -154,7 +153,7 @@ def _receivers_with(prefix: str, spool: Path) -> list[str]:
     return sorted(
         receiver for receiver in list_receivers(spool)
         if any(name.startswith(prefix) for info in list_segments(spool, receiver)
-               for batch in read_segment(local_path(info.path))
+               for batch in read_segment(info)
                for name in batch.column("metric").to_pylist())
     )  # fmt: skip
 

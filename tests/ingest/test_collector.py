@@ -21,7 +21,6 @@ from streamgauge.ingest.collector import (
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import SegmentWriter, list_segments, read_segment
 from streamgauge.ingest.receiver import UdpReceiver, bind_udp
-from tests.local_spool import local_path
 
 T0 = 1_700_000_000_000
 
@@ -98,7 +97,7 @@ def test_the_receiver_collects_after_its_rolls_and_reports_it(tmp_path: Path) ->
     assert (stats["full_collections"], stats["full_collection_ms"]) == (4, 12)
     # ... and as self-metrics, each with the roll after it (8 s has none yet)
     rows = [row for segment in list_segments(tmp_path, "udp-0")
-            for batch in read_segment(local_path(segment.path))
+            for batch in read_segment(segment)
             for row in batch.to_pylist()]  # fmt: skip
     totals = {name: sum(row["sum"] for row in rows if row["metric"] == name)
               for name in ("streamgauge.ingest.full_collections",

@@ -18,7 +18,6 @@ from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import SegmentWriter, list_segments, read_segment
 from streamgauge.ingest.protocol import _NUMBER_RE
 from streamgauge.ingest.receiver import Receiver
-from tests.local_spool import local_path
 
 T0 = 1_700_000_000_000
 
@@ -148,7 +147,7 @@ def test_fast_and_general_paths_give_identical_partials_and_counts(
             rows = [
                 row
                 for segment in list_segments(spool, "udp-0")
-                for batch in read_segment(local_path(segment.path))
+                for batch in read_segment(segment)
                 for row in batch.to_pylist()
             ]
             stats = receiver.stats.to_json()
@@ -187,7 +186,7 @@ def test_mixed_datagrams_take_both_paths_and_agree(tmp_path: Path) -> None:
                     receiver.roll(receiver.now_ms())
             receiver.roll(receiver.now_ms(), closed=True)
             rows = [row for segment in list_segments(tmp_path / str(fast), "udp-0")
-                    for batch in read_segment(local_path(segment.path))
+                    for batch in read_segment(segment)
                     for row in batch.to_pylist()]
             outcomes.append((_exact(rows), receiver.stats.to_json()))
             # every line with its unknown field counted, on either path
@@ -251,6 +250,6 @@ def test_a_type_flood_is_counted_in_bulk_until_the_names_type_is_forgotten(
     rows = [(row["metric_type"], row["count"], row["sum"] if row["metric_type"] == "c"
              else row["last"])
             for segment in list_segments(tmp_path, "udp-0")
-            for batch in read_segment(local_path(segment.path)) for row in batch.to_pylist()
+            for batch in read_segment(segment) for row in batch.to_pylist()
             if row["metric"] == "x"]
     assert rows == [("c", 1, 1.0), ("g", 2, 10.0)]

@@ -28,7 +28,6 @@ from streamgauge.ingest.log import (
 )
 from streamgauge.ingest.protocol import parse_line
 from streamgauge.ingest.spool_fs import LocalSpool
-from tests.local_spool import local_path
 
 
 def _batch(lines: list[bytes], event_ms: int) -> pa.RecordBatch:
@@ -46,14 +45,14 @@ def test_segments_are_numbered_in_order_and_read_back(tmp_path: Path) -> None:
     first = writer.append(_batch([b"a:1|c"], 1_000), Heartbeat(1_500, closed=False))
     second = writer.append(_batch([b"b:2|g"], 2_000), Heartbeat(2_500, closed=True))
     assert (first.sequence, second.sequence) == (0, 1)
-    assert local_path(first.path).name == "000000000000.arrow"
+    assert Path(first.path).name == "000000000000.arrow"
     assert list_receivers(tmp_path) == ["udp-0"]
     assert [s.sequence for s in list_segments(tmp_path, "udp-0")] == [0, 1]
     assert [s.sequence for s in list_segments(tmp_path, "udp-0", after=0)] == [1]
     assert [s.sequence for s in list_segments(tmp_path, "udp-0", after=-1, upto=0)] == [0]
-    assert read_heartbeat(local_path(first.path)) == Heartbeat(1_500, False)
-    assert read_heartbeat(local_path(second.path)) == Heartbeat(2_500, True)
-    (batch,) = list(read_segment(local_path(second.path)))
+    assert read_heartbeat(first) == Heartbeat(1_500, False)
+    assert read_heartbeat(second) == Heartbeat(2_500, True)
+    (batch,) = list(read_segment(second))
     assert batch.schema == SEGMENT_SCHEMA
     assert batch.to_pylist()[0]["metric"] == "b"
     assert batch.to_pylist()[0]["last"] == 2.0
@@ -103,8 +102,8 @@ def test_a_follower_finds_new_segments_one_lookup_each_without_listing_the_strea
 def test_heartbeat_only_segments_have_no_rows(tmp_path: Path) -> None:
     writer = SegmentWriter(tmp_path, "idle")
     info = writer.append(PaneCombiner(1000).drain(), Heartbeat(9_000, False))
-    assert sum(b.num_rows for b in read_segment(local_path(info.path))) == 0
-    assert read_heartbeat(local_path(info.path)).heartbeat_ms == 9_000
+    assert sum(b.num_rows for b in read_segment(info)) == 0
+    assert read_heartbeat(info).heartbeat_ms == 9_000
 
 
 # -- SegmentQueue: writes off the receive thread, backpressure, quota ----------------------------
@@ -125,7 +124,7 @@ class _GatedWriter(SegmentWriter):
 
 
 def _beats(spool: Path, receiver: str) -> list[int]:
-    return [read_heartbeat(local_path(s.path)).heartbeat_ms for s in list_segments(spool, receiver)]
+    return [read_heartbeat(s).heartbeat_ms for s in list_segments(spool, receiver)]
 
 
 def test_the_writer_thread_keeps_append_order_and_close_writes_everything(
@@ -136,7 +135,7 @@ def test_the_writer_thread_keeps_append_order_and_close_writes_everything(
         queue.append(_batch([b"a:%d|c" % t], t * 1_000), Heartbeat(t * 1_000, t == 10))
     queue.close()
     assert _beats(tmp_path, "udp-0") == [t * 1_000 for t in range(1, 11)]
-    assert read_heartbeat(local_path(list_segments(tmp_path, "udp-0")[-1].path)).closed
+    assert read_heartbeat(list_segments(tmp_path, "udp-0")[-1]).closed
     counts = queue.take_counts()
     assert counts.segments_written == 10 and counts.bytes_written > 0
 
@@ -194,10 +193,10 @@ def test_over_the_quota_data_is_refused_and_counted_self_metrics_and_heartbeat_k
     )
     queue.append(_with_self_metrics(1_000), Heartbeat(1_500, False))
     (segment,) = list_segments(tmp_path, "udp-0")
-    rows = [row for batch in read_segment(local_path(segment.path)) for row in batch.to_pylist()]
+    rows = [row for batch in read_segment(segment) for row in batch.to_pylist()]
     assert [row["metric"] for row in rows] == ["streamgauge.ingest.lines"]
     # windows keep closing
-    assert read_heartbeat(local_path(segment.path)) == Heartbeat(1_500, False)
+    assert read_heartbeat(segment) == Heartbeat(1_500, False)
     counts = queue.take_counts()
     assert counts.refused_partials == {REFUSED_SPOOL_QUOTA: 2}
     assert counts.refused_samples == {REFUSED_SPOOL_QUOTA: 2}
@@ -211,7 +210,7 @@ def test_over_the_quota_data_is_refused_and_counted_self_metrics_and_heartbeat_k
     assert not queue.take_counts().refused_partials
     last = list_segments(tmp_path, "udp-0")[-1]
     assert {
-        row["metric"] for b in read_segment(local_path(last.path)) for row in b.to_pylist()
+        row["metric"] for b in read_segment(last) for row in b.to_pylist()
     } == {
         "app.requests", "app.latency", "streamgauge.ingest.lines",
     }  # fmt: skip

@@ -24,7 +24,6 @@ from streamgauge.ingest.process import (
     parse_byte_size,
 )
 from streamgauge.ingest.transports import parse_listen_spec
-from tests.local_spool import local_path
 
 CONFIG = """
 name: ingest_test
@@ -80,8 +79,8 @@ def _metric_counts(spool: Path, receiver: str) -> dict[str, int]:
     """Sum of `count` per metric over every segment; reading each one proves it is whole."""
     counts: dict[str, int] = {}
     for segment in list_segments(spool, receiver):
-        read_heartbeat(local_path(segment.path))
-        for batch in read_segment(local_path(segment.path)):
+        read_heartbeat(segment)
+        for batch in read_segment(segment):
             for row in batch.to_pylist():
                 counts[row["metric"]] = counts.get(row["metric"], 0) + row["count"]
     return counts
@@ -150,7 +149,7 @@ def test_kill_9_under_load_then_restart_loses_no_segment_and_counts_nothing_twic
     after = list_segments(spool, "udp-0")
     assert [s.sequence for s in after] == list(range(len(after)))  # the sequence continued
     assert after[len(before)].sequence == before[-1].sequence + 1
-    assert read_heartbeat(local_path(after[-1].path)).closed
+    assert read_heartbeat(after[-1]).closed
     counts = _metric_counts(spool, "udp-0")
     assert counts["crash.before"] == counted_before  # the restart re-counted nothing
     stats = json.loads((data_dir / "ingest" / "udp-0.json").read_text())

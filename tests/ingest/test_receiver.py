@@ -40,7 +40,6 @@ from streamgauge.ingest.read_ahead import CompiledReadAhead, PythonReadAhead
 from streamgauge.ingest.receiver import Receiver, UdpReceiver, bind_udp
 from streamgauge.ingest.transports import Chunk, bind_tcp, bind_unixgram
 from streamgauge.retention import PASSED_OVER_FILE, safe_sequences
-from tests.local_spool import local_path
 
 T0 = 1_700_000_000_000
 
@@ -76,8 +75,8 @@ def test_statsd_client_lines_become_partials_and_rejects_are_counted(tmp_path: P
     receiver.roll(clock.now_ms())
 
     (segment,) = list_segments(tmp_path, "udp-0")
-    assert read_heartbeat(local_path(segment.path)).heartbeat_ms == 1_700_000_000_300
-    rows = {r["metric"]: r for b in read_segment(local_path(segment.path)) for r in b.to_pylist()}
+    assert read_heartbeat(segment).heartbeat_ms == 1_700_000_000_300
+    rows = {r["metric"]: r for b in read_segment(segment) for r in b.to_pylist()}
     assert rows["api.requests"]["sum"] == 10.0
     assert rows["api.requests"]["count"] == 10
     assert rows["queue.depth"]["last"] == 7.0
@@ -107,7 +106,7 @@ def test_idle_receiver_writes_heartbeats_and_a_clock_going_back_is_ignored(
     clock.set(11_000)
     receiver.roll(receiver.now_ms())
     receiver.roll(receiver.now_ms())  # not due yet: no new segment
-    beats = [read_heartbeat(local_path(s.path)).heartbeat_ms for s in list_segments(tmp_path, "r")]
+    beats = [read_heartbeat(s).heartbeat_ms for s in list_segments(tmp_path, "r")]
     assert beats == [10_000, 11_000]
     sock.close()
 
@@ -116,7 +115,7 @@ def _rows(spool: Path, receiver: str = "udp-0") -> list[dict[str, Any]]:
     return [
         row
         for segment in list_segments(spool, receiver)
-        for batch in read_segment(local_path(segment.path))
+        for batch in read_segment(segment)
         for row in batch.to_pylist()
     ]
 
@@ -189,7 +188,7 @@ def test_client_timestamps_within_the_skew_are_event_time_others_use_the_receive
     assert receiver.stats.rejected == {}
     assert receiver.stats.lines == receiver.stats.metric_lines == 4 == receiver.stats.accounted()
     (segment,) = list_segments(tmp_path, "udp-0")
-    assert read_heartbeat(local_path(segment.path)).heartbeat_ms == T0 + 300
+    assert read_heartbeat(segment).heartbeat_ms == T0 + 300
     assert rows["streamgauge.ingest.adjusted"]["tags"] == '{"reason":"timestamp_out_of_range"}'
     assert receiver.stats.reject_sample[-1]["reason"] == "timestamp_out_of_range"
     sock.close()
@@ -459,7 +458,7 @@ def test_segments_written_on_the_writer_thread_keep_order_and_a_stop_flushes_the
     thread.join(10)
     assert not thread.is_alive()
     segments = list_segments(tmp_path, "udp-0")
-    beats = [read_heartbeat(local_path(s.path)) for s in segments]
+    beats = [read_heartbeat(s) for s in segments]
     assert len(segments) == receiver.stats.segments > 1
     assert [b.heartbeat_ms for b in beats] == sorted(b.heartbeat_ms for b in beats)
     assert [b.closed for b in beats] == [False] * (len(beats) - 1) + [True]
@@ -518,7 +517,7 @@ def test_what_the_spool_quota_refuses_at_shutdown_is_still_counted_in_the_log(
     assert receiver.stats.refused_samples == {"spool_quota": 4}
     assert totals[("streamgauge.ingest.refused", quota)]["sum"] == 4
     assert totals[("streamgauge.ingest.refused_partials", quota)]["sum"] == 3
-    assert [read_heartbeat(local_path(s.path)).closed for s in list_segments(spool, "udp-0")][-1]
+    assert [read_heartbeat(s).closed for s in list_segments(spool, "udp-0")][-1]
     sock.close()
 
 

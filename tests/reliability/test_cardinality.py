@@ -22,7 +22,6 @@ from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.guard import CardinalityLimits
 from streamgauge.ingest.log import SegmentWriter, list_segments, read_segment
 from streamgauge.ingest.receiver import SELF_METRIC_PREFIX, Receiver, bind_udp
-from tests.local_spool import local_path
 
 T0 = 1_700_000_000_000
 LIMITS = CardinalityLimits(max_series=5_000, max_series_per_metric=1_000, ttl_ms=600_000)
@@ -59,7 +58,7 @@ def _send_and_drain(receiver: Receiver, port: int, datagrams: list[bytes]) -> No
 
 def _rows(spool: Path) -> list[dict[str, Any]]:
     return [row for segment in list_segments(spool, "udp-0")
-            for batch in read_segment(local_path(segment.path)) for row in batch.to_pylist()]
+            for batch in read_segment(segment) for row in batch.to_pylist()]
 
 
 def _explode(tmp_path: Path, line: Any, series: int) -> tuple[Receiver, list[int]]:

@@ -26,7 +26,6 @@ from streamgauge.clock import ManualClock
 from streamgauge.ingest.combiner import PaneCombiner
 from streamgauge.ingest.log import SegmentWriter, list_segments, read_heartbeat, read_segment
 from streamgauge.ingest.receiver import SELF_METRIC_PREFIX, Receiver
-from tests.local_spool import local_path
 
 T0 = 1_700_000_000_000
 JUMP_MS = 30_000
@@ -40,14 +39,14 @@ def _receiver(spool: Path, sock: socket.socket, clock: ManualClock) -> Receiver:
 
 
 def _heartbeats(spool: Path) -> list[int]:
-    return [read_heartbeat(local_path(s.path)).heartbeat_ms for s in list_segments(spool, "udp-0")]
+    return [read_heartbeat(s).heartbeat_ms for s in list_segments(spool, "udp-0")]
 
 
 def _data_rows(spool: Path) -> list[dict[str, Any]]:
     return [
         row
         for segment in list_segments(spool, "udp-0")
-        for batch in read_segment(local_path(segment.path))
+        for batch in read_segment(segment)
         for row in batch.to_pylist()
         if not row["metric"].startswith(SELF_METRIC_PREFIX)
     ]
@@ -90,11 +89,11 @@ def _check_nothing_late(spool: Path) -> None:
     # no partial is older than the heartbeat of the segment before it: none is late
     prior = 0
     for segment in list_segments(spool, "udp-0"):
-        for batch in read_segment(local_path(segment.path)):
+        for batch in read_segment(segment):
             for row in batch.to_pylist():
                 if row["metric"] != "ts":  # |T may legitimately be in the past
                     assert row["pane_start_ms"] >= prior - prior % 1000, row
-        prior = read_heartbeat(local_path(segment.path)).heartbeat_ms
+        prior = read_heartbeat(segment).heartbeat_ms
 
 
 def test_a_clock_jumping_back_holds_the_heartbeat_and_aggregates_every_sample(

@@ -33,7 +33,6 @@ from tests.e2e.harness import (
     scratch_dir,
     stored_rows,
 )
-from tests.local_spool import local_path
 from tests.reliability.split_pipeline import SplitPipeline
 
 CONFIG = """
@@ -50,7 +49,7 @@ WINDOWS = ("per_2s", "per_4s")
 
 def _log_rows(spool: Path) -> list[dict[str, Any]]:
     return [row for receiver in list_receivers(spool) for info in list_segments(spool, receiver)
-            for batch in read_segment(local_path(info.path))
+            for batch in read_segment(info)
             for row in batch.to_pylist()]  # fmt: skip
 
 

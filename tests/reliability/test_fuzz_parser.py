@@ -45,7 +45,6 @@ from streamgauge.ingest.protocol import (
     parse_datagram,
 )
 from streamgauge.ingest.receiver import SELF_METRIC_PREFIX, Receiver
-from tests.local_spool import local_path
 
 T0 = 1_700_000_000_000
 _EXAMPLES = int(os.environ.get("STREAMGAUGE_FUZZ_EXAMPLES", "0"))
@@ -225,7 +224,7 @@ def _run(root: Path, fast: bool, batches: list[list[bytes]]) -> tuple[Receiver, 
             receiver.roll(receiver.now_ms())
         receiver.roll(receiver.now_ms(), closed=True)
     rows = [row for segment in list_segments(root, "udp-0")
-            for batch in read_segment(local_path(segment.path)) for row in batch.to_pylist()]
+            for batch in read_segment(segment) for row in batch.to_pylist()]
     return receiver, rows
 
 

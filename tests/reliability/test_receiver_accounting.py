@@ -31,7 +31,6 @@ from typing import Any
 import pytest
 
 from streamgauge.ingest.log import list_segments, read_heartbeat, read_segment
-from tests.local_spool import local_path
 
 CONFIG = """
 name: accounting_test
@@ -91,7 +90,7 @@ def _ledger(
     data: collections.Counter[str] = collections.Counter()
     lines = rejected = drops = 0.0
     for segment in list_segments(spool, "udp-0", after=after):
-        for batch in read_segment(local_path(segment.path)):
+        for batch in read_segment(segment):
             for row in batch.to_pylist():
                 if row["metric"] == PREFIX + "lines":
                     lines += row["sum"]
@@ -158,7 +157,7 @@ def test_kill_9_under_load_every_line_is_in_the_log_counted_or_lost_with_the_pro
 
     after = list_segments(spool, "udp-0")
     assert [s.sequence for s in after] == list(range(len(after)))
-    beats = [read_heartbeat(local_path(s.path)).heartbeat_ms for s in after]
+    beats = [read_heartbeat(s).heartbeat_ms for s in after]
     assert beats == sorted(beats)
     assert _ledger(spool, -1)[0]["before"] == data["before"]  # nothing counted twice
     stats = json.loads(stats_path.read_text())

@@ -49,7 +49,7 @@ from streamgauge.ingest.log import (
     REFUSED_SPOOL_QUOTA,
     list_segments,
     read_segment,
-    segment_path,
+    segment_at,
 )
 from tests.e2e.harness import (
     Daemon,
@@ -59,7 +59,6 @@ from tests.e2e.harness import (
     scratch_dir,
     stored_rows,
 )
-from tests.local_spool import local_path
 from tests.reliability.split_pipeline import RECEIVER, SplitPipeline
 
 CONFIG = """
@@ -95,7 +94,7 @@ class LogCopy(threading.Thread):
     def sweep(self) -> None:
         (self._copy / RECEIVER).mkdir(parents=True, exist_ok=True)
         for segment in list_segments(self._spool, RECEIVER):
-            linked = self._copy / RECEIVER / local_path(segment.path).name
+            linked = self._copy / RECEIVER / Path(segment.path).name
             if not linked.exists():
                 with contextlib.suppress(FileNotFoundError):  # pruned already: a gap, seen
                     os.link(segment.path, linked)
@@ -120,7 +119,7 @@ def processes() -> Iterator[SplitPipeline]:
 def _counter_samples(spool: Path, after: int) -> int:
     """Paced counter samples in the stream's segments after sequence ``after``."""
     return sum(row["count"] for segment in list_segments(spool, RECEIVER, after=after)
-               for batch in read_segment(local_path(segment.path)) for row in batch.to_pylist()
+               for batch in read_segment(segment) for row in batch.to_pylist()
                if row["metric"].startswith("quota.c."))  # fmt: skip
 
 
@@ -157,7 +156,7 @@ def test_over_the_spool_quota_under_load_lines_are_refused_and_counted_then_rece
     assert f"{RECEIVER}: refusing new data ({REFUSED_SPOOL_QUOTA})" in processes.log("ingest.log")
 
     processes.start_process()  # reads the full spool; its janitor then frees committed segments
-    processes.wait(lambda: not local_path(segment_path(processes.spool, RECEIVER, 0)).exists(),
+    processes.wait(lambda: not segment_at(processes.spool, RECEIVER, 0).exists(),
                    "the janitor freeing committed segments", timeout_s=240)  # fmt: skip
     freed_at = list_segments(processes.spool, RECEIVER)[-1].sequence + 1
     processes.wait(lambda: _counter_samples(copy.path, after=freed_at - 1) > 0,
