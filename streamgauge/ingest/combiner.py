@@ -42,12 +42,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.ingest.log import SEGMENT_SCHEMA
-from streamgauge.ingest.pane_sketches import SKETCHED_TYPES, FastKeys, FastValues, PaneSketches
+from streamgauge.ingest.pane_sketches import (
+    SKETCHED_TYPES,
+    FastKeys,
+    FastValues,
+    PaneSketches,
+    SeriesKey,
+)
 from streamgauge.ingest.protocol import Sample, sample_weight
 from streamgauge.ingest.slot_keys import SlotKeyColumns
 from streamgauge.sketches.accuracy import SketchParams, compile_accuracy
 
-SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
 FastSketched = tuple[int, np.ndarray, np.ndarray, np.ndarray]  # pane, slots, values, weights
 
 

@@ -194,32 +194,21 @@ class PaneSketches:
         np.cumsum(sizes, out=offsets[1:])
         heavy = np.bincount(owner, weights=weights != 1, minlength=len(rows)) > 0
         tdigest_k, kll_k = self._params.tdigest_k, self._kll_k
-        blobs: list[pa.Array] = []  # the sketch column's values, taken by ``place`` below
-        place = np.full(n, -1, np.int64)
-        unit = np.flatnonzero(~heavy)
+        unit, weighted = np.flatnonzero(~heavy), np.flatnonzero(heavy)
+        # (rows, their blobs) for each column: built by kind, placed at the end (``_placed``)
+        sketches: list[tuple[np.ndarray, pa.Array]] = []
+        klls: list[tuple[np.ndarray, pa.Array]] = []
         if len(unit):
-            blobs.append(_unit_tdigests(values, offsets, unit, tdigest_k))
-            place[rows[unit]] = np.arange(len(unit))
-        weighted = np.flatnonzero(heavy).tolist()
-        if weighted:
-            blobs.append(_weighted_tdigests(
-                [values[offsets[i]:offsets[i + 1]] for i in weighted],
-                [weights[offsets[i]:offsets[i + 1]] for i in weighted], tdigest_k,
-            ))  # fmt: skip
-            place[rows[weighted]] = len(unit) + np.arange(len(weighted))
-        kll_column = pa.nulls(n, pa.binary())
-        if kll_k is not None:  # only for a config with a window of quantiles: kll
-            kll_blobs: list[pa.Array] = []
-            kll_place = np.full(n, -1, np.int64)
-            if len(unit):
-                kll_blobs.append(_unit_klls(values, offsets, unit, kll_k))
-                kll_place[rows[unit]] = np.arange(len(unit))
-            if weighted:  # one call per weighted partial (sample rates): few
-                kll_blobs.append(pa.array([serialize_kll(_weighted_kll(
-                    values[offsets[i]:offsets[i + 1]], weights[offsets[i]:offsets[i + 1]], kll_k,
-                )) for i in weighted], pa.binary()))  # fmt: skip
-                kll_place[rows[weighted]] = len(unit) + np.arange(len(weighted))
-            kll_column = _placed(kll_blobs, kll_place)
+            sketches.append((rows[unit], _unit_tdigests(values, offsets, unit, tdigest_k)))
+            if kll_k is not None:  # only for a config with a window of quantiles: kll
+                klls.append((rows[unit], _unit_klls(values, offsets, unit, kll_k)))
+        if len(weighted):
+            parts = [(values[offsets[i]:offsets[i + 1]], weights[offsets[i]:offsets[i + 1]])
+                     for i in weighted.tolist()]  # fmt: skip
+            sketches.append((rows[weighted], _weighted_tdigests(parts, tdigest_k)))
+            if kll_k is not None:  # one call per weighted partial (sample rates): few
+                klls.append((rows[weighted], pa.array(
+                    [serialize_kll(_weighted_kll(v, w, kll_k)) for v, w in parts], pa.binary())))
         if set_rows:
             hlls = []
             for _, member_list in set_rows:
@@ -227,11 +216,11 @@ class PaneSketches:
                 for member in member_list:
                     hll.update(member)
                 hlls.append(serialize_hll(hll))
-            place[[row for row, _ in set_rows]] = len(unit) + len(weighted) + np.arange(len(hlls))
-            blobs.append(pa.array(hlls, pa.binary()))
+            sketches.append((np.array([row for row, _ in set_rows], np.int64),
+                             pa.array(hlls, pa.binary())))  # fmt: skip
         bucket, count = self._hdr_lists(n, rows, owner, values,
-                                        weights if weighted else None)  # fmt: skip
-        return _placed(blobs, place), bucket, count, kll_column
+                                        weights if len(weighted) else None)  # fmt: skip
+        return _placed(n, sketches), bucket, count, _placed(n, klls)
 
     def _hdr_lists(
         self, n: int, rows: np.ndarray, owner: np.ndarray, values: np.ndarray,
@@ -290,10 +279,18 @@ def _unit_tdigests(values: np.ndarray, offsets: np.ndarray, owners: np.ndarray, 
     """A serialized ``tdigest_double(k)`` of each owner's values (``values[offsets[i]:
     offsets[i + 1]]``, every weight 1): the bytes datasketches' ``update`` then ``serialize``
     writes (``_tdigests``)."""
+    values, sizes = _values_of(values, offsets, owners)
+    return _tdigests(values, np.ones(len(values)), sizes, k)
+
+
+def _values_of(values: np.ndarray, offsets: np.ndarray, owners: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The values of ``owners`` (CSR rows of ``values``, ``offsets``) end to end, and how
+    many each has."""
     sizes = offsets[owners + 1] - offsets[owners]
     if len(owners) < len(offsets) - 1:  # not every owner: their values only
         values = values[run_indices(offsets[owners], sizes)]
-    return _tdigests(values, np.ones(len(values)), sizes, k)
+    return values, sizes
 
 
 def _unit_klls(values: np.ndarray, offsets: np.ndarray, owners: np.ndarray, k: int
@@ -305,9 +302,7 @@ def _unit_klls(values: np.ndarray, offsets: np.ndarray, owners: np.ndarray, k: i
     bytes are those its ``update`` then ``serialize`` writes. From ``k`` on the merge compacts
     (``update`` waits for the next value), deterministically where ``update`` flips a random
     coin (``kll_columns``: the same bound)."""
-    sizes = offsets[owners + 1] - offsets[owners]
-    if len(owners) < len(offsets) - 1:  # not every owner: their values only
-        values = values[run_indices(offsets[owners], sizes)]
+    values, sizes = _values_of(values, offsets, owners)
     items = np.ascontiguousarray(values[::-1], np.float64)
     owner = np.repeat(np.arange(len(owners), dtype=np.int64), sizes)[::-1]
     singles = kll_columns.KllColumns(
@@ -332,13 +327,15 @@ def _tdigests(means: np.ndarray, weights: np.ndarray, sizes: np.ndarray, k: int)
     return digest_columns.to_serialized(merged)
 
 
-def _placed(blobs: list[pa.Array], place: np.ndarray) -> pa.Array:
-    """The sketch column: row ``i`` is element ``place[i]`` of ``blobs`` end to end, NULL
-    where ``place[i]`` is -1."""
-    values = pa.concat_arrays([b.cast(pa.binary()) for b in blobs]) if blobs else (
-        pa.array([], pa.binary()))
-    index = pa.array(place, mask=place < 0)
-    return values.take(index)
+def _placed(n: int, parts: list[tuple[np.ndarray, pa.Array]]) -> pa.Array:
+    """A column of ``n`` binary rows from ``parts``, each (rows, their blobs in that order);
+    NULL in the rows no part names."""
+    if not parts:
+        return pa.nulls(n, pa.binary())
+    values = pa.concat_arrays([blobs.cast(pa.binary()) for _, blobs in parts])
+    place = np.full(n, -1, np.int64)
+    place[np.concatenate([rows for rows, _ in parts])] = np.arange(len(values))
+    return values.take(pa.array(place, mask=place < 0))
 
 
 #: The most centroids one weighted partial's values enter its t-digest's compress as.
@@ -356,14 +353,13 @@ def _pieces(values: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray
     return values[of], (whole[of] + (nth < extra[of])).astype(np.float64)
 
 
-def _weighted_tdigests(arrays: list[np.ndarray], weights: list[np.ndarray], k: int
-                       ) -> pa.Array:  # fmt: skip
+def _weighted_tdigests(parts: list[tuple[np.ndarray, np.ndarray]], k: int) -> pa.Array:
     """A serialized ``tdigest_double(k)`` per (values, weights) (module docstring: the
     pieces), all compressed in one ``merge_by_owner`` call (``_tdigests``)."""
-    parts = [_pieces(a, w, k) for a, w in zip(arrays, weights, strict=True)]
-    sizes = np.array([len(v) for v, _ in parts], dtype=np.int64)
-    return _tdigests(np.concatenate([v for v, _ in parts]),
-                     np.concatenate([w for _, w in parts]), sizes, k)  # fmt: skip
+    pieces = [_pieces(v, w, k) for v, w in parts]
+    sizes = np.array([len(v) for v, _ in pieces], dtype=np.int64)
+    return _tdigests(np.concatenate([v for v, _ in pieces]),
+                     np.concatenate([w for _, w in pieces]), sizes, k)  # fmt: skip
 
 
 def _weighted_kll(values: np.ndarray, weights: np.ndarray, k: int) -> kll_doubles_sketch:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-SeriesKey = tuple[str, str, str]  # metric, metric type, canonical tags JSON
+from streamgauge.ingest.pane_sketches import SeriesKey
 
 _NO_KEY: SeriesKey = ("", "", "")
 """What a free slot holds in the columns: no row ever takes it."""
