@@ -301,19 +301,24 @@ def freshness(
     }
     newest = dict.fromkeys(seen, 0)
     with psycopg.connect(url, autocommit=True) as poll:
-        split = poll.execute("select to_regclass('window_sketches') is not null").fetchone()
-        tables = {"rows": "window_rows", "sketches": "window_sketches"} if split and split[0] \
+        split, numbered = poll.execute(
+            "select to_regclass('window_sketches') is not null,"
+            " to_regclass('window_series') is not null").fetchone() or (False, False)
+        tables = {"rows": "window_rows", "sketches": "window_sketches"} if split \
             else {"rows": "window_results", "sketches": "window_results"}  # fmt: skip
+        # From schema version 18 the tables name their series by number (window_series).
+        names, join = ("s", " join window_series s on s.series_id = r.series_id") if numbered \
+            else ("r", "")  # fmt: skip
         while writer.is_alive():
             for (window, what), ends in seen.items():
                 if not probes[what]:
                     continue
                 rows = poll.execute(
-                    "select (extract(epoch from window_end) * 1000)::bigint, "
-                    "(extract(epoch from min(pg_xact_commit_timestamp(xmin))) * 1000)::bigint "
-                    f"from {tables[what]} where config_name = 'bench' and window_name = %s "
-                    "and metric = any(%s) "
-                    "and window_end > to_timestamp(%s / 1000.0) group by 1",
+                    "select (extract(epoch from r.window_end) * 1000)::bigint, "
+                    "(extract(epoch from min(pg_xact_commit_timestamp(r.xmin))) * 1000)::bigint "
+                    f"from {tables[what]} r{join} where {names}.config_name = 'bench' "
+                    f"and {names}.window_name = %s and {names}.metric = any(%s) "
+                    "and r.window_end > to_timestamp(%s / 1000.0) group by 1",
                     (window, probes[what], newest[(window, what)]),
                 ).fetchall()  # fmt: skip
                 now = time.time_ns() // 1_000_000

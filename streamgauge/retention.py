@@ -18,7 +18,7 @@ read is never deleted for the quota: the receivers refuse new data instead
 **Results.** Windows that ended before the retention age are deleted from
 ``window_results``, ``window_pending`` (their sketches with them) and ``late_events``, and old
 ``sink_batches`` records with them (a batch that old can no longer be replayed by Spark: its
-segments are gone too).
+segments are gone too); then the series no window refers to any more (``window_series``).
 """
 
 from __future__ import annotations

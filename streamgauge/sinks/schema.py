@@ -1595,11 +1595,176 @@ ALTER TABLE window_pending DROP CONSTRAINT window_pending_hdr_check,
 """
 
 
+_COMPLETENESS_START = _MIGRATION_14.index("CREATE VIEW client_completeness AS")
+_COMPLETENESS_14 = _MIGRATION_14[
+    _COMPLETENESS_START:_MIGRATION_14.index(";", _COMPLETENESS_START)
+]
+_MIGRATION_18 = f"""
+-- A window's series (config, window, metric, tags) is a row of window_series, once, and its
+-- windows' rows and sketches are keyed by the series' id and their bounds. Keyed by
+-- (config_name, window_name, metric, tags jsonb, window_start, window_end), a close of 100k
+-- windows inserted 100k entries of that width into each table's primary key, about half of
+-- the rows' COPY; keyed by (series_id, window_start, window_end) the entries are 24 bytes.
+-- window_results and window_histograms show the same columns as before, the names from
+-- window_series. window_rows keeps config_name and window_name: the finalization, the open
+-- ends' triggers and retention find rows by them and window_end.
+CREATE TABLE window_series (
+    series_id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    config_name text   NOT NULL,
+    window_name text   NOT NULL,
+    metric      text   NOT NULL,
+    tags        jsonb  NOT NULL,
+    UNIQUE (config_name, window_name, metric, tags)
+);
+COMMENT ON TABLE window_series IS
+    'Internal: one row per series of a window definition (config, window, metric, tag set), '
+    'numbered; window_rows and window_sketches refer to it by series_id (window_results '
+    'shows the names).';
+COMMENT ON COLUMN window_series.series_id IS
+    'The series'' number, assigned when it is first stored.';
+COMMENT ON COLUMN window_series.config_name IS 'The config of the window definition.';
+COMMENT ON COLUMN window_series.window_name IS 'The window (of the config).';
+COMMENT ON COLUMN window_series.metric IS 'The metric name.';
+COMMENT ON COLUMN window_series.tags IS 'The tag set the window groups by.';
+
+-- Retention deletes the series no window refers to any more (ResultStore.prune): a writer
+-- remembers the ids of the series it stores, so each of its transactions reads the
+-- generation FOR SHARE, and a retention round that deletes series bumps it first.
+CREATE TABLE window_series_generation (generation bigint NOT NULL);
+INSERT INTO window_series_generation VALUES (0);
+COMMENT ON TABLE window_series_generation IS
+    'Internal: one row, bumped by the retention round that deletes window_series rows no '
+    'window refers to; a writer forgets the series ids it remembers when it changed.';
+
+INSERT INTO window_series (config_name, window_name, metric, tags)
+SELECT config_name, window_name, metric, tags FROM window_rows
+UNION SELECT config_name, window_name, metric, tags FROM window_sketches
+UNION SELECT config_name, window_name, metric, tags FROM window_pending;
+ALTER TABLE window_rows ADD COLUMN series_id bigint;
+UPDATE window_rows r SET series_id = s.series_id FROM window_series s
+WHERE (s.config_name, s.window_name, s.metric, s.tags)
+    = (r.config_name, r.window_name, r.metric, r.tags);
+ALTER TABLE window_sketches ADD COLUMN series_id bigint;
+UPDATE window_sketches k SET series_id = s.series_id FROM window_series s
+WHERE (s.config_name, s.window_name, s.metric, s.tags)
+    = (k.config_name, k.window_name, k.metric, k.tags);
+
+CREATE OR REPLACE VIEW window_results AS
+SELECT s.config_name, s.window_name, s.metric, s.tags, r.window_start, r.window_end,
+       r.metric_type, r.count, r.sum, r.min, r.max, r.last, r.p50, r.p90, r.p99,
+       r.distinct_count, r.revision, r.is_final, r.late_events, r.emitted_at, r.corrections,
+       r.p999, k.sketch, k.hdr_histogram, k.hll_registers, r.early_as_of,
+       streamgauge_hdr_buckets(k.hdr_bucket_counts) AS hdr_buckets,
+       streamgauge_hdr_counts(k.hdr_bucket_counts) AS hdr_counts,
+       k.hdr_unit_magnitude, k.hdr_half_count_magnitude, k.hdr_value_scale,
+       k.hdr_bucket_counts
+FROM window_rows r
+JOIN window_series s ON s.series_id = r.series_id
+LEFT JOIN window_sketches k
+    ON k.series_id = r.series_id AND k.window_start = r.window_start
+   AND k.window_end = r.window_end;
+
+CREATE OR REPLACE VIEW window_histograms AS
+SELECT s.config_name, s.window_name, s.metric, s.tags, r.window_start, r.window_end,
+       b.bucket,
+       streamgauge_hdr_lower_bound(b.bucket, k.hdr_unit_magnitude, k.hdr_half_count_magnitude,
+                                   k.hdr_value_scale) AS lower_bound,
+       streamgauge_hdr_upper_bound(b.bucket, k.hdr_unit_magnitude, k.hdr_half_count_magnitude,
+                                   k.hdr_value_scale) AS upper_bound,
+       b.count, r.revision
+FROM window_rows r
+JOIN window_series s ON s.series_id = r.series_id
+JOIN window_sketches k
+    ON k.series_id = r.series_id AND k.window_start = r.window_start
+   AND k.window_end = r.window_end
+CROSS JOIN LATERAL streamgauge_hdr_entries(k.hdr_bucket_counts) AS b;
+
+-- window_latest and client_completeness were made when window_results was the table that
+-- is now window_rows: made again, the same text reads the view.
+{_WINDOW_LATEST_13}
+{_COMPLETENESS_14.replace("CREATE VIEW", "CREATE OR REPLACE VIEW")};
+
+-- Dropping a column of the primary key drops the key.
+ALTER TABLE window_rows DROP COLUMN metric, DROP COLUMN tags,
+    ALTER COLUMN series_id SET NOT NULL,
+    ADD PRIMARY KEY (series_id, window_start, window_end);
+ALTER TABLE window_sketches DROP COLUMN config_name, DROP COLUMN window_name,
+    DROP COLUMN metric, DROP COLUMN tags,
+    ALTER COLUMN series_id SET NOT NULL,
+    ADD PRIMARY KEY (series_id, window_start, window_end);
+COMMENT ON COLUMN window_rows.series_id IS 'The window''s series (window_series).';
+COMMENT ON COLUMN window_sketches.series_id IS 'The window''s series (window_series).';
+
+CREATE FUNCTION streamgauge_series_id(config text, window_def text, metric_name text,
+                                      tag_set jsonb)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    id bigint;
+BEGIN
+    SELECT s.series_id INTO id FROM window_series s
+    WHERE (s.config_name, s.window_name, s.metric, s.tags)
+        = (config, window_def, metric_name, tag_set);
+    IF id IS NULL THEN
+        INSERT INTO window_series AS s (config_name, window_name, metric, tags)
+        VALUES (config, window_def, metric_name, tag_set)
+        ON CONFLICT (config_name, window_name, metric, tags) DO UPDATE SET metric = s.metric
+        RETURNING s.series_id INTO id;
+    END IF;
+    RETURN id;
+END
+$$;
+COMMENT ON FUNCTION streamgauge_series_id(text, text, text, jsonb) IS
+    'The series_id of a series (window_series), numbering it if it is new.';
+
+CREATE OR REPLACE FUNCTION window_results_write() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    packed int8[] := coalesce(NEW.hdr_bucket_counts,
+                              streamgauge_hdr_pack(NEW.hdr_buckets, NEW.hdr_counts));
+    old_id bigint;
+    new_id bigint;
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        SELECT s.series_id INTO old_id FROM window_series s
+        WHERE (s.config_name, s.window_name, s.metric, s.tags)
+            = (OLD.config_name, OLD.window_name, OLD.metric, OLD.tags);
+        DELETE FROM window_sketches k
+        WHERE (k.series_id, k.window_start, k.window_end)
+            = (old_id, OLD.window_start, OLD.window_end);
+        DELETE FROM window_rows r
+        WHERE (r.series_id, r.window_start, r.window_end)
+            = (old_id, OLD.window_start, OLD.window_end);
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    new_id := streamgauge_series_id(NEW.config_name, NEW.window_name, NEW.metric, NEW.tags);
+    INSERT INTO window_rows (config_name, window_name, series_id, window_start, window_end,
+        metric_type, count, sum, min, max, last, p50, p90, p99, distinct_count, revision,
+        is_final, late_events, emitted_at, corrections, p999, early_as_of)
+    VALUES (NEW.config_name, NEW.window_name, new_id, NEW.window_start,
+        NEW.window_end, NEW.metric_type, NEW.count, NEW.sum, NEW.min, NEW.max, NEW.last,
+        NEW.p50, NEW.p90, NEW.p99, NEW.distinct_count, NEW.revision, NEW.is_final,
+        NEW.late_events, NEW.emitted_at, NEW.corrections, NEW.p999, NEW.early_as_of);
+    IF NEW.sketch IS NOT NULL OR NEW.hll_registers IS NOT NULL OR packed IS NOT NULL
+       OR NEW.hdr_histogram IS NOT NULL THEN
+        INSERT INTO window_sketches (series_id, window_start, window_end, sketch,
+            hdr_histogram, hll_registers, hdr_bucket_counts, hdr_unit_magnitude,
+            hdr_half_count_magnitude, hdr_value_scale)
+        VALUES (new_id, NEW.window_start, NEW.window_end, NEW.sketch, NEW.hdr_histogram,
+            NEW.hll_registers, packed, NEW.hdr_unit_magnitude, NEW.hdr_half_count_magnitude,
+            NEW.hdr_value_scale);
+    END IF;
+    RETURN NEW;
+END
+$$;
+"""
+
+
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6,
     _MIGRATION_7, _MIGRATION_8, _MIGRATION_9 + _WINDOW_LATEST_WITH_HELD, _MIGRATION_10,
     _MIGRATION_11, _MIGRATION_12, _MIGRATION_13, _MIGRATION_14,
-    _MIGRATION_15, _MIGRATION_16, _MIGRATION_17,
+    _MIGRATION_15, _MIGRATION_16, _MIGRATION_17, _MIGRATION_18,
 )
 """Ordered migration SQL; ``MIGRATIONS[v - 1]`` creates schema version ``v``. Append only."""
 

@@ -38,6 +38,7 @@ A ``ResultStore`` holds one connection and is not thread-safe: one per writer.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import threading
@@ -49,8 +50,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pgpq
-import pgpq.encoders
-import pgpq.schema
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,6 +59,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.sinks import schema
+from streamgauge.sinks.series_ids import Resolved, SeriesIds
 from streamgauge.sketches.hll_registers import hll_registers
 
 _logger = logging.getLogger(__name__)
@@ -132,9 +132,11 @@ OPTIONAL_RESULT_COLUMNS = frozenset({"p999", "sketch", "hdr_histogram", *HDR_COL
 """Added with the sketches (schema versions 4, 12 and 17); writers that produce none need not
 name them."""
 
-_STAGED_SCHEMA = RESULT_SCHEMA.append(pa.field("hll_registers", pa.binary()))
+_SERIES_ID = pa.field("series_id", pa.int64())
+_STAGED_SCHEMA = RESULT_SCHEMA.append(pa.field("hll_registers", pa.binary())).append(_SERIES_ID)
 """What is staged: the results plus what the store derives from them, the register array of
-every set row's HLL (schema version 5; :mod:`streamgauge.sketches.hll_registers`)."""
+every set row's HLL (schema version 5; :mod:`streamgauge.sketches.hll_registers`) and the
+number of its series (schema version 18; :mod:`streamgauge.sinks.series_ids`)."""
 
 RESULT_COLUMNS: tuple[str, ...] = tuple(RESULT_SCHEMA.names)
 
@@ -163,6 +165,11 @@ _STAGING = "sg_results_staging"
 _STAGING_DDL = _staging_ddl(_STAGING, _STAGED_SCHEMA)
 
 _KEY = "config_name, window_name, metric, tags, window_start, window_end"
+"""A window's key in the tables that name its series: window_pending, late_events."""
+_ROW_KEY = "series_id, window_start, window_end"
+"""A window's key in window_rows and window_sketches (schema version 18)."""
+_ROW_NAMES = "config_name, window_name, series_id, window_start, window_end"
+"""What a window_rows row holds of its window's identity."""
 _VALUES = (
     "metric_type", "count", "sum", "min", "max", "last", "p50", "p90", "p99", "p999",
     "distinct_count",
@@ -185,6 +192,17 @@ def _window_key(alias: str) -> str:
     """A window's key row in a table of that shape (``window_results``, ``late_events``...)."""
     return (f"({alias}.config_name, {alias}.window_name, {alias}.metric, {alias}.tags, "
             f"{alias}.window_start, {alias}.window_end)")  # fmt: skip
+
+
+def _row_key(alias: str) -> str:
+    """A window's key row in window_rows or window_sketches (or a row of their key columns)."""
+    return f"({alias}.series_id, {alias}.window_start, {alias}.window_end)"
+
+
+def _staged_row_key(alias: str) -> str:
+    """The same key row from a staging table (times as epoch ms)."""
+    return (f"({alias}.series_id, {_ms_to_ts(f'{alias}.window_start_ms')}, "
+            f"{_ms_to_ts(f'{alias}.window_end_ms')})")  # fmt: skip
 
 
 def _staged_window_key(alias: str) -> str:
@@ -222,16 +240,16 @@ def _with_sketches(write: str, source: str, source_key: str, returning: str = ""
     ``window_sketches``, in the same statement. A row the statement did not write (an older
     revision) keeps its sketches too. The statement returns the number of rows it wrote.
     ``returning``: the target's alias, when the write names one (an UPDATE ... FROM)."""
-    keys = ", ".join(f"{returning}.{c}" if returning else c for c in _KEY.split(", "))
+    keys = ", ".join(f"{returning}.{c}" if returning else c for c in _ROW_KEY.split(", "))
     return f"""
 WITH written AS ({write.strip()}
 RETURNING {keys}),
 sketched AS (
-INSERT INTO window_sketches ({_KEY}, {", ".join(_ENCODINGS)})
-SELECT {", ".join(f"w.{c}" for c in _KEY.split(", "))}, {", ".join(f"s.{c}" for c in _ENCODINGS)}
-FROM written w JOIN {source} ON {_window_key("w")} = {source_key}
+INSERT INTO window_sketches ({_ROW_KEY}, {", ".join(_ENCODINGS)})
+SELECT w.series_id, w.window_start, w.window_end, {", ".join(f"s.{c}" for c in _ENCODINGS)}
+FROM written w JOIN {source} ON {_row_key("w")} = {source_key}
 WHERE {_HAS_SKETCH}
-ON CONFLICT ({_KEY}) DO UPDATE SET {", ".join(f"{c} = excluded.{c}" for c in _ENCODINGS)})
+ON CONFLICT ({_ROW_KEY}) DO UPDATE SET {", ".join(f"{c} = excluded.{c}" for c in _ENCODINGS)})
 SELECT count(*) FROM written"""
 
 
@@ -240,9 +258,9 @@ def _without_sketches(delete: str) -> str:
     sketches; the statement returns the number of rows deleted."""
     return f"""
 WITH gone AS ({delete.strip()}
-RETURNING {", ".join(f"w.{c}" for c in _KEY.split(", "))}),
+RETURNING {", ".join(f"w.{c}" for c in _ROW_KEY.split(", "))}),
 unsketched AS (
-DELETE FROM window_sketches k USING gone g WHERE {_window_key("k")} = {_window_key("g")})
+DELETE FROM window_sketches k USING gone g WHERE {_row_key("k")} = {_row_key("g")})
 SELECT count(*) FROM gone"""
 
 
@@ -261,6 +279,25 @@ _PRUNE = {
     )
 }
 _PRUNE = {"window_results": _without_sketches(_PRUNE.pop("window_rows")), **_PRUNE}
+
+
+# The series no window refers to any more, once their windows are pruned: found without a
+# lock, then deleted in a short transaction that bumps window_series_generation first (the
+# writers that remember series ids wait for it, then forget them: sinks/series_ids.py).
+_UNUSED_SERIES = """
+SELECT s.series_id FROM window_series s
+WHERE NOT EXISTS (SELECT 1 FROM window_rows r WHERE r.series_id = s.series_id)
+  AND NOT EXISTS (SELECT 1 FROM window_pending p
+                  WHERE (p.config_name, p.window_name, p.metric, p.tags)
+                      = (s.config_name, s.window_name, s.metric, s.tags))
+"""
+# Two statements: the DELETE's snapshot must be taken after the UPDATE waited for the
+# writers holding the generation, so it sees the rows they committed.
+_BUMP_SERIES_GENERATION = "UPDATE window_series_generation SET generation = generation + 1"
+_DELETE_UNUSED_SERIES = f"""
+DELETE FROM window_series s
+WHERE s.series_id = ANY(%(ids)s) AND {_UNUSED_SERIES.split("WHERE", 1)[1].strip()}
+"""
 
 
 def _upsert_sql(table: str, where: str | None, staging: str = _STAGING) -> str:
@@ -283,18 +320,22 @@ def _upsert_sql(table: str, where: str | None, staging: str = _STAGING) -> str:
         else f"\nLEFT JOIN {_HOLD} h USING (config_name, window_name)\nWHERE {where}"
     )
     columns = _ROW_COLUMNS if published else _VALUE_COLUMNS
+    key, names = (
+        (_ROW_KEY, "s.config_name, s.window_name, s.series_id")
+        if published
+        else (_KEY, "s.config_name, s.window_name, s.metric, s.tags::jsonb")
+    )
     upsert = f"""
-INSERT INTO {table} ({_KEY}, {", ".join(columns)})
-SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
+INSERT INTO {table} ({_ROW_NAMES if published else _KEY}, {", ".join(columns)})
+SELECT {names}, {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
        {_STAGED_ROW_VALUES if published else _STAGED_VALUES}, s.revision, s.is_final,
        {_LATE_SAMPLES_OF_STAGED}, {_ms_to_ts("s.emitted_at_ms")}
 FROM {staging} s{selected}
-ON CONFLICT ({_KEY}) DO UPDATE SET
+ON CONFLICT ({key}) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in columns)}{corrections}
 WHERE {table}.revision < excluded.revision
 """
-    return _with_sketches(upsert, f"{staging} s", _staged_window_key("s")) if published else upsert
+    return _with_sketches(upsert, f"{staging} s", _staged_row_key("s")) if published else upsert
 
 
 # Which windows are held back until the watermark passes their end, per (config, window),
@@ -322,13 +363,13 @@ _UPSERT_PENDING = _upsert_sql("window_pending", "s.window_end_ms > h.watermark_m
 # rows a window stored after all sends back to the upsert.
 _FRESH_STAGING = "sg_fresh_staging"
 _FRESH_STAGING_DDL = _staging_ddl(_FRESH_STAGING, _STAGED_SCHEMA)
-_FRESH_COLUMNS = (*_KEY.split(", "), *_ROW_COLUMNS)
+_FRESH_COLUMNS = (*_ROW_NAMES.split(", "), *_ROW_COLUMNS)
 """What a fresh window's ``COPY`` writes: every column of window_rows it sets."""
-_FRESH_SKETCH_COLUMNS = (*_KEY.split(", "), *_ENCODINGS)
+_FRESH_SKETCH_COLUMNS = (*_ROW_KEY.split(", "), *_ENCODINGS)
 """What the ``COPY`` of fresh windows' sketches writes into window_sketches."""
 _SKETCHED_COLUMNS = (
-    "config_name", "window_name", "metric", "tags", "window_start_ms", "window_end_ms",
-    *_ENCODINGS,
+    "config_name", "window_name", "metric", "tags", "series_id", "window_start_ms",
+    "window_end_ms", *_ENCODINGS,
 )  # fmt: skip
 """The staged columns the fresh windows' sketches are written from."""
 _TIMESTAMP_COLUMNS = frozenset({"window_start", "window_end", "emitted_at"})
@@ -338,13 +379,12 @@ _UPSERT_FRESH = _upsert_sql("window_rows", None, staging=_FRESH_STAGING)
 _FRESH_SKETCHES_STAGING = "sg_fresh_sketches_staging"
 _FRESH_SKETCHES_STAGING_DDL = _staging_ddl(_FRESH_SKETCHES_STAGING, _STAGED_SCHEMA)
 _INSERT_FRESH_SKETCHES = f"""
-INSERT INTO window_sketches ({_KEY}, {", ".join(_ENCODINGS)})
-SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
+INSERT INTO window_sketches ({_ROW_KEY}, {", ".join(_ENCODINGS)})
+SELECT s.series_id, {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")},
        {", ".join(f"s.{c}" for c in _ENCODINGS)}
 FROM {_FRESH_SKETCHES_STAGING} s
 WHERE {_HAS_SKETCH}
-ON CONFLICT ({_KEY}) DO NOTHING
+ON CONFLICT ({_ROW_KEY}) DO NOTHING
 """
 # A fresh window can still have late samples, recorded before its first row: by the same
 # batch (``commit_batch(late=...)`` runs first), or by another query of the window that ran
@@ -352,14 +392,14 @@ ON CONFLICT ({_KEY}) DO NOTHING
 # that have any (one scan of late_events' window index, not one per row).
 _LATE_SAMPLES_ON_FRESH = f"""
 UPDATE window_rows w SET late_events = l.samples
-FROM (SELECT l.config_name, l.window_name, l.metric, l.tags, l.window_start, l.window_end,
-             sum(l.count) AS samples
+FROM (SELECT ws.series_id, l.window_start, l.window_end, sum(l.count) AS samples
       FROM late_events l
       JOIN unnest(%(configs)s::text[], %(windows)s::text[]) AS d(config_name, window_name)
           USING (config_name, window_name)
+      JOIN window_series ws USING (config_name, window_name, metric, tags)
       WHERE l.window_end BETWEEN {_ms_to_ts("%(first_end_ms)s")} AND {_ms_to_ts("%(last_end_ms)s")}
-      GROUP BY 1, 2, 3, 4, 5, 6) l
-WHERE {_window_key("w")} = {_window_key("l")} AND w.late_events IS DISTINCT FROM l.samples
+      GROUP BY 1, 2, 3) l
+WHERE {_row_key("w")} = {_row_key("l")} AND w.late_events IS DISTINCT FROM l.samples
 """
 # After a refused fresh insert: up to where the window's rows are stored already, so the
 # caller stops offering windows as fresh until its watermark is past them.
@@ -375,19 +415,24 @@ WHERE (r.config_name, r.window_name) IN (SELECT DISTINCT config_name, window_nam
 # by rewriting the row just inserted, index entries and all. When the batches are long
 # (100k series: ~6 s of watermark per batch against 2 s of lateness) that is most windows.
 _PROMOTE_ROWS = f"""
-INSERT INTO window_rows ({_KEY}, {", ".join(_ROW_COLUMNS)})
-SELECT {_KEY}, {", ".join(_VALUES)}, %(revision)s, final, late_events, {_ms_to_ts("%(now_ms)s")}
-FROM moved
-ON CONFLICT ({_KEY}) DO UPDATE SET
+INSERT INTO window_rows ({_ROW_NAMES}, {", ".join(_ROW_COLUMNS)})
+SELECT {_ROW_NAMES}, {", ".join(_VALUES)}, %(revision)s, final, late_events,
+       {_ms_to_ts("%(now_ms)s")}
+FROM moved_rows
+ON CONFLICT ({_ROW_KEY}) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in _ROW_COLUMNS)}, early_as_of = NULL
 WHERE window_rows.revision < excluded.revision"""
-_PROMOTE_WRITES = _with_sketches(_PROMOTE_ROWS, "moved s", _window_key("s"))
+_PROMOTE_WRITES = _with_sketches(_PROMOTE_ROWS, "moved_rows s", _row_key("s"))
 _PROMOTE = f"""
 WITH moved AS (
     DELETE FROM window_pending p USING {_HOLD} h
     WHERE p.config_name = h.config_name AND p.window_name = h.window_name
       AND p.window_end <= {_ms_to_ts("h.watermark_ms")}
     RETURNING p.*, coalesce(p.window_end <= {_ms_to_ts("h.final_before_ms")}, false) AS final
+),
+moved_rows AS (
+    SELECT m.*, ws.series_id FROM moved m
+    JOIN window_series ws USING (config_name, window_name, metric, tags)
 ),
 {_PROMOTE_WRITES.strip().removeprefix("WITH ")}
 """
@@ -409,18 +454,21 @@ WITH moved AS (
 # _PROMOTE and _FINALIZE). window_pending keeps the row: it still receives the window's
 # changes, and _PROMOTE moves it when W passes the end.
 # An early row replaces the stored one only at a later tick and only if a value changed.
-_EARLY_REPLACES = f"""ON CONFLICT ({_KEY}) DO UPDATE SET
+_EARLY_REPLACES = f"""ON CONFLICT ({_ROW_KEY}) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in _ROW_COLUMNS)}, early_as_of = excluded.early_as_of
 WHERE window_rows.early_as_of < excluded.early_as_of
   AND window_rows.revision < excluded.revision
   AND {_VALUES_CHANGED}
 """
+# window_pending names its windows' series; joined with their numbers:
+_PENDING_ROWS = """(SELECT p.*, ws.series_id FROM window_pending p
+ JOIN window_series ws USING (config_name, window_name, metric, tags))"""
 _EARLY = _with_sketches(f"""
-INSERT INTO window_rows ({_KEY}, {", ".join(_ROW_COLUMNS)}, early_as_of)
-SELECT {", ".join(f"p.{c}" for c in _KEY.split(", "))},
+INSERT INTO window_rows ({_ROW_NAMES}, {", ".join(_ROW_COLUMNS)}, early_as_of)
+SELECT {", ".join(f"p.{c}" for c in _ROW_NAMES.split(", "))},
        {", ".join(f"p.{c}" for c in _VALUES)},
        %(revision)s, false, p.late_events, {_ms_to_ts("%(now_ms)s")}, {_ms_to_ts("tick.ms")}
-FROM window_pending p
+FROM {_PENDING_ROWS} p
 JOIN {_HOLD} h ON p.config_name = h.config_name AND p.window_name = h.window_name
 CROSS JOIN LATERAL (
     SELECT (extract(epoch FROM p.window_start) * 1000)::int8 AS ms) start
@@ -430,26 +478,26 @@ CROSS JOIN LATERAL (
 WHERE h.early_every_ms IS NOT NULL
   AND p.window_end > {_ms_to_ts("h.watermark_ms")}
   AND h.watermark_ms - start.ms >= h.early_every_ms
-{_EARLY_REPLACES}""", "window_pending s", _window_key("s"))
+{_EARLY_REPLACES}""", f"{_PENDING_ROWS} s", _row_key("s"))
 
 # Corrections from `streamgauge replay`: a recomputed final window replaces the stored one
 # with the next revision, only where a value changed (so replaying twice changes nothing).
 _CORRECTED = _VALUES
 _PUBLISH_CORRECTIONS = _with_sketches(f"""
-INSERT INTO window_rows ({_KEY}, {", ".join(_ROW_COLUMNS)})
-SELECT config_name, window_name, metric, tags::jsonb,
+INSERT INTO window_rows ({_ROW_NAMES}, {", ".join(_ROW_COLUMNS)})
+SELECT config_name, window_name, series_id,
        {_ms_to_ts("window_start_ms")}, {_ms_to_ts("window_end_ms")},
        {", ".join(_VALUES)},
        1, true, {_LATE_SAMPLES_OF_STAGED}, {_ms_to_ts("emitted_at_ms")}
 FROM {_STAGING} s
-ON CONFLICT ({_KEY}) DO UPDATE SET
+ON CONFLICT ({_ROW_KEY}) DO UPDATE SET
     {", ".join(f"{c} = excluded.{c}" for c in _CORRECTED)},
     revision = window_rows.revision + 1, is_final = true,
     corrections = window_rows.corrections + 1,
     late_events = excluded.late_events, emitted_at = excluded.emitted_at
 WHERE ({", ".join(f"window_rows.{c}" for c in _CORRECTED)})
     IS DISTINCT FROM ({", ".join(f"excluded.{c}" for c in _CORRECTED)})
-""", f"{_STAGING} s", _staged_window_key("s"))
+""", f"{_STAGING} s", _staged_row_key("s"))
 
 _MARK_LATE_REPLAYED = f"""
 UPDATE late_events l SET replayed_at = {_ms_to_ts("%(now_ms)s")}
@@ -471,11 +519,13 @@ CREATE TEMPORARY TABLE IF NOT EXISTS {_REPLAY_PRIOR} (
 ) ON COMMIT DELETE ROWS
 """
 _STAGED_KEY_COLUMNS = "config_name, window_name, metric, tags, window_start_ms, window_end_ms"
-_CONTAINED_IN_STAGED = f"""w.config_name = s.config_name AND w.window_name = s.window_name
-  AND w.metric = s.metric AND w.tags = s.tags::jsonb
-  AND w.window_start >= {_ms_to_ts("s.window_start_ms")}
+_WITHIN_STAGED = f"""w.window_start >= {_ms_to_ts("s.window_start_ms")}
   AND w.window_end <= {_ms_to_ts("s.window_end_ms")}"""
-_SAME_KEY_AS_STAGED = f"{_window_key('w')} = {_staged_window_key('s')}"
+_CONTAINED_IN_STAGED = f"w.series_id = s.series_id AND {_WITHIN_STAGED}"
+"""A row of window_rows (or of its key columns) aliased ``w`` inside the staged window."""
+_PENDING_CONTAINED_IN_STAGED = f"""w.config_name = s.config_name AND w.window_name = s.window_name
+  AND w.metric = s.metric AND w.tags = s.tags::jsonb AND {_WITHIN_STAGED}"""
+_SAME_KEY_AS_STAGED = f"{_row_key('w')} = {_staged_row_key('s')}"
 
 # Per staged session: the highest revision and corrections among the stored rows it covers
 # (its own key included), and how many of them it supersedes (other keys, or still pending).
@@ -485,9 +535,9 @@ SELECT {", ".join(f"s.{c}" for c in _STAGED_KEY_COLUMNS.split(", "))},
        max(w.revision), max(w.corrections),
        count(*) FILTER (WHERE w.pending OR NOT ({_SAME_KEY_AS_STAGED}))
 FROM {_STAGING} s JOIN (
-    SELECT {_KEY}, revision, corrections, false AS pending FROM window_rows
+    SELECT {_ROW_KEY}, revision, corrections, false AS pending FROM window_rows
     UNION ALL
-    SELECT {_KEY}, revision, 0, true FROM window_pending
+    SELECT {_ROW_KEY}, revision, 0, true FROM {_PENDING_ROWS} p
 ) w ON {_CONTAINED_IN_STAGED}
 GROUP BY {", ".join(f"s.{c}" for c in _STAGED_KEY_COLUMNS.split(", "))}
 """
@@ -497,7 +547,7 @@ _DELETE_SUPERSEDED = {
 DELETE FROM window_rows w USING {_STAGING} s
 WHERE {_CONTAINED_IN_STAGED} AND NOT ({_SAME_KEY_AS_STAGED})"""),
     "window_pending": f"""
-DELETE FROM window_pending w USING {_STAGING} s WHERE {_CONTAINED_IN_STAGED}""",
+DELETE FROM window_pending w USING {_STAGING} s WHERE {_PENDING_CONTAINED_IN_STAGED}""",
 }
 
 # A stored session with the recomputed one's key: corrected when its values changed or when
@@ -512,20 +562,20 @@ WHERE {_SAME_KEY_AS_STAGED}
   AND (p.superseded > 0
        OR ({", ".join(f"w.{c}" for c in _VALUES)}) IS DISTINCT FROM
           ({", ".join(f"s.{c}" for c in _VALUES)}))
-""", f"{_STAGING} s", _staged_window_key("s"), returning="w")
+""", f"{_STAGING} s", _staged_row_key("s"), returning="w")
 
 # A recomputed session with a new key: a correction of the rows it supersedes (revision and
 # corrections above theirs), or an insert (revision 1, corrections 0) where it covers none.
 _INSERT_SUPERSEDING = _with_sketches(f"""
-INSERT INTO window_rows ({_KEY}, {", ".join(_ROW_COLUMNS)}, corrections)
-SELECT s.config_name, s.window_name, s.metric, s.tags::jsonb,
-       {_ms_to_ts("s.window_start_ms")}, {_ms_to_ts("s.window_end_ms")}, {_STAGED_ROW_VALUES},
+INSERT INTO window_rows ({_ROW_NAMES}, {", ".join(_ROW_COLUMNS)}, corrections)
+SELECT s.config_name, s.window_name, s.series_id, {_ms_to_ts("s.window_start_ms")},
+       {_ms_to_ts("s.window_end_ms")}, {_STAGED_ROW_VALUES},
        coalesce(p.revision, 0) + 1, true, {_LATE_SAMPLES_OF_STAGED},
        {_ms_to_ts("s.emitted_at_ms")},
        CASE WHEN p.revision IS NULL THEN 0 ELSE p.corrections + 1 END
 FROM {_STAGING} s LEFT JOIN {_REPLAY_PRIOR} p USING ({_STAGED_KEY_COLUMNS})
 WHERE NOT EXISTS (SELECT 1 FROM window_rows w WHERE {_SAME_KEY_AS_STAGED})
-""", f"{_STAGING} s", _staged_window_key("s"))
+""", f"{_STAGING} s", _staged_row_key("s"))
 
 _MARK_LATE_IDS_REPLAYED = f"""
 UPDATE late_events SET replayed_at = {_ms_to_ts("%(now_ms)s")}
@@ -562,11 +612,14 @@ l.config_name = %(c)s AND l.window_name = %(w)s AND EXISTS (
     WHERE f.receiver = l.receiver AND l.closed_by >= {_ms_to_ts("f.ms")})"""
 # The windows' counts first (from the rows that stay), then the rows: one transaction.
 _RECOUNT_WITHOUT_FORGOTTEN_LATE = f"""
-UPDATE window_rows w SET late_events = {
-    _late_samples_of(_window_key("w"), f"NOT ({_FORGOTTEN_LATE})")}
-WHERE w.config_name = %(c)s AND w.window_name = %(w)s AND EXISTS (
-    SELECT 1 FROM late_events l WHERE {_window_key("l")} = {_window_key("w")}
-    AND {_FORGOTTEN_LATE})
+UPDATE window_rows w SET late_events = l.kept
+FROM (SELECT ws.series_id, l.window_start, l.window_end,
+             coalesce(sum(l.count) FILTER (WHERE NOT ({_FORGOTTEN_LATE})), 0) AS kept
+      FROM late_events l JOIN window_series ws USING (config_name, window_name, metric, tags)
+      WHERE l.config_name = %(c)s AND l.window_name = %(w)s
+      GROUP BY 1, 2, 3
+      HAVING bool_or({_FORGOTTEN_LATE})) l
+WHERE {_row_key("w")} = {_row_key("l")}
 """
 _FORGET_LATE = f"DELETE FROM late_events l WHERE {_FORGOTTEN_LATE}"
 # Once per generation, whichever of its queries starts first (they share the window's lock).
@@ -654,7 +707,7 @@ LATE_SCHEMA = pa.schema(
 """The Arrow schema ``commit_late_batch`` expects: one row per late pane partial and window."""
 
 _LATE_STAGING = "sg_late_staging"
-_LATE_STAGING_DDL = _staging_ddl(_LATE_STAGING, LATE_SCHEMA)
+_LATE_STAGING_DDL = _staging_ddl(_LATE_STAGING, LATE_SCHEMA.append(_SERIES_ID))
 
 _INSERT_LATE = f"""
 INSERT INTO late_events (config_name, window_name, metric, tags, window_start, window_end,
@@ -672,12 +725,12 @@ FROM {_LATE_STAGING}
 # window_results sees that a final value is missing something (until `replay` applies it).
 # Recomputed from the table (not incremented), like the upsert does: one definition.
 _COUNT_LATE_ON_WINDOWS = f"""
-UPDATE window_rows w SET late_events = {_late_samples_of(_window_key("w"))}
-FROM (SELECT DISTINCT config_name, window_name, metric, tags::jsonb AS tags,
+UPDATE window_rows w SET late_events = {_late_samples_of(_window_key("s"))}
+FROM (SELECT DISTINCT config_name, window_name, metric, tags::jsonb AS tags, series_id,
              {_ms_to_ts("window_start_ms")} AS window_start,
              {_ms_to_ts("window_end_ms")} AS window_end
       FROM {_LATE_STAGING}) s
-WHERE {_window_key("w")} = {_window_key("s")}
+WHERE {_row_key("w")} = {_row_key("s")}
 """
 
 
@@ -695,18 +748,19 @@ RETRACTION_SCHEMA = pa.schema(_WINDOW_KEY_FIELDS)
 buckets with them)."""
 
 _RETRACT_STAGING = "sg_retract_staging"
-_RETRACT_STAGING_DDL = _staging_ddl(_RETRACT_STAGING, RETRACTION_SCHEMA)
+_RETRACT_STAGING_DDL = _staging_ddl(_RETRACT_STAGING, RETRACTION_SCHEMA.append(_SERIES_ID))
 
 # Only rows older than the batch: a newer revision of a window is never touched (the same
 # rule as the upsert), and a replayed batch never gets this far (sink_batches).
 _RETRACT = f"""
 DELETE FROM {{table}} w USING {_RETRACT_STAGING} r
-WHERE {_window_key("w")} = {_staged_window_key("r")}
-  AND w.revision < %(revision)s
+WHERE {{key}} AND w.revision < %(revision)s
 """
 _RETRACT_FROM = {
-    "window_rows": _without_sketches(_RETRACT.format(table="window_rows")),
-    "window_pending": _RETRACT.format(table="window_pending"),
+    "window_rows": _without_sketches(_RETRACT.format(
+        table="window_rows", key=f"{_row_key('w')} = {_staged_row_key('r')}")),
+    "window_pending": _RETRACT.format(
+        table="window_pending", key=f"{_window_key('w')} = {_staged_window_key('r')}"),
 }
 
 
@@ -898,6 +952,7 @@ class ResultStore:
         self._recorded: collections.Counter[str] = collections.Counter()
         #: Labels of those rows besides ``reason`` (the writer sets ``config`` and ``query``).
         self.error_labels: dict[str, str] = {}
+        self._series = SeriesIds(clock)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -960,14 +1015,18 @@ class ResultStore:
         fresh_rows = None if fresh is None else _with_hll_registers(_conform(fresh))
         final_before = _final_before(finalizations)
 
+        resolved: list[Resolved] = []
+
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
+            resolved.clear()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
                 self._record_errors(cur, now_ms)
                 cur.execute(_CLAIM_BATCH, (query_name, batch_id, now_ms))
                 if cur.rowcount == 0:
                     return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
+                numbered = functools.partial(self._series.with_ids, cur, resolved=resolved)
                 cur.execute(_HOLD_DDL)
                 if hold_after:
                     cur.executemany(
@@ -978,23 +1037,24 @@ class ResultStore:
                     )
                 retracted = 0
                 if retracted_rows is not None and retracted_rows.num_rows:
-                    _copy_into(cur, _RETRACT_STAGING_DDL, _RETRACT_STAGING, retracted_rows)
+                    _copy_into(cur, _RETRACT_STAGING_DDL, _RETRACT_STAGING,
+                               numbered(retracted_rows))  # fmt: skip
                     for target, statement in _RETRACT_FROM.items():
                         cur.execute(statement, {"revision": revision})
                         retracted += _written(cur, target == "window_rows")
                 recorded = 0
                 if late_rows is not None and late_rows.num_rows:
-                    _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, late_rows)
+                    _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, numbered(late_rows))
                     params = {"query_name": late_query_name or query_name,
                               "batch_id": batch_id, "now_ms": now_ms}  # fmt: skip
                     cur.execute(_INSERT_LATE, params)
                     recorded = max(cur.rowcount, 0)
                     cur.execute(_COUNT_LATE_ON_WINDOWS)
                 early = 0
-                upserted = self._upsert(cur, table) if table.num_rows else 0
+                upserted = self._upsert(cur, numbered(table)) if table.num_rows else 0
                 stored_until = None
                 if fresh_rows is not None and fresh_rows.num_rows:
-                    inserted, stored_until = self._insert_fresh(conn, cur, fresh_rows)
+                    inserted, stored_until = self._insert_fresh(conn, cur, numbered(fresh_rows))
                     upserted += inserted
                 if hold_after:
                     cur.execute(_PROMOTE, {"revision": revision, "now_ms": now_ms})
@@ -1032,6 +1092,7 @@ class ResultStore:
             )  # fmt: skip
 
         outcome = self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
+        self._series.remember(resolved)
         self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
         self._recorded = collections.Counter()
         if fresh is not None and fresh_rows is not None and fresh_rows.num_rows:
@@ -1049,7 +1110,7 @@ class ResultStore:
         sketches ~1.9 kB), and the rows need not wait for them. Claimed under
         ``<query_name>.sketches``, so a batch run again after a crash between the two writes
         what is missing, once."""
-        sketched = fresh.select(list(_SKETCHED_COLUMNS))
+        sketched = fresh.select([c for c in _SKETCHED_COLUMNS if c != "series_id"])
         has = pc.or_(pc.or_(pc.is_valid(sketched["sketch"]),
                             pc.is_valid(sketched["hll_registers"])),
                      pc.is_valid(sketched["hdr_bucket_counts"]))  # fmt: skip
@@ -1058,24 +1119,28 @@ class ResultStore:
         if not pc.all(has).as_py():  # counters and gauges beside: no row of theirs
             sketched = sketched.filter(has)
 
+        resolved: list[Resolved] = []
+
         def work(conn: psycopg.Connection[Any]) -> None:
+            resolved.clear()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
                 claim = (sketches_query_name(query_name), batch_id, self._clock.now_ms())
                 cur.execute(_CLAIM_BATCH, claim)
                 if cur.rowcount == 0:
                     return
+                numbered = self._series.with_ids(cur, sketched, resolved)
                 try:
                     with conn.transaction():  # a savepoint: only the copy is undone
                         _copy_arrow(cur, "window_sketches",
-                                    _as_window_rows(sketched, _FRESH_SKETCH_COLUMNS),
-                                    _FRESH_ENCODERS)  # fmt: skip
+                                    _as_window_rows(numbered, _FRESH_SKETCH_COLUMNS))  # fmt: skip
                 except pgerrors.UniqueViolation:
                     _copy_into(cur, _FRESH_SKETCHES_STAGING_DDL, _FRESH_SKETCHES_STAGING,
-                               sketched)  # fmt: skip
+                               numbered)  # fmt: skip
                     cur.execute(_INSERT_FRESH_SKETCHES)
 
         self._with_retry(f"commit the sketches of batch {batch_id} of {query_name!r}", work)
+        self._series.remember(resolved)
 
     def commit_late_batch(
         self, query_name: str, batch_id: int, late: pa.Table, lock_name: str | None = None
@@ -1086,9 +1151,11 @@ class ResultStore:
         windows they missed, in the same transaction, so a replayed batch cannot count twice.
         """
         table = _conform(late, LATE_SCHEMA)
+        resolved: list[Resolved] = []
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
+            resolved.clear()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
                 self._record_errors(cur, now_ms)
@@ -1097,7 +1164,8 @@ class ResultStore:
                     return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
                 written = 0
                 if table.num_rows:
-                    _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, table)
+                    numbered = self._series.with_ids(cur, table, resolved)
+                    _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, numbered)
                     params = {"query_name": query_name, "batch_id": batch_id, "now_ms": now_ms}
                     cur.execute(_INSERT_LATE, params)
                     written = max(cur.rowcount, 0)
@@ -1110,6 +1178,7 @@ class ResultStore:
             return BatchOutcome(already_committed=False, rows_upserted=written, rows_finalized=0)
 
         outcome = self._with_retry(f"commit late batch {batch_id} of {query_name!r}", work)
+        self._series.remember(resolved)
         self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
         self._recorded = collections.Counter()
         return outcome
@@ -1139,14 +1208,17 @@ class ResultStore:
         values, as long as it supersedes others.
         """
         table = _with_hll_registers(_conform(results))
+        resolved: list[Resolved] = []
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
+            resolved.clear()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name,))
                 if not table.num_rows:
                     return BatchOutcome(False, 0, 0)
-                _copy_into(cur, _STAGING_DDL, _STAGING, table)
+                _copy_into(cur, _STAGING_DDL, _STAGING,
+                           self._series.with_ids(cur, table, resolved))  # fmt: skip
                 retracted = 0
                 if supersede:
                     cur.execute(_REPLAY_PRIOR_DDL)
@@ -1169,7 +1241,9 @@ class ResultStore:
             return BatchOutcome(False, rows_upserted=corrected, rows_finalized=applied,
                                 rows_retracted=retracted)  # fmt: skip
 
-        return self._with_retry(f"publish corrections for {lock_name!r}", work)
+        outcome = self._with_retry(f"publish corrections for {lock_name!r}", work)
+        self._series.remember(resolved)
+        return outcome
 
     def read_late_partials(self, config_name: str, window_name: str) -> list[LateRecord]:
         """Every ``late_events`` row of one window definition (replayed or not), by id."""
@@ -1187,7 +1261,9 @@ class ResultStore:
         """Delete windows that ended before ``before_ms`` (and batch records older than it).
 
         Returns the rows deleted per table. One transaction, so a dashboard never sees a
-        window without its late events or the other way round.
+        window without its late events or the other way round. Then, when windows went, the
+        series no window refers to any more, in a short transaction of their own
+        (``_DELETE_UNUSED_SERIES``).
         """
 
         def work(conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -1196,6 +1272,15 @@ class ResultStore:
                 for table, statement in _PRUNE.items():
                     cur.execute(statement, {"before": before_ms})
                     deleted[table] = _written(cur, table == "window_results")
+            deleted["window_series"] = 0
+            if not deleted["window_results"] and not deleted["window_pending"]:
+                return deleted
+            unused = [row[0] for row in conn.execute(_UNUSED_SERIES).fetchall()]
+            if unused:
+                with conn.transaction():
+                    conn.execute(_BUMP_SERIES_GENERATION)
+                    cur = conn.execute(_DELETE_UNUSED_SERIES, {"ids": unused})
+                    deleted["window_series"] = max(cur.rowcount, 0)
             return deleted
 
         return self._with_retry("prune old results", work)
@@ -1223,8 +1308,9 @@ class ResultStore:
                     self._forget_late_rows(conn, config_name, window_name, late_reread)
                 row = conn.execute(
                     "SELECT greatest("
-                    " (SELECT max(revision) FROM window_rows"
-                    "  WHERE config_name = %(c)s AND window_name = %(w)s),"
+                    " (SELECT max(r.revision) FROM window_series s"
+                    "  JOIN window_rows r ON r.series_id = s.series_id"
+                    "  WHERE s.config_name = %(c)s AND s.window_name = %(w)s),"
                     " (SELECT max(revision) FROM window_pending"
                     "  WHERE config_name = %(c)s AND window_name = %(w)s))",
                     {"c": config_name, "w": window_name},
@@ -1325,7 +1411,7 @@ class ResultStore:
         try:
             try:
                 with conn.transaction():  # a savepoint: only the copy is undone
-                    _copy_arrow(cur, "window_rows", _as_window_rows(table), _FRESH_ENCODERS)
+                    _copy_arrow(cur, "window_rows", _as_window_rows(table))
             except pgerrors.UniqueViolation:
                 _copy_into(cur, _FRESH_STAGING_DDL, _FRESH_STAGING, table)
                 cur.execute(_UPSERT_FRESH)
@@ -1402,45 +1488,23 @@ encoded, and no buffer of a whole table's encoding is built (a close of 100k tim
 has ~230 MB of sketches; ``docs/performance.md``, "Sketches packed, copied in chunks")."""
 
 
-def _copy_arrow(
-    cur: psycopg.Cursor[Any],
-    target: str,
-    table: pa.Table,
-    encoders: Mapping[str, Callable[[pa.Field], Any]] | None = None,
-) -> None:
+def _copy_arrow(cur: psycopg.Cursor[Any], target: str, table: pa.Table) -> None:
     """Binary COPY of an Arrow table into ``target``'s columns of the same names.
 
     pgpq encodes the Arrow columns into COPY's binary format in compiled code: turning the
     rows into Python tuples for psycopg's ``write_row`` was about half of a staging COPY's
-    time, on the driver's Python thread. ``encoders``: a column's encoder
-    builder by name where the inferred one is not the column's type (text as jsonb).
+    time, on the driver's Python thread.
     """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
         sql.Identifier(target), sql.SQL(", ").join(map(sql.Identifier, table.schema.names))
     )
-    encoders = encoders or {}
-    encoder = pgpq.ArrowToPostgresBinaryEncoder.new_with_encoders(
-        table.schema,
-        {field.name: encoders.get(field.name, _infer_encoder)(field) for field in table.schema},
-    )
+    encoder = pgpq.ArrowToPostgresBinaryEncoder(table.schema)
     rows_per_chunk = max(1, _COPY_CHUNK_BYTES * table.num_rows // max(table.nbytes, 1))
     with cur.copy(statement) as copy:
         copy.write(encoder.write_header())
         for batch in table.to_batches(max_chunksize=rows_per_chunk):
             copy.write(encoder.write_batch(batch))
         copy.write(encoder.finish())
-
-
-def _infer_encoder(field: pa.Field) -> Any:
-    # A typed wrapper: pgpq's staticmethod is untyped to mypy.
-    return pgpq.ArrowToPostgresBinaryEncoder.infer_encoder(field)
-
-
-def _jsonb_encoder(field: pa.Field) -> Any:
-    return pgpq.encoders.StringEncoderBuilder.new_with_output(field, pgpq.schema.Jsonb())
-
-
-_FRESH_ENCODERS: Mapping[str, Callable[[pa.Field], Any]] = {"tags": _jsonb_encoder}
 
 
 def _as_window_rows(table: pa.Table, names: Sequence[str] = _FRESH_COLUMNS) -> pa.Table:

@@ -4,6 +4,7 @@ pipeline_metrics; applied over a database holding version-3 rows."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -35,6 +36,15 @@ def _apply(url: str, upto: int) -> None:
         for version in range(1, upto + 1):
             conn.execute(MIGRATIONS[version - 1].encode())
             conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+
+
+def _migrate(conn: psycopg.Connection[Any], upto: int) -> None:
+    """Apply the migrations after the database's version up to ``upto`` (not the latest: a
+    test of migration N reads the tables as N left them)."""
+    row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+    for version in range(int(row[0]) + 1 if row else 1, upto + 1):
+        conn.execute(MIGRATIONS[version - 1].encode())
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
 
 
 def test_version_four_over_version_three_rows(database: str) -> None:
@@ -345,7 +355,7 @@ def test_version_fifteen_moves_the_sketches_beside_the_rows(database: str) -> No
         conn.execute(insert, ("t", "ms", b"digest", [1000, 1001], [2, 1], 0, 7, 1000.0))
         conn.execute(insert, ("n", "c", None, None, None, None, None, None))
         rows_14 = conn.execute(before).fetchall()
-        ensure_schema(conn)
+        _migrate(conn, 15)
         columns_14 = len(rows_14[0])  # a later version adds columns after them
         assert [row[:columns_14] for row in conn.execute(before).fetchall()] == rows_14
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'window_results'"
@@ -374,7 +384,7 @@ def test_version_sixteen_keeps_a_timer_window_s_sketches_in_its_row(database: st
     compressed nor moved to the TOAST table, before and after a finalization's rewrite."""
     _apply(database, 15)
     with psycopg.connect(database, autocommit=True) as conn:
-        ensure_schema(conn)
+        _migrate(conn, 16)
         digest = np.random.default_rng(1).random(192).tobytes()  # 1,536 bytes of doubles
         conn.execute(
             "INSERT INTO window_results (config_name, window_name, metric, window_start,"
@@ -421,7 +431,7 @@ def test_version_seventeen_packs_a_window_s_buckets_with_their_counts(database: 
         conn.execute(insert.format("window_pending"), ("p", [5, 9], [3, 4]))
         rows_16, histograms_16 = conn.execute(read).fetchall(), conn.execute(histograms).fetchall()
         size_16 = conn.execute(size).fetchone()[0]  # type: ignore[index]
-        ensure_schema(conn)
+        _migrate(conn, 17)
         rows_17 = conn.execute(read).fetchall()
         assert [row[:-1] for row in rows_17] == rows_16
         assert [row[-1] for row in rows_17] == [
@@ -440,3 +450,73 @@ def test_version_seventeen_packs_a_window_s_buckets_with_their_counts(database: 
             " WHERE a.attrelid = 'window_results'::regclass AND a.attname = 'hdr_buckets'"
         ).fetchone()[0]  # type: ignore[index]
         assert "non-empty buckets" in comment
+
+
+def test_version_eighteen_numbers_each_series_once(database: str) -> None:
+    """Migration 18 over version-17 windows: each series (config, window, metric, tags) is
+    one row of window_series, and window_rows and window_sketches are keyed by its id and the
+    window's bounds; window_results, window_histograms, window_latest and
+    client_completeness show what they showed; writes through window_results still land in
+    both tables, numbering a new series once."""
+    _apply(database, 17)
+    insert = (
+        "INSERT INTO window_results (config_name, window_name, metric, tags, window_start,"
+        " window_end, metric_type, count, revision, emitted_at, sketch, hdr_buckets, hdr_counts,"
+        " hdr_unit_magnitude, hdr_half_count_magnitude, hdr_value_scale) VALUES ('c', %s, %s,"
+        " %s, '2024-01-01', %s, %s, 3, 1, '2024-01-01 00:01', %s, %s, %s, 0, 7, 1000.0)"
+    )
+    reads = [
+        "SELECT * FROM window_results ORDER BY window_name, metric, tags, window_end",
+        "SELECT * FROM window_histograms ORDER BY window_name, metric, tags, window_end, bucket",
+        "SELECT * FROM window_latest ORDER BY window_name, metric, tags, window_end",
+        "SELECT * FROM client_completeness ORDER BY source",
+    ]
+    with psycopg.connect(database, autocommit=True) as conn:
+        for window, metric, tags, end, kind, sketch, buckets in (
+            ("w", "t", '{"a": "1"}', "2024-01-01 00:00:10", "ms", b"d1", [1000, 1001]),
+            ("w", "t", '{"a": "1"}', "2024-01-01 00:00:20", "ms", b"d2", [1002]),
+            ("w", "t", '{"a": "2"}', "2024-01-01 00:00:10", "ms", b"d3", [1000]),
+            ("m", "t", '{"a": "1"}', "2024-01-01 00:01:00", "ms", b"d4", [1003]),
+            ("w", "streamgauge.ingest.client.lines", '{"source": "udp://x"}',
+             "2024-01-01 00:00:10", "c", None, None),
+        ):  # fmt: skip
+            conn.execute(insert, (window, metric, tags, end, kind, sketch, buckets,
+                                  None if buckets is None else [1] * len(buckets)))  # fmt: skip
+        conn.execute(
+            "INSERT INTO window_pending (config_name, window_name, metric, window_start,"
+            " window_end, metric_type, count, revision, emitted_at) VALUES ('c', 'w', 'p',"
+            " '2024-01-01 00:00:20', '2024-01-01 00:00:30', 'c', 1, 1, '2024-01-01 00:01')"
+        )
+        before = [conn.execute(read).fetchall() for read in reads]
+        _migrate(conn, 18)
+        assert [conn.execute(read).fetchall() for read in reads] == before
+        assert conn.execute(
+            "SELECT window_name, metric, tags FROM window_series ORDER BY 1, 2, tags::text"
+        ).fetchall() == [
+            ("m", "t", {"a": "1"}), ("w", "p", {}),
+            ("w", "streamgauge.ingest.client.lines", {"source": "udp://x"}),
+            ("w", "t", {"a": "1"}), ("w", "t", {"a": "2"})]  # fmt: skip
+        keys = (
+            "SELECT c.relname, array_agg(a.attname ORDER BY k.i) FROM pg_index x"
+            " JOIN pg_class c ON c.oid = x.indrelid"
+            " CROSS JOIN unnest(x.indkey) WITH ORDINALITY AS k(attnum, i)"
+            " JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum"
+            " WHERE x.indisprimary AND c.relname IN ('window_rows', 'window_sketches')"
+            " GROUP BY c.relname ORDER BY 1"
+        )
+        assert conn.execute(keys).fetchall() == [
+            ("window_rows", ["series_id", "window_start", "window_end"]),
+            ("window_sketches", ["series_id", "window_start", "window_end"])]  # fmt: skip
+        conn.execute(insert, ("w", "t", '{"a": "3"}', "2024-01-01 00:00:10", "ms", b"d5",
+                              [1000], [4]))  # fmt: skip
+        conn.execute(insert, ("w", "t", '{"a": "3"}', "2024-01-01 00:00:20", "ms", None,
+                              None, None))  # fmt: skip
+        assert conn.execute(
+            "SELECT count(*) FROM window_series WHERE tags = '{\"a\": \"3\"}'").fetchone() == (1,)
+        assert conn.execute(
+            "SELECT window_end::text, sketch FROM window_results WHERE tags->>'a' = '3'"
+            " ORDER BY 1").fetchall() == [
+            ("2024-01-01 00:00:10+00", b"d5"), ("2024-01-01 00:00:20+00", None)]  # fmt: skip
+        conn.execute("DELETE FROM window_results WHERE metric = 't'")
+        assert conn.execute("SELECT count(*) FROM window_sketches").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM window_rows").fetchone() == (1,)

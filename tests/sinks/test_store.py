@@ -1077,3 +1077,26 @@ def test_a_retracted_or_pruned_window_takes_its_sketches_with_it(
         " FROM window_sketches k",
     )
     assert left == [(T0 + 5 * MINUTE, b"c")]
+
+
+def test_retention_deletes_a_series_no_window_refers_to_and_a_writer_numbers_it_again(
+    store: ResultStore, clean_store: str
+) -> None:
+    """A series whose windows retention deleted leaves ``window_series``; the writer that
+    remembered its id numbers it again when it comes back, so its new windows show in
+    ``window_results`` (an id remembered across the deletion would name no series). A series
+    with a window left, or a pending one, stays."""
+    host = {name: json.dumps({"host": name}, separators=(",", ":")) for name in "abc"}
+    store.commit_batch("q", 0, table(), [], revision=1, fresh=table(
+        window(0, tags=host["a"]), window(0, tags=host["b"]), window(1, tags=host["a"])))
+    store.commit_batch("q", 1, table(window(9, tags=host["c"])), [], revision=2,
+                       hold_after={("web", "1m"): T0})  # fmt: skip  (c: pending only)
+    series = "SELECT count(*) FROM window_series WHERE config_name = 'web'"
+    assert run_sql(clean_store, series)[1] == [(3,)]
+    deleted = store.prune(T0 + MINUTE + 1)
+    assert (deleted["window_results"], deleted["window_series"]) == (2, 1)
+    assert run_sql(clean_store, series)[1] == [(2,)]
+    store.commit_batch("q", 2, table(), [], revision=3, fresh=table(window(2, tags=host["b"])))
+    assert [(r["tags"], r["start_ms"]) for r in stored(clean_store)] == [
+        ({"host": "a"}, T0 + MINUTE), ({"host": "b"}, T0 + 2 * MINUTE)]  # fmt: skip
+    assert run_sql(clean_store, series)[1] == [(3,)]
