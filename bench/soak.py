@@ -38,10 +38,17 @@ stops the daemon and checks, all against measured counts:
 - a sample of ``--check-series`` series: the stored windows equal the reference windower
   (streamgauge.windows.reference) over those series' partials in the log.
 
-Printed: the RSS table over time and per process first/last/max and the least-squares slope
-(MB/min) over the second half of the run; the lag table; one verdict line per check:
-RSS flat (second-half slope below ``--rss-slope-mb-min``), lag not growing (second-half slope
-of the slowest query's lag below ``--lag-slope-s-min`` seconds per minute), exact.
+Printed: the RSS table over time and per process first/last/max, the least-squares slope
+(MB/min) over the second half of the run, and the slope of its floor there (the least RSS of
+each minute); the lag table; one verdict line per check: RSS flat (second-half floor slope
+below ``--rss-slope-mb-min``), lag not growing (second-half slope of the slowest query's lag
+below ``--lag-slope-s-min`` seconds per minute), exact.
+
+The floor, not every sample: the driver's RSS rises by a few hundred MB while it encodes a
+close's sketches and falls after, so a sample's value depends on where in the window it
+falls, and a few samples at a peak tilt a line through all of them either way (the same code
+measured +17 and -15 MB/min). A leak raises the floor. Samples are 7 s apart by default, not
+a divisor of a window's length, so each minute's samples fall across a close's phases.
 A script, not a test. Run it on a machine whose load you know: it reports what it measured.
 """
 
@@ -375,6 +382,18 @@ def take_sample(run: Run, started: float) -> Sample:
     )
 
 
+def floor_per_min(points: list[tuple[float, float]], block_s: float = 60.0
+                  ) -> list[tuple[float, float]]:  # fmt: skip
+    """The least value of each ``block_s`` of (seconds, value) points, at the block's middle."""
+    if not points:
+        return []
+    start = points[0][0]
+    blocks: dict[int, list[float]] = {}
+    for t, v in points:
+        blocks.setdefault(int((t - start) // block_s), []).append(v)
+    return [(start + (b + 0.5) * block_s, min(vs)) for b, vs in sorted(blocks.items())]
+
+
 def slope_per_min(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (seconds, value) points, per minute."""
     if len(points) < 3:
@@ -496,18 +515,19 @@ def print_tables(samples: list[Sample], args: argparse.Namespace) -> dict[str, b
         print(f"{s.t_s:7.0f}  " + "".join(cells))
     half = samples[-1].t_s / 2
     print(f"\n{'process':<16}{'first':>8}{'last':>8}{'max':>8}{'slope all':>11}"
-          f"{'slope 2nd half':>16}  (MB, MB/min)   CPU s (share of a core)")
+          f"{'slope 2nd half':>16}{'floor 2nd half':>16}  (MB, MB/min)   CPU s (share of a core)")
     flat = True
     duration = samples[-1].t_s - samples[0].t_s
     for r in roles:
         points = [(s.t_s, s.memory_mb[r]) for s in samples if r in s.memory_mb]
         second = [p for p in points if p[0] >= half]
         slope2 = slope_per_min(second)
+        floor2 = slope_per_min(floor_per_min(second))
         cpu = samples[-1].cpu_s.get(r, 0) - samples[0].cpu_s.get(r, 0)
         print(f"{r:<16}{points[0][1]:>8.0f}{points[-1][1]:>8.0f}{max(p[1] for p in points):>8.0f}"
-              f"{slope_per_min(points):>11.2f}{slope2:>16.2f}"
+              f"{slope_per_min(points):>11.2f}{slope2:>16.2f}{floor2:>16.2f}"
               f"                 {cpu:7.0f} ({cpu / max(duration, 1):.0%})")
-        if slope2 == slope2 and slope2 >= args.rss_slope_mb_min:
+        if floor2 == floor2 and floor2 >= args.rss_slope_mb_min:
             flat = False
     verdicts["rss flat"] = flat
 
@@ -565,7 +585,9 @@ def main() -> int:
     parser.add_argument("--types", default="c", help="type cycle, e.g. c or c,ms,g,d")
     parser.add_argument("--receivers", type=int, default=1)
     parser.add_argument("--window", default="10s", help="tumbling window size")
-    parser.add_argument("--sample-every", type=float, default=10)
+    parser.add_argument("--sample-every", type=float, default=7,
+                        help="seconds between samples (module docstring: not a divisor of "
+                        "the window)")
     parser.add_argument("--table-every", type=float, default=0,
                         help="print one table row per this many seconds (default: every "
                         "sample); slopes and verdicts always use every sample")
