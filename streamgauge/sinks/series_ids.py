@@ -62,7 +62,8 @@ class _Known:
 
 @dataclass(frozen=True)
 class Resolved:
-    """What one :meth:`SeriesIds.ids` call found and numbered, for :meth:`SeriesIds.remember`."""
+    """What one :meth:`SeriesIds.with_ids` call found and numbered, for
+    :meth:`SeriesIds.remember`."""
 
     definition: tuple[str, str]
     used: IntArray

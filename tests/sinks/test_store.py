@@ -1100,3 +1100,19 @@ def test_retention_deletes_a_series_no_window_refers_to_and_a_writer_numbers_it_
     assert [(r["tags"], r["start_ms"]) for r in stored(clean_store)] == [
         ({"host": "a"}, T0 + MINUTE), ({"host": "b"}, T0 + 2 * MINUTE)]  # fmt: skip
     assert run_sql(clean_store, series)[1] == [(3,)]
+
+
+def test_a_series_numbered_in_a_batch_that_rolled_back_is_numbered_again(
+    store: ResultStore, clean_store: str
+) -> None:
+    """The ids a refused batch numbered went with its transaction: the writer remembers ids
+    only once their transaction commits, so the batch that follows stores its windows under
+    ids that exist (shown by window_results)."""
+    new = json.dumps({"host": "new"}, separators=(",", ":"))
+    with pytest.raises(ValueError, match="same window twice"):
+        store.commit_batch("q", 0, table(window(0, tags=new), window(0, tags=new)), [],
+                           revision=1)  # fmt: skip
+    store.commit_batch("q", 0, table(), [], revision=1, fresh=table(window(0, tags=new)))
+    store.commit_batch("q", 1, table(window(1, tags=new)), [], revision=2)
+    assert [(r["tags"], r["start_ms"]) for r in stored(clean_store)] == [
+        ({"host": "new"}, T0), ({"host": "new"}, T0 + MINUTE)]  # fmt: skip
