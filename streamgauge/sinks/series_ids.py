@@ -9,8 +9,9 @@ a writer stored recently are looked up in one hashed ``index_in`` per table; the
 numbered by the store, in the batch's transaction, with one statement for all of them.
 
 A transaction may roll back, and the ids it numbered with it: what it resolved is remembered
-only once it commits (:meth:`SeriesIds.remember`). Retention deletes the series no window
-refers to any more, after bumping ``window_series_generation``; each transaction that uses
+only once it commits (the store's retry loop calls :meth:`SeriesIds.discard` before each
+attempt and :meth:`SeriesIds.remember` after one that returned). Retention deletes the series
+no window refers to any more, after bumping ``window_series_generation``; each transaction that uses
 remembered ids holds that row ``FOR SHARE`` until it commits, and forgets them all when the
 generation changed, so it never writes the id of a series deleted under it. A series this
 writer has not stored for ``forget_after_ms`` leaves its memory (the store still knows it).
@@ -82,14 +83,14 @@ class SeriesIds:
         self._known: dict[tuple[str, str], _Known] = {}
         self._forgotten_at_ms = clock.now_ms()
         self._generation: int | None = None
+        self._pending: list[Resolved] = []
+        """What the current transaction's calls resolved, in order."""
 
-    def with_ids(
-        self, cur: psycopg.Cursor[Any], table: pa.Table, resolved: list[Resolved]
-    ) -> pa.Table:
+    def with_ids(self, cur: psycopg.Cursor[Any], table: pa.Table) -> pa.Table:
         """``table`` (columns ``config_name``, ``window_name``, ``metric``, ``tags``) with a
-        ``series_id`` column; numbers new series in ``cur``'s transaction and appends what it
-        did to ``resolved``, for :meth:`remember` once that transaction commits."""
-        if not resolved:  # the transaction's first call
+        ``series_id`` column; numbers new series in ``cur``'s transaction, kept for
+        :meth:`remember` once that transaction commits."""
+        if not self._pending:  # the transaction's first call
             row = cur.execute(_GENERATION).fetchone()
             generation = None if row is None else int(row[0])
             if generation != self._generation:
@@ -108,7 +109,7 @@ class SeriesIds:
                 rows = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
                 part = table.take(pa.array(rows, pa.int64()))
             ids[rows], done = self._ids_of(cur, (config, window), part)
-            resolved.append(done)
+            self._pending.append(done)
         return table.append_column("series_id", pa.array(ids, pa.int64()))
 
     def _ids_of(
@@ -148,9 +149,15 @@ class SeriesIds:
             ids[missing] = new_ids[placed]
         return ids, Resolved(definition, np.unique(at[hit]), new_keys, new_ids)
 
-    def remember(self, resolved: list[Resolved]) -> None:
-        """Keep what a committed transaction's calls resolved (in the order they made them)."""
+    def discard(self) -> None:
+        """Forget what the calls since the last :meth:`remember` resolved: their transaction
+        rolled back, or has not started."""
+        self._pending.clear()
+
+    def remember(self) -> None:
+        """Keep what the committed transaction's calls resolved (in the order they made them)."""
         now_ms = self._clock.now_ms()
+        resolved, self._pending = self._pending, []
         for done in resolved:
             known = self._known.get(done.definition)
             if known is None:

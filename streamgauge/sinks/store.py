@@ -59,7 +59,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from streamgauge.clock import Clock, SystemClock
 from streamgauge.sinks import schema
-from streamgauge.sinks.series_ids import Resolved, SeriesIds
+from streamgauge.sinks.series_ids import SeriesIds
 from streamgauge.sketches.hll_registers import hll_registers
 
 _logger = logging.getLogger(__name__)
@@ -1015,18 +1015,15 @@ class ResultStore:
         fresh_rows = None if fresh is None else _with_hll_registers(_conform(fresh))
         final_before = _final_before(finalizations)
 
-        resolved: list[Resolved] = []
-
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
-            resolved.clear()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
                 self._record_errors(cur, now_ms)
                 cur.execute(_CLAIM_BATCH, (query_name, batch_id, now_ms))
                 if cur.rowcount == 0:
                     return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
-                numbered = functools.partial(self._series.with_ids, cur, resolved=resolved)
+                numbered = functools.partial(self._series.with_ids, cur)
                 cur.execute(_HOLD_DDL)
                 if hold_after:
                     cur.executemany(
@@ -1092,7 +1089,6 @@ class ResultStore:
             )  # fmt: skip
 
         outcome = self._with_retry(f"commit batch {batch_id} of {query_name!r}", work)
-        self._series.remember(resolved)
         self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
         self._recorded = collections.Counter()
         if fresh is not None and fresh_rows is not None and fresh_rows.num_rows:
@@ -1119,17 +1115,14 @@ class ResultStore:
         if not pc.all(has).as_py():  # counters and gauges beside: no row of theirs
             sketched = sketched.filter(has)
 
-        resolved: list[Resolved] = []
-
         def work(conn: psycopg.Connection[Any]) -> None:
-            resolved.clear()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
                 claim = (sketches_query_name(query_name), batch_id, self._clock.now_ms())
                 cur.execute(_CLAIM_BATCH, claim)
                 if cur.rowcount == 0:
                     return
-                numbered = self._series.with_ids(cur, sketched, resolved)
+                numbered = self._series.with_ids(cur, sketched)
                 try:
                     with conn.transaction():  # a savepoint: only the copy is undone
                         _copy_arrow(cur, "window_sketches",
@@ -1140,7 +1133,6 @@ class ResultStore:
                     cur.execute(_INSERT_FRESH_SKETCHES)
 
         self._with_retry(f"commit the sketches of batch {batch_id} of {query_name!r}", work)
-        self._series.remember(resolved)
 
     def commit_late_batch(
         self, query_name: str, batch_id: int, late: pa.Table, lock_name: str | None = None
@@ -1151,11 +1143,9 @@ class ResultStore:
         windows they missed, in the same transaction, so a replayed batch cannot count twice.
         """
         table = _conform(late, LATE_SCHEMA)
-        resolved: list[Resolved] = []
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
-            resolved.clear()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name or query_name,))
                 self._record_errors(cur, now_ms)
@@ -1164,7 +1154,7 @@ class ResultStore:
                     return BatchOutcome(already_committed=True, rows_upserted=0, rows_finalized=0)
                 written = 0
                 if table.num_rows:
-                    numbered = self._series.with_ids(cur, table, resolved)
+                    numbered = self._series.with_ids(cur, table)
                     _copy_into(cur, _LATE_STAGING_DDL, _LATE_STAGING, numbered)
                     params = {"query_name": query_name, "batch_id": batch_id, "now_ms": now_ms}
                     cur.execute(_INSERT_LATE, params)
@@ -1178,7 +1168,6 @@ class ResultStore:
             return BatchOutcome(already_committed=False, rows_upserted=written, rows_finalized=0)
 
         outcome = self._with_retry(f"commit late batch {batch_id} of {query_name!r}", work)
-        self._series.remember(resolved)
         self._unrecorded_errors -= self._recorded  # the transaction that wrote them committed
         self._recorded = collections.Counter()
         return outcome
@@ -1208,17 +1197,15 @@ class ResultStore:
         values, as long as it supersedes others.
         """
         table = _with_hll_registers(_conform(results))
-        resolved: list[Resolved] = []
 
         def work(conn: psycopg.Connection[Any]) -> BatchOutcome:
             now_ms = self._clock.now_ms()
-            resolved.clear()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(_LOCK_WINDOW, (lock_name,))
                 if not table.num_rows:
                     return BatchOutcome(False, 0, 0)
                 _copy_into(cur, _STAGING_DDL, _STAGING,
-                           self._series.with_ids(cur, table, resolved))  # fmt: skip
+                           self._series.with_ids(cur, table))  # fmt: skip
                 retracted = 0
                 if supersede:
                     cur.execute(_REPLAY_PRIOR_DDL)
@@ -1241,9 +1228,7 @@ class ResultStore:
             return BatchOutcome(False, rows_upserted=corrected, rows_finalized=applied,
                                 rows_retracted=retracted)  # fmt: skip
 
-        outcome = self._with_retry(f"publish corrections for {lock_name!r}", work)
-        self._series.remember(resolved)
-        return outcome
+        return self._with_retry(f"publish corrections for {lock_name!r}", work)
 
     def read_late_partials(self, config_name: str, window_name: str) -> list[LateRecord]:
         """Every ``late_events`` row of one window definition (replayed or not), by id."""
@@ -1443,7 +1428,12 @@ class ResultStore:
             attempt += 1
             try:
                 with self._in_use:
-                    return fn(self._connection())
+                    # An attempt's series ids are remembered only once it returns: a failed
+                    # one rolled back what it numbered (sinks/series_ids.py).
+                    self._series.discard()
+                    result = fn(self._connection())
+                    self._series.remember()
+                    return result
             except psycopg.Error as exc:
                 if not _is_transient(exc):
                     raise
