@@ -205,6 +205,15 @@ def _run_ingest(
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
+        # The first signal starts the drain and the rest are ignored (SIGKILL still stops a
+        # drain that hangs). When `run` dies the kernel sends SIGTERM once per thread of `run`
+        # that exits (PR_SET_PDEATHSIG follows the parent thread), and Python runs a handler
+        # between two bytecodes of the main thread: also inside an earlier handler's
+        # ``stop.set()``, which holds the event's lock, where a second ``set()`` would wait
+        # for itself forever; and a signal during the interpreter's shutdown, with the default
+        # handler back, would end the process by SIGTERM after a clean drain.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         log.info("ingest %s: signal %d, draining and closing", settings.receiver, signum)
         stop.set()
 

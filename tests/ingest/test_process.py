@@ -3,6 +3,7 @@ stop, and several processes sharing one UDP port (what `streamgauge run --receiv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -179,6 +180,25 @@ def test_ingest_serves_tcp_and_a_unix_socket_and_removes_the_socket_file(
     assert not unix_path.exists()
     counts = _metric_counts(data_dir / "spool", "udp-0")
     assert (counts["over.tcp"], counts["over.unix"]) == (100, 10)
+
+
+def test_a_burst_of_sigterms_stops_ingest_once_and_cleanly(tmp_path: Path, config: Path) -> None:
+    """When `run` dies, the kernel sends its receivers SIGTERM once per thread of `run` that
+    exits (PR_SET_PDEATHSIG follows the parent thread): signals arrive while the handler of
+    the first is still running, and the receiver must still drain, close and exit."""
+    data_dir = tmp_path / "data"
+    process = _start(config, data_dir, "--listen", f"127.0.0.1:{_free_udp_port()}")
+    _wait_for_stats(data_dir, "udp-0", process)
+    try:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        process.kill()
+    [*_, last] = list_segments(data_dir / "spool", "udp-0")
+    assert read_heartbeat(last).closed
 
 
 def test_bad_ingest_options_fail_with_one_line(tmp_path: Path, config: Path) -> None:
