@@ -145,7 +145,9 @@ class WindowJob:
             for writer in self._pane_writers:
                 try:
                     parked = writer.park()
-                    log.info("%s: %d open windows parked in window_pending", writer.name, parked)
+                    if parked:  # the stop line says what window_pending holds in all
+                        log.info("%s: %d open windows parked in window_pending", writer.name,
+                                 parked)  # fmt: skip
                 except Exception as error:  # noqa: BLE001 - the next start rebuilds them anyway
                     problems.append(f"{writer.name}: parking open windows: {error}")
         self._stores.close_all()

@@ -394,7 +394,10 @@ def banner(
 def stop_summary(
     final: dict[str, dict[str, Any]], windows: list[dict[str, Any]] | str | None
 ) -> str:
-    """What a clean stop flushed: the receivers' last counts, and what the store holds."""
+    """What a clean stop flushed: the receivers' last counts, and what the store holds: the
+    windows published, and the open ones in ``window_pending`` (the job parks them when the
+    input goes quiet or at the stop, so a reader sees every sample the log gave it; the next
+    start publishes them)."""
     totals = IngestTotals.of(final, time.monotonic())
     segments = sum(int(stats.get("segments", 0)) for stats in final.values())
     closed = (
@@ -404,4 +407,8 @@ def stop_summary(
     if isinstance(windows, list) and windows:
         published = ", ".join(f"{w['window_name']} {int(w['windows_emitted']):,}" for w in windows)
         closed += f"; the store holds windows: {published}"
+        pending = [w for w in windows if int(w.get("windows_pending") or 0)]
+        if pending:
+            held = ", ".join(f"{w['window_name']} {int(w['windows_pending']):,}" for w in pending)
+            closed += f"; open, in window_pending: {held}"
     return closed
