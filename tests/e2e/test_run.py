@@ -10,12 +10,9 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +27,7 @@ from streamgauge.ingest.priority import DEFAULT_WORKER_NICE, job_nice
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import union_hll
+from tests.e2e.harness import daemon_for
 
 CONFIG = """
 name: e2e
@@ -42,7 +40,6 @@ windows:
     allowed_lateness: 1s
     metrics: ["e2e.*"]
 """
-START_TIMEOUT_S = 240
 FINAL_TIMEOUT_S = 120
 
 
@@ -68,12 +65,6 @@ class Daemon:
         return [json.loads(line) for line in out.splitlines()]
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
     """One daemon for the module's tests, which read it in any order (a start costs ~10 s)."""
@@ -83,41 +74,12 @@ def daemon() -> Iterator[Daemon]:
 
 @contextlib.contextmanager
 def started_daemon() -> Iterator[Daemon]:
-    """`streamgauge run` on CONFIG, started; killed and cleaned up after the block."""
-    # Not pytest's tmp_path: as root, every pytest session resets /tmp/pytest-of-root to 0700,
-    # which locks the embedded PostgreSQL's system user out of its own cluster.
-    root = Path(tempfile.mkdtemp(prefix="streamgauge-e2e-"))
-    config = root / "e2e.yaml"
-    config.write_text(CONFIG)
-    data_dir = root / "data"
-    log_path = root / "daemon.log"
-    port = _free_udp_port()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "streamgauge", "run", "--config", str(config),
-             "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    run_file = data_dir / "run.json"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not run_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"daemon did not start:\n{log_path.read_text()[-5000:]}")
-        time.sleep(0.2)
-    info = json.loads(run_file.read_text())
-    try:
-        yield Daemon(process, data_dir, info, log_path)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        postmaster = data_dir / "postgres" / "postmaster.pid"
-        if postmaster.exists():  # a failed test killed the daemon: stop its server too
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
-        shutil.rmtree(root, ignore_errors=True)
+    """`streamgauge run` on CONFIG, started (``harness.daemon_for``: killed and cleaned up
+    after the block), seen through this module's ``Daemon``."""
+    with daemon_for(CONFIG, "e2e") as running:
+        running.start()
+        assert running.process is not None
+        yield Daemon(running.process, running.data_dir, running.info, running.log_path)
 
 
 class RecordingStatsClient(statsd.StatsClient):  # type: ignore[misc]
