@@ -107,11 +107,17 @@ class Daemon:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        postmaster = self.data_dir / "postgres" / "postmaster.pid"
-        if postmaster.exists():  # the server outlives a killed daemon
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
+        stop_leftover_server(self.data_dir)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def stop_leftover_server(data_dir: Path) -> None:
+    """Stop the embedded PostgreSQL of ``data_dir`` if it still runs: the server outlives a
+    daemon (or a job) killed outright."""
+    postmaster = data_dir / "postgres" / "postmaster.pid"
+    if postmaster.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
 
 
 class PacedSender(threading.Thread):

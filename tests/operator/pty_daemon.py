@@ -7,6 +7,7 @@ group (the receivers, the JVM, its Python workers), as a person's Ctrl-C does.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -19,10 +20,11 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.harness import START_TIMEOUT_S
+from tests.e2e.harness import START_TIMEOUT_S, free_udp_port, stop_leftover_server
 
 COLUMNS = 250
 #: What the JVM and Spark print when they reach a terminal (none of it may reach ours).
@@ -134,3 +136,16 @@ class PtyDaemon:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+@contextlib.contextmanager
+def daemon_on(config: Path, data_dir: Path, *extra: str) -> Iterator[PtyDaemon]:
+    """``streamgauge run`` on a terminal, started; killed afterwards with its embedded
+    PostgreSQL."""
+    daemon = PtyDaemon(config, data_dir, free_udp_port(), *extra)
+    try:
+        daemon.wait_started()
+        yield daemon
+    finally:
+        daemon.kill()
+        stop_leftover_server(data_dir)

@@ -12,18 +12,14 @@ that stream, as after any restart, with heartbeats on the wall clock; nothing el
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +31,8 @@ from streamgauge.ingest.receiver import Receiver
 from streamgauge.ingest.transports import bind_udp
 from streamgauge.operator.catch_up import CATCHING_UP_S
 from streamgauge.windows.source import CATCH_UP_SPAN_MS
-from tests.e2e.harness import free_udp_port, scratch_dir
-from tests.operator.pty_daemon import PtyDaemon
+from tests.e2e.harness import scratch_dir
+from tests.operator.pty_daemon import daemon_on
 
 CONFIG = """
 name: catchup
@@ -136,21 +132,6 @@ def streamgauge(*args: str) -> str:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-@contextlib.contextmanager
-def daemon_on(config: Path, data_dir: Path, *extra: str) -> Iterator[PtyDaemon]:
-    """``streamgauge run`` on a terminal, killed afterwards with its embedded PostgreSQL."""
-    daemon = PtyDaemon(config, data_dir, free_udp_port(), *extra)
-    try:
-        daemon.wait_started()
-        yield daemon
-    finally:
-        daemon.kill()
-        postmaster = data_dir / "postgres" / "postmaster.pid"
-        if postmaster.exists():  # the server outlives a killed daemon
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
 
 
 @dataclass

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import free_udp_port, scratch_dir
+from tests.e2e.harness import scratch_dir
 from tests.operator.pty_daemon import (
     JVM_MARKERS,
     STATUS_LINE,
     PtyDaemon,
     Screen,
+    daemon_on,
     run_on_terminal,
 )
 
@@ -52,16 +53,10 @@ def pty_daemon(prefix: str, *extra: str) -> Iterator[PtyDaemon]:
     root = scratch_dir(prefix)
     config = root / "operator.yaml"
     config.write_text(CONFIG)
-    daemon = PtyDaemon(config, root / "data", free_udp_port(), *extra)
     try:
-        daemon.wait_started()
-        yield daemon
+        with daemon_on(config, root / "data", *extra) as daemon:
+            yield daemon
     finally:
-        daemon.kill()
-        postmaster = daemon.data_dir / "postgres" / "postmaster.pid"
-        if postmaster.exists():  # the server outlives a killed daemon
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -4,10 +4,7 @@ half and not the other."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from streamgauge.ingest.log import list_receivers, list_segments
-from tests.e2e.harness import free_udp_port
+from tests.e2e.harness import free_udp_port, stop_leftover_server
 
 RECEIVER = "udp-0"
 
@@ -104,7 +101,4 @@ class SplitPipeline:
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        postmaster = self.data_dir / "postgres" / "postmaster.pid"
-        if postmaster.exists():  # the store outlives a killed job
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(postmaster.read_text().split()[0]), signal.SIGTERM)
+        stop_leftover_server(self.data_dir)
