@@ -7,9 +7,10 @@ passes a window's end has N rows to make visible. Against the embedded PostgreSQ
 store's own schema, each round times (median over the rounds after the first two):
 
 - **floor, schema as is**: one ``COPY`` of N window rows straight into a table made ``LIKE
-  window_results INCLUDING ALL`` (its primary key on the window's identity and the
-  ``window_end`` index), committed. The payload is built before the clock
-  starts: no Python per row, only PostgreSQL's insert, index and WAL work;
+  window_rows INCLUDING ALL`` (the table behind the ``window_results`` view: its primary key
+  on the series' number and the window's bounds, and the ``window_end`` index), committed.
+  The payload is built before the clock starts: no Python per row, only PostgreSQL's
+  insert, index and WAL work;
 - **floor, no primary key**: the same without the key the keep-the-highest-revision upsert
   needs; **floor, no index**: heap and WAL alone;
 - **store: promoting batch**: ``ResultStore.commit_batch`` as the window job calls it when
@@ -51,26 +52,25 @@ T0 = 1_700_000_000_000
 SIZE_MS = 10_000
 LATENESS_MS = 2_000
 COLUMNS = (
-    "config_name", "window_name", "metric", "tags", "window_start", "window_end", "metric_type",
+    "config_name", "window_name", "series_id", "window_start", "window_end", "metric_type",
     "count", "sum", "revision", "is_final", "late_events", "emitted_at",
 )  # fmt: skip
 FLOOR_TABLES = {
-    "floor, schema as is": "CREATE TABLE {t} (LIKE window_results INCLUDING ALL)",
+    "floor, schema as is": "CREATE TABLE {t} (LIKE window_rows INCLUDING ALL)",
     "floor, no primary key": (
-        "CREATE TABLE {t} (LIKE window_results INCLUDING DEFAULTS INCLUDING CONSTRAINTS);"
+        "CREATE TABLE {t} (LIKE window_rows INCLUDING DEFAULTS INCLUDING CONSTRAINTS);"
         " CREATE INDEX ON {t} (window_end)"
     ),
-    "floor, no index": "CREATE TABLE {t} (LIKE window_results INCLUDING DEFAULTS)",
+    "floor, no index": "CREATE TABLE {t} (LIKE window_rows INCLUDING DEFAULTS)",
 }
 
 
 def copy_payload(series: int, start_ms: int) -> bytes:
-    """N counter rows of one window, in COPY's text format."""
+    """N counter rows of one window (series numbered 1..N), in COPY's text format."""
     start = time.strftime("%Y-%m-%d %H:%M:%S+00", time.gmtime(start_ms / 1000))
     end = time.strftime("%Y-%m-%d %H:%M:%S+00", time.gmtime((start_ms + SIZE_MS) / 1000))
     return "".join(
-        f"bench\tw\tbench.m{i}\t{{}}\t{start}\t{end}\tc\t10\t10\t1\tt\t0\t{end}\n"
-        for i in range(series)
+        f"bench\tw\t{i + 1}\t{start}\t{end}\tc\t10\t10\t1\tt\t0\t{end}\n" for i in range(series)
     ).encode()
 
 
@@ -200,10 +200,10 @@ def main() -> None:
 
     print(f"store floor: {args.series} window rows per batch, embedded PostgreSQL, "
           f"{args.rounds} rounds (first 2 left out)")  # fmt: skip
-    print(f"{'':34} {'median':>8} {'min':>8} {'max':>8}")
+    print(f"{'':37} {'median':>8} {'min':>8} {'max':>8}")
     for name, seconds in timings.items():
         kept = seconds[2:] or seconds
-        print(f"{name:34} {statistics.median(kept):7.3f}s {min(kept):7.3f}s {max(kept):7.3f}s")
+        print(f"{name:37} {statistics.median(kept):7.3f}s {min(kept):7.3f}s {max(kept):7.3f}s")
 
 
 def _timed_copy(conn: psycopg.Connection[tuple[object, ...]], table: str, payload: bytes) -> float:
