@@ -14,7 +14,9 @@ commit (from schema version 15 their sketches commit after them; before, the who
 
 Each version runs in its own process (``PYTHONPATH`` = its checkout) against an embedded
 PostgreSQL of its own, started by its code (with its settings); the rounds alternate the
-order of the two, and each round closes the next window, so both stores grow alike. Printed:
+order of the two, and each round closes the next window, so both stores grow alike. A round
+runs in a new process: from schema version 18 on, its series are numbered (and known to the
+store's writer) before the clock starts, as in the job after its first close. Printed:
 median and range per version over the rounds after the first, the load average before and
 after, and what each server wrote to its WAL (a page's first change after a checkpoint
 writes the whole page again: the full-page images).
@@ -90,6 +92,7 @@ def _close_window(url: str, series: int, round_: int) -> dict[str, float]:
         ResultStore._commit_fresh_sketches = timed  # type: ignore[method-assign]
     store = ResultStore(url, clock=ManualClock(watermark))
     store.ensure_schema()
+    _number_series(url, store, rows)
     began = time.perf_counter()
     extra: dict[str, Any] = {}
     if hasattr(store_module, "HISTOGRAM_SCHEMA"):  # one row per window and bucket
@@ -111,6 +114,21 @@ def _close_window(url: str, series: int, round_: int) -> dict[str, float]:
     store.close()
     visible = rows_committed[0] if rows_committed else done
     return {"build_s": built - began, "commit_s": done - built, "rows_s": visible - built}
+
+
+def _number_series(url: str, store: Any, rows: Any) -> None:
+    """From schema version 18 on: the series numbered and known to the store's writer, as
+    after the job's first close (each round runs in a new process; a close numbers only the
+    series it has not stored before)."""
+    series_ids = getattr(store, "_series", None)
+    if series_ids is None:
+        return
+    import psycopg
+
+    with psycopg.connect(url) as conn, conn.transaction(), conn.cursor() as cur:
+        series_ids.discard()
+        series_ids.with_ids(cur, rows)
+    series_ids.remember()
 
 
 def _wal_written(url: str) -> tuple[int, int, int]:
