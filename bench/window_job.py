@@ -444,8 +444,10 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
                                and result["taken"] >= 0.97 * result["offered"])  # fmt: skip
         return result
     finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        try:
+            server.stop()
+        finally:  # a run can leave gigabytes of log and store behind
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def run_previous(revision: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -69,30 +70,33 @@ def _steps(series: int, types: str, kind: str, size: str, hop: str, batches: int
     layout = HdrLayout.from_params(params)
     logic = window_logic(window, params, config.pane_ms)
     writer = SegmentWriter(scratch / "spool", "r0", fsync=False)
-    timed: dict[str, list[list[float]]] = {"plain": [], "closing": []}
-    start: dict[str, Any] = {}
-    for second in range(batches):
-        pane = T0 + second * 1000
-        info = writer.append(moved_to_pane(panes, pane), Heartbeat(pane + 1000, False))
-        end = {"r0": {"seq": info.sequence, "heartbeat_ms": pane + 1000, "closed": False}}
-        began = time.perf_counter()
-        partials = read_partials(scratch / "spool", start, end)
-        read = time.perf_counter()
-        step = logic.step(partials, pane)
-        stepped = time.perf_counter()
-        values = getattr(step.publish, "values", None)  # None: encoded within the step
-        rows = to_result_rows(step.publish.table if values is None else values, config,
-                              window, revision=second + 1, watermark_ms=pane,
-                              emitted_at_ms=pane)  # fmt: skip
-        with_hdr_buckets(rows, step.publish.hdr, layout)
-        done = time.perf_counter()
-        if values is not None:
-            step.publish.encodings  # noqa: B018 (made when first asked for)
-        encoded = time.perf_counter()
-        start = end
-        if second >= LEFT_OUT:
-            which = "closing" if step.publish.num_rows else "plain"
-            timed[which].append([read - began, stepped - read, done - stepped, encoded - done])
+    try:
+        timed: dict[str, list[list[float]]] = {"plain": [], "closing": []}
+        start: dict[str, Any] = {}
+        for second in range(batches):
+            pane = T0 + second * 1000
+            info = writer.append(moved_to_pane(panes, pane), Heartbeat(pane + 1000, False))
+            end = {"r0": {"seq": info.sequence, "heartbeat_ms": pane + 1000, "closed": False}}
+            began = time.perf_counter()
+            partials = read_partials(scratch / "spool", start, end)
+            read = time.perf_counter()
+            step = logic.step(partials, pane)
+            stepped = time.perf_counter()
+            values = getattr(step.publish, "values", None)  # None: encoded within the step
+            rows = to_result_rows(step.publish.table if values is None else values, config,
+                                  window, revision=second + 1, watermark_ms=pane,
+                                  emitted_at_ms=pane)  # fmt: skip
+            with_hdr_buckets(rows, step.publish.hdr, layout)
+            done = time.perf_counter()
+            if values is not None:
+                step.publish.encodings  # noqa: B018 (made when first asked for)
+            encoded = time.perf_counter()
+            start = end
+            if second >= LEFT_OUT:
+                which = "closing" if step.publish.num_rows else "plain"
+                timed[which].append([read - began, stepped - read, done - stepped, encoded - done])
+    finally:  # about a gigabyte of segments per run at 100k series
+        shutil.rmtree(scratch, ignore_errors=True)
     return timed
 
 
