@@ -25,6 +25,7 @@ from typing import cast
 import numpy as np
 import pyarrow as pa
 import pytest
+from datasketches import hll_sketch, tgt_hll_type
 
 from streamgauge.clock import ManualClock
 from streamgauge.sinks.store import ResultStore, RetryPolicy, run_sql
@@ -230,6 +231,32 @@ def test_the_store_writes_registers_for_set_rows_only_on_every_path(schema_url: 
         ("empty", True, None, 1),
         ("users", True, hll_registers(small).tobytes(), 1),
         ("users", False, hll_registers(bigger).tobytes(), 3),  # promoted at 2, corrected
+    ]
+
+
+def test_a_batch_of_every_image_form_stores_each_image_s_registers(schema_url: str) -> None:
+    """Set rows of every form DataSketches writes (empty; LIST, SET and HLL mode; HLL_4, HLL_6
+    and HLL_8, compact and updatable; two lgK), committed in one batch (the store decodes them
+    together, one call per lgK): each row stores the registers ``hll_registers`` reads from
+    its own image."""
+    run_sql(schema_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches")
+    images = []
+    for lg_k in (10, 12):
+        for distinct in (0, 3, 100, 5_000):
+            for target in (tgt_hll_type.HLL_4, tgt_hll_type.HLL_6, tgt_hll_type.HLL_8):
+                sketch = hll_sketch(lg_k, target)
+                for value in range(distinct):
+                    sketch.update(value + lg_k * 1_000_000)
+                images += [bytes(sketch.serialize_compact()), bytes(sketch.serialize_updatable())]
+    with ResultStore(schema_url, retry=RetryPolicy(max_attempts=3)) as store:
+        store.commit_batch("forms", 0, result_rows("forms", images, 1), [], revision=1)
+    _, stored = run_sql(
+        schema_url,
+        "SELECT hll_registers FROM window_results WHERE metric = 'forms'"
+        " ORDER BY tags ->> 'host', window_start",
+    )
+    assert [bytes(cast(bytes, r)) for (r,) in stored] == [
+        hll_registers(image).tobytes() for image in images
     ]
 
 
