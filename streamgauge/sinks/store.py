@@ -1577,7 +1577,8 @@ def _with_hll_registers(table: pa.Table) -> pa.Table:
     HLL image raises ``ValueError`` (before any I/O): it would fail ``hll_union_agg`` too.
 
     Decoded by one compiled call per lgK (``hll_columns.from_images``) whatever the number of
-    sets: at 100k set windows a call per image was seconds of a close."""
+    sets, not a Python call per set (``docs/performance.md``, "Sets at 100k series"); a bad
+    image is then looked for one by one, to name its row."""
     sketch = table.column("sketch")
     is_set = pc.and_(pc.equal(table.column("metric_type"), "s"), pc.is_valid(sketch))
     rows = np.flatnonzero(np.asarray(pc.fill_null(is_set, False).to_numpy(zero_copy_only=False)))
