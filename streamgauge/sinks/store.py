@@ -61,7 +61,6 @@ from streamgauge.clock import Clock, SystemClock
 from streamgauge.sinks import schema
 from streamgauge.sinks.series_ids import SeriesIds
 from streamgauge.sketches import hll_columns
-from streamgauge.sketches.digest_columns import binary_parts
 from streamgauge.sketches.hll_registers import hll_registers
 
 _logger = logging.getLogger(__name__)
@@ -1576,7 +1575,7 @@ def _with_hll_registers(table: pa.Table) -> pa.Table:
     set row's sketch, NULL for other rows and for sets without one. A set sketch that is not an
     HLL image raises ``ValueError`` (before any I/O): it would fail ``hll_union_agg`` too.
 
-    Decoded by one compiled call per lgK (``hll_columns.from_images``) whatever the number of
+    Decoded by one compiled call per lgK (``hll_columns.own_registers``) whatever the number of
     sets, not a Python call per set (``docs/performance.md``, "Sets at 100k series"); a bad
     image is then looked for one by one, to name its row."""
     sketch = table.column("sketch")
@@ -1586,7 +1585,7 @@ def _with_hll_registers(table: pa.Table) -> pa.Table:
     if rows.size:
         images = sketch.take(pa.array(rows, pa.int64())).combine_chunks()
         try:
-            registers = _registers_of(images)
+            registers = hll_columns.own_registers(images)
         except ValueError:
             for i, blob in zip(rows.tolist(), images.to_pylist(), strict=True):
                 try:
@@ -1600,34 +1599,6 @@ def _with_hll_registers(table: pa.Table) -> pa.Table:
         at[rows] = np.arange(rows.size)
         column = registers.take(pa.array(at, pa.int64(), mask=at < 0))
     return table.append_column(_STAGED_SCHEMA.field("hll_registers"), column)
-
-
-def _registers_of(images: pa.Array) -> pa.ChunkedArray:
-    """Each HLL image's 2^lgK registers at its own lgK (``hll_registers``' bytes), as binary
-    (in chunks under Arrow's 2 GiB per binary array)."""
-    data, offsets, _, _ = binary_parts(images)
-    if np.any(np.diff(offsets) < 8):
-        raise ValueError("an HLL image shorter than its preamble")
-    lg_ks = data[offsets[:-1] + 3].astype(np.int64)
-    chunks: list[pa.Array] = []
-    order: list[np.ndarray] = []
-    for lg_k in np.unique(lg_ks).tolist():
-        picked = np.flatnonzero(lg_ks == lg_k)
-        subset = images if picked.size == len(images) else images.take(pa.array(picked))
-        matrix = hll_columns.from_images(subset, int(lg_k)).registers
-        width = matrix.shape[1]
-        per_chunk = (2**31 - 1) // width
-        for first in range(0, matrix.shape[0], per_chunk):
-            part = matrix[first : first + per_chunk]
-            ends = np.arange(part.shape[0] + 1, dtype=np.int32) * width
-            chunks.append(pa.Array.from_buffers(
-                pa.binary(), part.shape[0], [None, pa.py_buffer(ends), pa.py_buffer(part)]
-            ))  # fmt: skip
-        order.append(picked)
-    registers = pa.chunked_array(chunks, pa.binary())
-    if len(order) == 1:
-        return registers
-    return registers.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
 
 def with_encodings(rows: pa.Table, encodings: pa.Table) -> pa.Table:

@@ -14,6 +14,9 @@ LIST/SET images, whose coupons keep 26 bits of slot and so place exactly at any 
 finer image is folded to ``lg_k`` (slot ``j`` takes the max of slots ``j mod 2^lg_k``), as
 ``hll_union(lg_k)`` does. A coarser HLL-mode image cannot be refined: ``ValueError``.
 
+:func:`own_registers` gives each image's registers at its own lgK as a binary column: the
+store's ``hll_registers`` beside every set window.
+
 Serializing registers back into DataSketches images is not done here (an HLL_8 image also
 carries the HIP accumulator and the other estimator state): a window's image still comes from
 ``hll.union_hll``; the registers give its distinct count.
@@ -35,7 +38,10 @@ from streamgauge.sketches.digest_columns import binary_parts
 from streamgauge.sketches.hll import MAX_LG_K, MIN_LG_K
 from streamgauge.sketches.hll_registers import MAX_REGISTER, Q, fold_registers, hll_registers
 
-__all__ = ["HllColumns", "estimates", "from_images", "merge_images_into", "union_by_owner"]
+__all__ = [
+    "HllColumns", "estimates", "from_images", "merge_images_into", "own_registers",
+    "union_by_owner",
+]  # fmt: skip
 
 Registers = npt.NDArray[np.uint8]
 FloatArray = npt.NDArray[np.float64]
@@ -210,6 +216,36 @@ def from_images(images: Any, lg_k: int) -> HllColumns:
     registers = np.zeros((len(images), 1 << lg_k), np.uint8)
     _decode_into(images, lg_k, np.arange(len(images), dtype=np.int64), registers)
     return HllColumns(registers, lg_k)
+
+
+def own_registers(images: pa.Array) -> pa.ChunkedArray:
+    """Each image's 2^lgK registers at its own lgK, the bytes ``hll_registers`` gives, as a
+    binary column (in chunks under Arrow's 2 GiB a binary array): one :func:`from_images`
+    call per lgK among the images, however many images. ``images``: valid (non-NULL) images
+    only. Raises ``ValueError`` as :func:`from_images` does, without naming the image."""
+    data, offsets, _, _ = binary_parts(images)
+    if np.any(np.diff(offsets) < 8):
+        raise ValueError("an HLL image shorter than its preamble")
+    lg_ks = data[offsets[:-1] + 3].astype(np.int64)
+    chunks: list[pa.Array] = []
+    order: list[npt.NDArray[np.int64]] = []
+    for lg_k in np.unique(lg_ks).tolist():
+        picked = np.flatnonzero(lg_ks == lg_k)
+        subset = images if picked.size == len(images) else images.take(pa.array(picked))
+        matrix = from_images(subset, int(lg_k)).registers
+        width = matrix.shape[1]
+        per_chunk = (2**31 - 1) // width
+        for first in range(0, matrix.shape[0], per_chunk):
+            part = matrix[first : first + per_chunk]
+            ends = np.arange(part.shape[0] + 1, dtype=np.int32) * width
+            chunks.append(pa.Array.from_buffers(
+                pa.binary(), part.shape[0], [None, pa.py_buffer(ends), pa.py_buffer(part)]
+            ))  # fmt: skip
+        order.append(picked)
+    registers = pa.chunked_array(chunks, pa.binary())
+    if len(order) == 1:
+        return registers
+    return registers.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
 
 def merge_images_into(state: HllColumns, images: Any, owner: npt.ArrayLike) -> HllColumns:
