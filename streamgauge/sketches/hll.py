@@ -109,7 +109,7 @@ def deserialize_hll(blob: bytes) -> hll_sketch:
     """Read any DataSketches HLL image (compact or updatable, HLL_4/6/8, Spark's included)."""
     try:
         return hll_sketch.deserialize(bytes(blob))
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: a truncated image
         raise ValueError(f"not a serialized HLL sketch ({len(blob)} bytes): {exc}") from exc
 
 

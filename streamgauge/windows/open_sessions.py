@@ -220,7 +220,7 @@ class OpenSessions:
                 [(self.rows, touched[members])], owner, len(merging)
             )
             new_rows = self.rows.add_rows(run_series[merging])
-            self.rows.absorb(new_rows, Partials.of_merged(merged, hll))
+            self.rows.absorb(new_rows, Partials.of_merged(merged, hll.images))
             target[merging] = new_rows
         fresh = np.flatnonzero(target < 0)
         if fresh.size:

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamgauge.sketches.accuracy import SketchParams
+from streamgauge.sketches.hll_unions import HllUnions
 from streamgauge.sketches.quantile_kernels import QuantileKernel
 from streamgauge.windows.assign import PaneAssigner
 from streamgauge.windows.window_rows import (
@@ -233,7 +234,7 @@ class OpenWindows:
         if len(picked) == 1 and not picked[0][0].hll_rows:
             table, rows = picked[0]
             merged = Merged.of_rows(table, rows)
-            hll: pa.Array = pa.nulls(len(rows), pa.binary())
+            hll = HllUnions.none(len(rows))
         else:
             merged, hll = self._build.merged(picked)
         return self._build.rows(start, start + self.assigner.size_ms, merged, hll)

@@ -24,10 +24,10 @@ from streamgauge.sketches import hdr_columns as hc
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hdr_encoding import encode_v2
+from streamgauge.sketches.hll_unions import HllUnions, union_images
 from streamgauge.sketches.kernels import run_indices
 from streamgauge.sketches.quantile_kernels import QuantileColumns, QuantileKernel
-from streamgauge.windows.window_sketches import QUANTILE_COLUMNS, QUANTILES, merge_hll
-from streamgauge.windows.window_sketches import distinct_count as hll_distinct_count
+from streamgauge.windows.window_sketches import QUANTILE_COLUMNS, QUANTILES
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -309,11 +309,11 @@ class WindowBuilder:
     def merged(
         self, picked: list[tuple[AggregateRows, IntArray]], owner: IntArray | None = None,
         n_owners: int = 0,
-    ) -> tuple[Merged, pa.Array]:  # fmt: skip
+    ) -> tuple[Merged, HllUnions]:  # fmt: skip
         """The rows ``picked`` (of one or several tables) merged per owner, in the order
-        given; the union of their HLL images (NULL: none). ``owner`` (one per picked row, in
-        order; ``n_owners`` of them): which merged row each goes to; None: one per series.
-        Each owner's series is that of its first row."""
+        given; the union of their HLL images (NULL: none) with its estimate. ``owner`` (one
+        per picked row, in order; ``n_owners`` of them): which merged row each goes to; None:
+        one per series. Each owner's series is that of its first row."""
         series = np.concatenate([t.series[rows] for t, rows in picked])
         if owner is None:
             owners, owner = np.unique(series, return_inverse=True)
@@ -361,7 +361,7 @@ class WindowBuilder:
         return merged, self.union_hll(hll_owner, hll_images, n)
 
     def rows(
-        self, start: int | IntArray, end: int | IntArray, merged: Merged, hll: pa.Array
+        self, start: int | IntArray, end: int | IntArray, merged: Merged, hll: HllUnions
     ) -> Windows:
         """Windows ``[start, end)`` (one for all, or one per merged row) of ``merged``."""
         n = len(merged.series)
@@ -396,32 +396,24 @@ class WindowBuilder:
         def encode() -> pa.Table:
             return pa.table({
                 "sketch": _where(has_quantiles,
-                                 self._kernel.to_serialized(merged.quantile_sketches), hll),
+                                 self._kernel.to_serialized(merged.quantile_sketches),
+                                 hll.images),
                 "hdr_histogram": self._encoded(merged.hdr, is_sketched),
             })  # fmt: skip
 
         return Windows(values, merged.hdr, encode)
 
-    def union_hll(self, owners: list[IntArray], images: list[pa.Array], n: int) -> pa.Array:
-        """Per owner, the union of its sets' HLL images (NULL: no set image)."""
-        out: list[bytes | None] = [None] * n
-        if owners and sum(len(o) for o in owners):
-            owner = np.concatenate(owners)
-            blobs = pa.concat_arrays(images)
-            order = np.argsort(owner, kind="stable")
-            listed = blobs.take(pa.array(order, pa.int64())).to_pylist()
-            sorted_owner = owner[order]
-            bounds = np.flatnonzero(np.diff(sorted_owner)) + 1
-            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(order)], strict=True):
-                out[int(sorted_owner[lo])] = merge_hll(b"", listed[lo:hi], self._lg_k)
-        return pa.array(out, pa.binary())
+    def union_hll(self, owners: list[IntArray], images: list[pa.Array], n: int) -> HllUnions:
+        """Per owner, the union of its sets' HLL images, in order (NULL: no set image)."""
+        if not owners or not sum(len(o) for o in owners):
+            return HllUnions.none(n)
+        return union_images(pa.concat_arrays(images), np.concatenate(owners), n, self._lg_k)
 
     @staticmethod
-    def _distinct_counts(hll: pa.Array) -> pa.Array:
-        if hll.null_count == len(hll):  # no set among the windows
-            return pa.nulls(len(hll), pa.float64())
-        return pa.array([hll_distinct_count(b) if b else None for b in hll.to_pylist()],
-                        pa.float64())  # fmt: skip
+    def _distinct_counts(hll: HllUnions) -> pa.Array:
+        """The estimates rounded as Spark's ``hll_sketch_estimate`` rounds them (the count
+        equals what Spark SQL reads from the stored image); NULL without a set."""
+        return pa.array(np.floor(hll.estimates + 0.5), pa.float64(), from_pandas=True)
 
     def _encoded(self, hdr: hc.HdrColumns, is_sketched: npt.NDArray[np.bool_]) -> pa.Array:
         """The HdrHistogram V2 encoding of each sketched window (NULL otherwise)."""
