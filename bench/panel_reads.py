@@ -1,6 +1,7 @@
 """The dashboards' and alerts' SQL over an hour of timer windows: two versions of the store.
 
     .venv/bin/python bench/panel_reads.py --before /tmp/sg-before
+    .venv/bin/python bench/panel_reads.py --type s --members 20 --before /tmp/sg-before
 
 An hour of 10 s windows of 10 timer metrics x 10 hosts (36,000 windows, ~90 HDR buckets, a
 t-digest image and an HdrHistogram encoding each) is written through each version's own
@@ -9,6 +10,10 @@ each generated query (``streamgauge.grafana.queries``, the macros expanded as Gr
 ``tests/grafana/grafana_macros.py``) runs ``--repeat`` times over the last hour with 1 m
 buckets, alternating the versions. Printed: the median time per query and version, and the
 load average. Each version runs in its own process (``PYTHONPATH`` = its checkout).
+
+``--type s``: set windows instead, each a DataSketches HLL image (lgK 12) of ``--members``
+members (20: SET mode; 5000: HLL mode), drawn from a pool of 200 images; the queries are the
+distinct count per bucket and over the range (the union of the windows' registers in SQL).
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ windows:
 """
 
 
-def _write(url: str) -> None:
-    """An hour of timer windows, published through this version's store."""
+def _write(url: str, metric_type: str, members: int) -> None:
+    """An hour of timer (or set) windows, published through this version's store."""
     import numpy as np
     import pyarrow as pa
 
@@ -56,6 +61,7 @@ def _write(url: str) -> None:
     series = METRICS * HOSTS
     metrics = [f"api.m{i // HOSTS}" for i in range(series)]
     tags = [json.dumps({"host": f"h{i % HOSTS}"}) for i in range(series)]
+    images, counts_of = _set_images(members) if metric_type == "s" else ([], [])
     for w in range(WINDOWS):
         rng = np.random.default_rng(w)
         first = rng.integers(900, 1500, series)
@@ -84,12 +90,43 @@ def _write(url: str) -> None:
             "late_events": pa.array([0] * series, pa.int64()),
             "emitted_at_ms": pa.array([start + SIZE_MS] * series, pa.int64()),
         })  # fmt: skip
+        if metric_type == "s":
+            picked = rng.integers(0, len(images), series)
+            rows = rows.set_column(
+                rows.schema.get_field_index("metric_type"), "metric_type",
+                pa.array(["s"] * series))
+            for name in ("p50", "p90", "p99", "p999"):
+                rows = rows.set_column(rows.schema.get_field_index(name), name,
+                                       pa.nulls(series, pa.float64()))
+            rows = rows.set_column(
+                rows.schema.get_field_index("distinct_count"), "distinct_count",
+                pa.array([counts_of[i] for i in picked], pa.float64()))
+            rows = rows.set_column(rows.schema.get_field_index("sketch"), "sketch",
+                                   pa.array([images[i] for i in picked], pa.binary()))
+            rows = rows.set_column(rows.schema.get_field_index("hdr_histogram"),
+                                   "hdr_histogram", pa.nulls(series, pa.string()))
+            hdr = HdrColumns(np.zeros(series + 1, np.int64), np.zeros(0, np.int32),
+                             np.zeros(0, np.int64))
         rows = results.with_hdr_buckets(rows, hdr, layout)
         store.commit_batch("bench.w", w, rows.slice(0, 0), [], revision=w + 1, fresh=rows)
     store.close()
 
 
-def _queries() -> dict[str, str]:
+def _set_images(members: int) -> tuple[list[bytes], list[float]]:
+    """200 HLL images (lgK 12) of ``members`` members each, from overlapping ranges, and
+    their distinct counts."""
+    import numpy as np
+
+    from streamgauge.sketches.hll import build_hll, serialize_hll
+    from streamgauge.windows.window_sketches import distinct_count
+
+    rng = np.random.default_rng(0)
+    images = [serialize_hll(build_hll(range(first, first + members), 12))
+              for first in rng.integers(0, 50 * members, 200).tolist()]  # fmt: skip
+    return images, [float(distinct_count(image) or 0) for image in images]
+
+
+def _queries(metric_type: str) -> dict[str, str]:
     """The generated SQL of the panels and an alert that read the windows."""
     sys.path.insert(0, str(HERE.parent))
     from streamgauge.configs.loader import parse_config
@@ -99,6 +136,9 @@ def _queries() -> dict[str, str]:
     config = parse_config(CONFIG, "bench")
     end = dt.datetime.fromtimestamp((T0 + WINDOWS * SIZE_MS) / 1000, dt.UTC)
     texts = {
+        "distinct per bucket": queries.aggregate_sql(config, "distinct_count", provisional=False),
+        "distinct over the range": queries.stat_distinct_sql(config),
+    } if metric_type == "s" else {
         "percentiles per tag group": queries.histogram_percentiles_sql(config, provisional=False),
         "percentiles over the range": queries.histogram_range_percentiles_sql(config),
         "heatmap": queries.heatmap_sql(config),
@@ -113,13 +153,13 @@ def _queries() -> dict[str, str]:
     }  # fmt: skip
 
 
-def _time(url: str, repeat: int) -> dict[str, float]:
+def _time(url: str, repeat: int, metric_type: str) -> dict[str, float]:
     import psycopg
 
     timings = {}
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ANALYZE")
-        for name, text in _queries().items():
+        for name, text in _queries(metric_type).items():
             conn.execute(text).fetchall()  # warm the cache
             runs = []
             for _ in range(repeat):
@@ -135,15 +175,17 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="checkout of the version to compare with")
     parser.add_argument("--after", type=Path, default=HERE.parent)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--type", choices=("ms", "s"), default="ms")
+    parser.add_argument("--members", type=int, default=20, help="members per set (--type s)")
     parser.add_argument("--child", nargs=2, metavar=("WHAT", "URL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         what, url = args.child
         if what == "write":
-            _write(url)
+            _write(url, args.type, args.members)
             print("null")  # what run_in reads
         else:
-            print(json.dumps(_time(url, args.repeat)))
+            print(json.dumps(_time(url, args.repeat, args.type)))
         return
 
     versions = {"after": args.after.resolve()}
@@ -154,15 +196,19 @@ def main() -> None:
     with databases(list(versions), "panel-reads-") as urls:
 
         def child(name: str, what: str) -> Any:
-            return run_in(versions[name], __file__, "--repeat", str(args.repeat), "--child",
-                          what, urls[name])  # fmt: skip
+            return run_in(versions[name], __file__, "--repeat", str(args.repeat), "--type",
+                          args.type, "--members", str(args.members), "--child", what,
+                          urls[name])  # fmt: skip
 
         for name in versions:
             child(name, "write")
         for _, name in alternated(list(versions), 2):
             results[name].append(child(name, "time"))
-    print(f"panel and alert SQL over an hour of 10 s windows, {METRICS} timer metrics x {HOSTS} "
-          f"hosts ({WINDOWS * METRICS * HOSTS:,} windows, {BUCKETS} buckets each), 1 m buckets, "
+    what = (f"set metrics x {HOSTS} hosts ({WINDOWS * METRICS * HOSTS:,} windows, "
+            f"{args.members} members each)" if args.type == "s" else
+            f"timer metrics x {HOSTS} hosts ({WINDOWS * METRICS * HOSTS:,} windows, {BUCKETS} "
+            "buckets each)")  # fmt: skip
+    print(f"panel and alert SQL over an hour of 10 s windows, {METRICS} {what}, 1 m buckets, "
           f"median of {args.repeat} runs x 2 alternated rounds; load average "
           f"{load_before} before, {load_average()} after")  # fmt: skip
     names = list(next(iter(results.values()))[0])

@@ -136,8 +136,9 @@ name them."""
 _SERIES_ID = pa.field("series_id", pa.int64())
 _STAGED_SCHEMA = RESULT_SCHEMA.append(pa.field("hll_registers", pa.binary())).append(_SERIES_ID)
 """What is staged: the results plus what the store derives from them, the register array of
-every set row's HLL (schema version 5; :mod:`streamgauge.sketches.hll_registers`) and the
-number of its series (schema version 18; :mod:`streamgauge.sinks.series_ids`)."""
+a set row's HLL where SQL cannot read it from the image (schema versions 5 and 19;
+:func:`_with_hll_registers`) and the number of its series (schema version 18;
+:mod:`streamgauge.sinks.series_ids`)."""
 
 RESULT_COLUMNS: tuple[str, ...] = tuple(RESULT_SCHEMA.names)
 
@@ -1571,13 +1572,14 @@ def _conform(results: pa.Table, target: pa.Schema = RESULT_SCHEMA) -> pa.Table:
 
 
 def _with_hll_registers(table: pa.Table) -> pa.Table:
-    """``table`` (``RESULT_SCHEMA``) plus ``hll_registers``: the dense register array of every
-    set row's sketch, NULL for other rows and for sets without one. A set sketch that is not an
-    HLL image raises ``ValueError`` (before any I/O): it would fail ``hll_union_agg`` too.
-
-    Decoded by one compiled call per lgK (``hll_columns.own_registers``) whatever the number of
-    sets, not a Python call per set (``docs/performance.md``, "Sets at 100k series"); a bad
-    image is then looked for one by one, to name its row."""
+    """``table`` (``RESULT_SCHEMA``) plus ``hll_registers``: the dense register array of the
+    set rows whose image SQL cannot read (HLL_4 / HLL_6 in HLL mode,
+    ``hll_columns.packed_hll_mode``), NULL for every other row: ``window_results`` derives
+    a set's registers from its image (schema version 19), so 2^lgK bytes a set window are
+    not written for nothing. A set sketch that is not an HLL image raises ``ValueError``
+    (before any I/O): it would fail ``hll_union_agg`` too. Checked by one compiled call per
+    lgK (``hll_columns.check_images``); a bad image is then looked for one by one, to name
+    its row."""
     sketch = table.column("sketch")
     is_set = pc.and_(pc.equal(table.column("metric_type"), "s"), pc.is_valid(sketch))
     rows = np.flatnonzero(np.asarray(pc.fill_null(is_set, False).to_numpy(zero_copy_only=False)))
@@ -1585,7 +1587,7 @@ def _with_hll_registers(table: pa.Table) -> pa.Table:
     if rows.size:
         images = sketch.take(pa.array(rows, pa.int64())).combine_chunks()
         try:
-            registers = hll_columns.own_registers(images)
+            hll_columns.check_images(images)
         except ValueError:
             for i, blob in zip(rows.tolist(), images.to_pylist(), strict=True):
                 try:
@@ -1595,9 +1597,12 @@ def _with_hll_registers(table: pa.Table) -> pa.Table:
                         f"results row {i}: the set's sketch is unreadable: {exc}"
                     ) from exc
             raise
-        at = np.full(table.num_rows, -1, np.int64)
-        at[rows] = np.arange(rows.size)
-        column = registers.take(pa.array(at, pa.int64(), mask=at < 0))
+        packed = np.flatnonzero(hll_columns.packed_hll_mode(images))
+        if packed.size:
+            registers = hll_columns.own_registers(images.take(pa.array(packed, pa.int64())))
+            at = np.full(table.num_rows, -1, np.int64)
+            at[rows[packed]] = np.arange(packed.size)
+            column = registers.take(pa.array(at, pa.int64(), mask=at < 0))
     return table.append_column(_STAGED_SCHEMA.field("hll_registers"), column)
 
 

@@ -15,7 +15,8 @@ finer image is folded to ``lg_k`` (slot ``j`` takes the max of slots ``j mod 2^l
 ``hll_union(lg_k)`` does. A coarser HLL-mode image cannot be refined: ``ValueError``.
 
 :func:`own_registers` gives each image's registers at its own lgK as a binary column: the
-store's ``hll_registers`` beside every set window.
+store's ``hll_registers`` for the set windows SQL cannot read them from
+(:func:`packed_hll_mode`); :func:`check_images` reads the others without keeping them.
 
 Serializing registers back into DataSketches images is not done here (an HLL_8 image also
 carries the HIP accumulator and the other estimator state): a window's image still comes from
@@ -39,8 +40,8 @@ from streamgauge.sketches.hll import MAX_LG_K, MIN_LG_K
 from streamgauge.sketches.hll_registers import MAX_REGISTER, Q, fold_registers, hll_registers
 
 __all__ = [
-    "HllColumns", "estimates", "from_images", "merge_images_into", "own_registers",
-    "union_by_owner",
+    "HllColumns", "check_images", "estimates", "from_images", "merge_images_into",
+    "own_registers", "packed_hll_mode", "union_by_owner",
 ]  # fmt: skip
 
 Registers = npt.NDArray[np.uint8]
@@ -246,6 +247,31 @@ def own_registers(images: pa.Array) -> pa.ChunkedArray:
     if len(order) == 1:
         return registers
     return registers.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+
+
+def check_images(images: pa.Array) -> None:
+    """Raises ``ValueError`` as :func:`from_images` does if an image of ``images`` (valid,
+    non-NULL ones only) is not a DataSketches HLL image; each is read at its own lgK into one
+    scratch row, so nothing of the size of the registers is kept."""
+    data, offsets, _, _ = binary_parts(images)
+    if np.any(np.diff(offsets) < 8):
+        raise ValueError("an HLL image shorter than its preamble")
+    lg_ks = data[offsets[:-1] + 3].astype(np.int64)
+    for lg_k in np.unique(lg_ks).tolist():
+        picked = np.flatnonzero(lg_ks == lg_k)
+        subset = images if picked.size == len(images) else images.take(pa.array(picked))
+        if not MIN_LG_K <= lg_k <= MAX_LG_K:
+            raise ValueError(f"{picked.size} HLL image(s) unusable: lgK {lg_k}")
+        scratch = np.zeros((1, 1 << lg_k), np.uint8)
+        _decode_into(subset, lg_k, np.zeros(len(subset), np.int64), scratch)
+
+
+def packed_hll_mode(images: pa.Array) -> npt.NDArray[np.bool_]:
+    """Per image (valid ones only, at least 8 bytes each): in HLL mode with HLL_4 or HLL_6
+    registers, which SQL (``streamgauge_hll_image_registers``) cannot read from the image."""
+    data, offsets, _, _ = binary_parts(images)
+    mode_byte = data[offsets[:-1] + 7]
+    return np.asarray(((mode_byte & 3) == _HLL) & (((mode_byte >> 2) & 3) != _HLL_8))
 
 
 def merge_images_into(state: HllColumns, images: Any, owner: npt.ArrayLike) -> HllColumns:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import cast
 
 import numpy as np
+import psycopg
 import pyarrow as pa
 import pytest
 from datasketches import hll_sketch, tgt_hll_type
@@ -198,9 +199,11 @@ def test_empty_registers_count_zero_and_null_stays_null(schema_url: str) -> None
     assert rows == [(0.0, None, None)]
 
 
-def test_the_store_writes_registers_for_set_rows_only_on_every_path(schema_url: str) -> None:
-    """commit_batch (emitted and pending windows, then promoted) and publish_corrections
-    (``streamgauge replay``) all write ``hll_registers``; rows without a set sketch get NULL."""
+def test_set_rows_show_their_registers_on_every_path(schema_url: str) -> None:
+    """After commit_batch (emitted and pending windows, then promoted) and publish_corrections
+    (``streamgauge replay``), window_results shows every set row's ``hll_registers`` (derived
+    from its image: nothing stored beside an HLL_8 image); rows without a set sketch get
+    NULL."""
     run_sql(schema_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches")
     small, big = serialize_hll(build_hll(range(5))), serialize_hll(build_hll(range(3_000)))
     rows = result_rows("users", [small, big], 1)  # host a, windows 0 and 1
@@ -212,8 +215,8 @@ def test_the_store_writes_registers_for_set_rows_only_on_every_path(schema_url: 
         # Watermark between the two windows: window 1 is held in window_pending.
         store.commit_batch("q", 0, pa.concat_tables([rows, timer, no_sketch]), [], revision=1,
                            hold_after={("web", "10s"): T0 + WINDOW_MS})  # fmt: skip
-        pending = run_sql(schema_url, "SELECT hll_registers FROM window_pending")[1]
-        assert [cast(bytes, r) for (r,) in pending] == [hll_registers(big).tobytes()]
+        pending = run_sql(schema_url, "SELECT sketch, hll_registers FROM window_pending")[1]
+        assert [(bytes(cast(bytes, s)), r) for s, r in pending] == [(big, None)]
         store.commit_batch("q", 1, pa.table({}), [], revision=2,
                            hold_after={("web", "10s"): T0 + 2 * WINDOW_MS})  # fmt: skip
         bigger = serialize_hll(build_hll(range(4_000)))
@@ -234,11 +237,12 @@ def test_the_store_writes_registers_for_set_rows_only_on_every_path(schema_url: 
     ]
 
 
-def test_a_batch_of_every_image_form_stores_each_image_s_registers(schema_url: str) -> None:
+def test_a_batch_of_every_image_form_shows_each_image_s_registers(schema_url: str) -> None:
     """Set rows of every form DataSketches writes (empty; LIST, SET and HLL mode; HLL_4, HLL_6
-    and HLL_8, compact and updatable; two lgK), committed in one batch (the store decodes them
-    together, one call per lgK): each row stores the registers ``hll_registers`` reads from
-    its own image."""
+    and HLL_8, compact and updatable; two lgK), committed in one batch: each row shows the
+    registers ``hll_registers`` reads from its own image, derived in SQL from the image or,
+    for HLL_4 / HLL_6 in HLL mode, stored (the store decodes those together, one call per
+    lgK)."""
     run_sql(schema_url, "TRUNCATE window_rows, window_sketches, window_pending, sink_batches")
     images = []
     for lg_k in (10, 12):
@@ -258,6 +262,14 @@ def test_a_batch_of_every_image_form_stores_each_image_s_registers(schema_url: s
     assert [bytes(cast(bytes, r)) for (r,) in stored] == [
         hll_registers(image).tobytes() for image in images
     ]
+    packed = [image for image in images if image[7] & 3 == 2 and (image[7] >> 2) & 3 != 2]
+    _, kept = run_sql(schema_url, "SELECT count(hll_registers) FROM window_sketches")
+    assert kept == [(len(packed),)] and packed
+
+
+def test_registers_of_something_not_an_image_are_refused(schema_url: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="not a DataSketches HLL"):
+        run_sql(schema_url, "SELECT streamgauge_hll_image_registers('\\x0001020304'::bytea)")
 
 
 def test_an_unreadable_set_sketch_is_refused_before_any_io(schema_url: str) -> None:
