@@ -25,8 +25,9 @@ on a shared machine wall time depends on the load, printed before and after; CPU
 **Throughput** (``--no-throughput`` skips it): ``--series`` windows x ``--partials`` pane
 partials of ``--values // 10`` values, decoded and merged (cold: new windows, ``merge_by_owner``;
 warm: windows already holding a 20k-value digest, ~235 centroids, ``merge_into``), HDR rows
-merged, and ``--hll-series`` HLL set windows unioned (``hll_columns.merge_images_into`` and
-Ertl's estimate), beside the per-series path timed on ``--baseline-series`` series.
+merged, and ``--hll-series`` HLL set windows unioned with their estimates
+(``hll_unions.union_images``), beside the per-series path timed on ``--baseline-series``
+series.
 
 ``--jit`` (default on) times numba's compile: a first call of every kernel (on all rows and
 on chunks) in a fresh process with an empty cache directory, and the same in a second process
@@ -58,11 +59,11 @@ from datasketches import tdigest_double
 from streamgauge.sketches import digest_columns as dc
 from streamgauge.sketches import hdr_columns as hc
 from streamgauge.sketches import hdr_encoding as he
-from streamgauge.sketches import hll_columns as hlc
 from streamgauge.sketches import kernels
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hll import build_hll, serialize_hll
+from streamgauge.sketches.hll_unions import union_images
 from streamgauge.windows.window_sketches import (
     QUANTILES,
     distinct_count,
@@ -77,12 +78,12 @@ start = time.perf_counter()
 import numpy as np, pyarrow as pa
 from datasketches import tdigest_double
 from streamgauge.sketches import digest_columns as dc, hdr_columns as hc, kernels
-from streamgauge.sketches import hll_columns as hlc
 from streamgauge.sketches import kernels
 from streamgauge.sketches.accuracy import compile_accuracy
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hdr_encoding import encode_v2
 from streamgauge.sketches.hll import build_hll, serialize_hll
+from streamgauge.sketches.hll_unions import union_images
 imported = time.perf_counter()
 layout = HdrLayout.from_params(compile_accuracy())
 d = tdigest_double(200); d.update(np.arange(50.0))
@@ -96,9 +97,7 @@ for chunks in (None, 2):  # one call over all rows, then chunks
     hm = hc.merge_by_owner(h, [0, 0, 1, 1], 2); hc.merge_into(hm, h, [0, 1, 0, 1])
     encode_v2(layout, hm.offsets, hm.buckets, hm.counts)
 hc.quantiles(layout, hm, [0.5]); hm.totals
-r = hlc.from_images(pa.array([serialize_hll(build_hll([1, 2], 12))]), 12)
-hlc.estimates(hlc.union_by_owner(r, [0], 1))
-hlc.merge_images_into(r, pa.array([serialize_hll(build_hll([1, 2], 12))]), [0])
+union_images(pa.array([serialize_hll(build_hll([1, 2], 12))]), [0], 1, 12)
 print(f"{imported - start:.2f} {time.perf_counter() - imported:.2f}")
 """
 
@@ -339,8 +338,7 @@ def throughput(args: argparse.Namespace) -> None:
     members = rng.integers(0, 2**40, (n_sets * p, v))
     images = pa.array([serialize_hll(build_hll(row, lg_k)) for row in members], pa.binary())
     set_owner = np.repeat(np.arange(n_sets, dtype=np.int64), p)
-    t_hll, _, _ = _timed(lambda: hlc.estimates(hlc.merge_images_into(
-        hlc.HllColumns.empty(n_sets, lg_k), images, set_owner)), reps)  # fmt: skip
+    t_hll, _, _ = _timed(lambda: union_images(images, set_owner, n_sets, lg_k), reps)
     m_sets = min(m, n_sets)
     image_list = images[: m_sets * p].to_pylist()
     t_hll_base, _, _ = _timed(lambda: [distinct_count(merge_hll(b"", image_list[s * p:(s + 1) * p],

@@ -1,11 +1,10 @@
-"""HLL register arrays of many series as one matrix, unioned by owner and estimated in one call.
+"""HLL register arrays of many DataSketches images, decoded in one compiled call per lgK.
 
-Why: a set window's union is one ``hll_union`` per pane image in Python today. Registers make
-the union a per-byte max (:mod:`streamgauge.sketches.hll_registers` explains why that is exact:
-it is what DataSketches' own union computes), so all series of a batch union in one pass into an
-``(n, 2^lgK)`` uint8 matrix (:func:`merge_images_into` decodes each pane image straight into its
-window's row), and Ertl's estimator (the one ``hll_registers.estimate_registers``
-and the SQL implement) runs over every row in another.
+The store keeps a set window's registers only where SQL cannot read them from the image
+(``sinks/store._with_hll_registers``; ``docs/architecture.md`` D11): :func:`packed_hll_mode`
+finds those images, :func:`own_registers` decodes them, and :func:`check_images` reads every
+other image without keeping its registers, so a bad one is refused before any I/O. A window's
+image and distinct count come from DataSketches' own union (``sketches/hll_unions.py``).
 
 Decoding (:func:`from_images`) reads the images' bytes in numba: LIST and SET modes (coupons,
 compact or updatable) and HLL_8 in HLL mode; the rare HLL_4/HLL_6 HLL-mode image goes through
@@ -13,19 +12,10 @@ compact or updatable) and HLL_8 in HLL mode; the rare HLL_4/HLL_6 HLL-mode image
 LIST/SET images, whose coupons keep 26 bits of slot and so place exactly at any ``lg_k``; a
 finer image is folded to ``lg_k`` (slot ``j`` takes the max of slots ``j mod 2^lg_k``), as
 ``hll_union(lg_k)`` does. A coarser HLL-mode image cannot be refined: ``ValueError``.
-
-:func:`own_registers` gives each image's registers at its own lgK as a binary column: the
-store's ``hll_registers`` for the set windows SQL cannot read them from
-(:func:`packed_hll_mode`); :func:`check_images` reads the others without keeping them.
-
-Serializing registers back into DataSketches images is not done here (an HLL_8 image also
-carries the HIP accumulator and the other estimator state): a window's image still comes from
-``hll.union_hll``; the registers give its distinct count.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -37,12 +27,9 @@ import pyarrow as pa
 
 from streamgauge.sketches.digest_columns import binary_parts
 from streamgauge.sketches.hll import MAX_LG_K, MIN_LG_K
-from streamgauge.sketches.hll_registers import MAX_REGISTER, Q, fold_registers, hll_registers
+from streamgauge.sketches.hll_registers import MAX_REGISTER, fold_registers, hll_registers
 
-__all__ = [
-    "HllColumns", "check_images", "estimates", "from_images", "merge_images_into",
-    "own_registers", "packed_hll_mode", "union_by_owner",
-]  # fmt: skip
+__all__ = ["HllColumns", "check_images", "from_images", "own_registers", "packed_hll_mode"]
 
 Registers = npt.NDArray[np.uint8]
 FloatArray = npt.NDArray[np.float64]
@@ -272,107 +259,3 @@ def packed_hll_mode(images: pa.Array) -> npt.NDArray[np.bool_]:
     data, offsets, _, _ = binary_parts(images)
     mode_byte = data[offsets[:-1] + 7]
     return np.asarray(((mode_byte & 3) == _HLL) & (((mode_byte >> 2) & 3) != _HLL_8))
-
-
-def merge_images_into(state: HllColumns, images: Any, owner: npt.ArrayLike) -> HllColumns:
-    """``state`` (one register array per open set window) with the pane images unioned in:
-    image ``i`` into row ``owner[i]``. Decodes each image straight into its owner's row, so a
-    small LIST/SET-mode pane costs its coupons, not ``2^lgK`` bytes. A new matrix; ``state``
-    is not modified. For new windows pass ``HllColumns.empty(n, lg_k)``."""
-    owners = np.asarray(owner, dtype=np.int64)
-    if owners.shape != (len(images),):
-        raise ValueError(f"owner has shape {owners.shape}, expected ({len(images)},)")
-    if owners.size and (owners.min() < 0 or owners.max() >= len(state)):
-        raise ValueError(f"owners must be in 0..{len(state) - 1}")
-    registers = state.registers.copy()
-    _decode_into(images, state.lg_k, owners, registers)
-    return HllColumns(registers, state.lg_k)
-
-
-@_jit
-def _union(registers: Any, owner: Any, out: Any) -> None:
-    k = registers.shape[1]
-    for i in range(registers.shape[0]):
-        g = owner[i]
-        for j in range(k):
-            if registers[i, j] > out[g, j]:
-                out[g, j] = registers[i, j]
-
-
-def union_by_owner(cols: HllColumns, owner: npt.ArrayLike, n_owners: int) -> HllColumns:
-    """One register array per owner ``0 .. n_owners - 1``: the per-byte max of the rows of
-    every input ``i`` with ``owner[i]`` equal to it (exact; order-free); all zeros without."""
-    owners = np.asarray(owner, dtype=np.int64)
-    if owners.shape != (len(cols),):
-        raise ValueError(f"owner has shape {owners.shape}, expected ({len(cols)},)")
-    if owners.size and (owners.min() < 0 or owners.max() >= n_owners):
-        raise ValueError(f"owners must be in 0..{n_owners - 1}")
-    out = np.zeros((n_owners, cols.registers.shape[1]), np.uint8)
-    _union(cols.registers, owners, out)
-    return HllColumns(out, cols.lg_k)
-
-
-@_jit
-def _sigma(x: Any) -> Any:
-    if x == 1.0:
-        return np.inf
-    y = 1.0
-    z = x
-    while True:
-        x *= x
-        previous = z
-        z += x * y
-        y += y
-        if z == previous:
-            return z
-
-
-@_jit
-def _tau(x: Any) -> Any:
-    if x == 0.0 or x == 1.0:
-        return 0.0
-    y = 1.0
-    z = 1.0 - x
-    while True:
-        x = math.sqrt(x)
-        previous = z
-        y *= 0.5
-        z -= (1.0 - x) ** 2 * y
-        if z == previous:
-            return z / 3.0
-
-
-@_jit
-def _estimates(registers: Any) -> Any:
-    n, k = registers.shape
-    out = np.zeros(n)
-    m = float(k)
-    counts = np.zeros(MAX_REGISTER + 1, np.int64)
-    # Four partial histograms: consecutive equal registers (runs of zeros in a small set)
-    # would otherwise chain every increment on the one before.
-    parts = np.zeros((4, 256), np.int64)
-    for i in range(n):
-        parts[:] = 0
-        row = registers[i]
-        for j in range(0, k, 4):
-            parts[0, row[j]] += 1
-            parts[1, row[j + 1]] += 1
-            parts[2, row[j + 2]] += 1
-            parts[3, row[j + 3]] += 1
-        for v in range(MAX_REGISTER + 1):
-            counts[v] = parts[0, v] + parts[1, v] + parts[2, v] + parts[3, v]
-        if counts[0] == k:
-            continue
-        z = m * _tau(1.0 - counts[Q + 1] / m)
-        for v in range(Q, 0, -1):
-            z = 0.5 * (z + float(counts[v]))
-        z += m * _sigma(counts[0] / m)
-        out[i] = m * m / (2.0 * math.log(2.0)) / z
-    return out
-
-
-def estimates(cols: HllColumns) -> FloatArray:
-    """Ertl's improved raw estimate per row: ``hll_registers.estimate_registers``' numbers
-    (the same operations in the same order), 0.0 for an empty set."""
-    result: FloatArray = _estimates(cols.registers)
-    return result

@@ -1,14 +1,14 @@
-"""Column HLL registers: decoding equals ``hll_registers``, union equals DataSketches' own."""
+"""Column HLL registers: decoding equals ``hll_registers``; checks and the store's picks."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from datasketches import hll_sketch, hll_union, tgt_hll_type
+from datasketches import hll_sketch, tgt_hll_type
 
 from streamgauge.sketches import hll_columns as hlc
-from streamgauge.sketches.hll_registers import estimate_registers, fold_registers, hll_registers
+from streamgauge.sketches.hll_registers import fold_registers, hll_registers
 
 # 0: empty; 5: LIST; 100, 300: SET; 1000 and up: HLL (at lgK 12).
 SIZES = (0, 1, 5, 100, 300, 1000, 20_000)
@@ -49,39 +49,19 @@ def test_finer_images_fold_and_coarser_coupons_place_exactly() -> None:
         hlc.from_images(pa.array([b"\x02\x01\x14\x0c\x00\x00\x00\x00"], pa.binary()), 12)
 
 
-def test_union_by_owner_equals_the_library_union_and_estimates() -> None:
-    rng = np.random.default_rng(5)
-    n_owners = 12
-    images = [_image(int(rng.choice(SIZES)), 12, seed) for seed in range(150)]
-    owner = rng.integers(0, n_owners - 1, len(images))  # the last owner gets nothing
-    union = hlc.union_by_owner(hlc.from_images(pa.array(images, pa.binary()), 12), owner,
-                               n_owners)  # fmt: skip
-    ours = hlc.estimates(union)
-    for g in range(n_owners):
-        library = hll_union(12)
-        for i in np.flatnonzero(owner == g).tolist():
-            library.update(hll_sketch.deserialize(images[i]))
-        theirs = hll_registers(bytes(library.get_result(tgt_hll_type.HLL_8).serialize_compact()))
-        np.testing.assert_array_equal(union.registers[g], theirs)
-        assert ours[g] == estimate_registers(theirs)
-    assert ours[-1] == 0.0
-    with pytest.raises(ValueError, match="owners must be in 0..1"):
-        hlc.union_by_owner(union, np.zeros(n_owners, np.int64) + 2, 2)
+def test_check_images_refuses_what_from_images_refuses() -> None:
+    good = [_image(n, lg_k, n) for n in SIZES for lg_k in (10, 12)]
+    hlc.check_images(pa.array(good, pa.binary()))
+    for bad in (b"\x02\x01\x14\x0c\x00\x00\x00\x00", b"short"):
+        with pytest.raises(ValueError):
+            hlc.check_images(pa.array([*good, bad], pa.binary()))
 
 
-def test_merge_images_into_state_equals_union_of_registers() -> None:
-    rng = np.random.default_rng(8)
-    state_images = [_image(int(n), 12, 100 + i) for i, n in enumerate([0, 5, 300, 20_000])]
-    state = hlc.from_images(pa.array(state_images, pa.binary()), 12)
-    panes = [_image(int(rng.choice(SIZES)), 12, seed) for seed in range(40)]
-    panes[3] = _image(2_000, 12, 3, tgt_hll_type.HLL_4)  # through the library's conversion
-    owner = rng.integers(0, 3, len(panes))  # the last window gets nothing
-    into = hlc.merge_images_into(state, pa.array(panes, pa.binary()), owner)
-    registers = hlc.from_images(pa.array(panes, pa.binary()), 12).registers
-    for g in range(4):
-        expected = np.maximum.reduce([state.registers[g], *registers[owner == g]])
-        np.testing.assert_array_equal(into.registers[g], expected)
-    np.testing.assert_array_equal(into.registers[3], state.registers[3])
-    assert not hlc.HllColumns.empty(2, 12).registers.any()
-    with pytest.raises(ValueError, match="owners must be in 0..3"):
-        hlc.merge_images_into(state, pa.array(panes[:1], pa.binary()), [4])
+@pytest.mark.parametrize("compact", [True, False])
+def test_packed_hll_mode_is_hll_4_and_hll_6_in_hll_mode(compact: bool) -> None:
+    images, expected = [], []
+    for n in (0, 5, 300, 20_000):  # empty, LIST, SET, HLL mode at lgK 12
+        for tgt in (tgt_hll_type.HLL_4, tgt_hll_type.HLL_6, tgt_hll_type.HLL_8):
+            images.append(_image(n, 12, n, tgt, compact))
+            expected.append(n == 20_000 and tgt != tgt_hll_type.HLL_8)
+    assert hlc.packed_hll_mode(pa.array(images, pa.binary())).tolist() == expected
