@@ -5,8 +5,9 @@
 N set series, each with ``--panes`` pane images (DataSketches HLL_8, lgK 12, ``--members``
 members a pane from 10,000, as ``bench/window_job.py`` writes them), are unioned per window,
 and each union's distinct count taken. Timed on the same images, alternated, medians of
-``--repeats``: **kernel**, ``hll_unions.union_images`` (one compiled call for every window,
-what ``window_rows.WindowBuilder.union_hll`` calls), and **per window**, one
+``--repeats``: **kernel**, ``hll_unions.union_images`` (what
+``window_rows.WindowBuilder.union_hll`` calls: a compiled call per chunk of windows, on one
+thread and on ``kernels.threads()``, the cores this process may use), and **per window**, one
 ``window_sketches.merge_hll`` and one ``distinct_count`` a window (what it did before),
 checked to give the same bytes and counts. ``same`` panes: a series' pane images are equal
 (the job bench's writer repeats one segment), ``different``: drawn afresh.
@@ -22,6 +23,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from streamgauge.sketches import kernels
 from streamgauge.sketches.hll import build_hll, serialize_hll
 from streamgauge.sketches.hll_unions import union_images
 from streamgauge.windows.window_sketches import distinct_count, merge_hll
@@ -42,7 +44,9 @@ def main() -> None:
     rng = np.random.default_rng(1)
     print(f"set unions: {args.series} set windows of {args.panes} pane images (lgK 12), "
           f"medians of {args.repeats} alternated; load average {os.getloadavg()[0]:.2f} before")
-    print(f"{'members a pane':>15} {'panes':>10} {'kernel':>10} {'per window':>11}")
+    cores = kernels.threads()
+    print(f"{'members a pane':>15} {'panes':>10} {'kernel, 1 thread':>17} "
+          f"{f'{cores} threads':>10} {'per window':>11}")
     owner = np.tile(np.arange(args.series), args.panes)
     for members in (int(m) for m in args.members.split(",")):
         for panes in ("same", "different"):
@@ -52,20 +56,24 @@ def main() -> None:
             column = pa.array(images, pa.binary())
             by_window = column.take(pa.array(np.argsort(owner, kind="stable"))).to_pylist()
             union_images(column.slice(0, 10), np.zeros(10, np.int64), 1, 12)  # numba's cache
-            timings: dict[str, list[float]] = {"kernel": [], "per window": []}
+            timings: dict[str, list[float]] = {"1 thread": [], "threads": [], "per window": []}
             for _ in range(args.repeats):
-                began = time.perf_counter()
-                unions = union_images(column, owner, args.series, 12)
-                counts = np.floor(unions.estimates + 0.5)
-                timings["kernel"].append(time.perf_counter() - began)
+                for name, count in (("1 thread", 1), ("threads", cores)):
+                    kernels.set_threads(count)
+                    began = time.perf_counter()
+                    unions = union_images(column, owner, args.series, 12)
+                    counts = np.floor(unions.estimates + 0.5)
+                    timings[name].append(time.perf_counter() - began)
+                kernels.set_threads(cores)
                 began = time.perf_counter()
                 each = [merge_hll(b"", by_window[g * args.panes:(g + 1) * args.panes], 12)
                         for g in range(args.series)]  # fmt: skip
                 each_counts = [distinct_count(blob) for blob in each]
                 timings["per window"].append(time.perf_counter() - began)
             assert unions.images.to_pylist() == each and counts.tolist() == each_counts
-            print(f"{members:>15} {panes:>10} "
-                  + " ".join(f"{statistics.median(t):>10.3f}s" for t in timings.values()))
+            print(f"{members:>15} {panes:>10} {statistics.median(timings['1 thread']):>16.3f}s "
+                  f"{statistics.median(timings['threads']):>9.3f}s "
+                  f"{statistics.median(timings['per window']):>10.3f}s")
     print(f"load average {os.getloadavg()[0]:.2f} after")
 
 

@@ -1,12 +1,14 @@
-"""DataSketches' HLL union of many windows' images in one compiled call, byte for byte.
+"""DataSketches' HLL union of many windows' images in compiled code, byte for byte.
 
 Why: a set window's sketch is the union of its panes' HLL images, and its distinct count is
 that union's estimate. With one ``hll_union`` per window in Python, 100k set series cost a
-second per close. :func:`union_images` gives, for every owner (window) at once, the bytes
-``hll_union(lg_k)`` fed that owner's images in order writes (``get_result(HLL_8)``,
-``serialize_compact()``) and the estimate DataSketches reads from them, so the stored sketch,
-its registers and ``distinct_count`` are what they were, and Spark's ``hll_sketch_estimate``
-of the stored image still rounds to the stored count.
+second per close (``docs/performance.md``, "Sets at 100k series"). :func:`union_images`
+gives, for every owner (window) at once, the bytes ``hll_union(lg_k)`` fed that owner's
+images in order writes (``get_result(HLL_8)``, ``serialize_compact()``) and the estimate
+DataSketches reads from them, in a compiled call per chunk of owners on the kernels' threads
+(``sketches/kernels.py``). So the stored sketch, its registers and ``distinct_count`` are
+what they were, and Spark's ``hll_sketch_estimate`` of the stored image still rounds to the
+stored count.
 
 The union is order-sensitive in DataSketches (its HIP estimate accumulates as coupons arrive,
 a coupon hash set's layout depends on insertion order), so this is a transcription of the
@@ -41,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from streamgauge.sketches import kernels
 from streamgauge.sketches.digest_columns import binary_parts
 from streamgauge.sketches.hll import MAX_LG_K, MIN_LG_K, estimate, serialize_hll, union_hll
 
@@ -612,10 +615,27 @@ def union_images(images: pa.Array, owner: npt.ArrayLike, n_owners: int, lg_k: in
     bounds = np.searchsorted(owners[order], np.arange(n_owners + 1), side="left")
     data = data.view()
     data.flags.writeable = False  # one array type for the kernel, whatever Arrow handed over
-    out, out_offsets, estimates, status = _union_all(
-        data, offsets[order], offsets[order + 1] - offsets[order], bounds, lg_k,
-        _COUPON_X, _COUPON_Y,
-    )  # fmt: skip
+    starts = offsets[order]
+    lengths = offsets[order + 1] - starts
+    # Owners in chunks of about equal bytes, one kernel call each on the kernels' threads.
+    read = np.concatenate([[0], np.cumsum(lengths)])[bounds]
+    chunks = kernels.chunk_bounds(read)
+    chunks = np.array([0, n_owners]) if chunks is None else chunks
+
+    def union_chunk(c: int) -> tuple[Any, ...]:
+        lo, hi = bounds[chunks[c]], bounds[chunks[c + 1]]
+        return cast(tuple[Any, ...], _union_all(
+            data, starts[lo:hi], lengths[lo:hi], bounds[chunks[c] : chunks[c + 1] + 1] - lo,
+            lg_k, _COUPON_X, _COUPON_Y,
+        ))  # fmt: skip
+
+    parts = kernels.run_chunks(union_chunk, len(chunks) - 1)
+    out = np.concatenate([part[0] for part in parts])
+    ends = np.cumsum([0] + [len(part[0]) for part in parts])
+    out_offsets = np.concatenate(
+        [[0]] + [part[1][1:] + end for part, end in zip(parts, ends[:-1], strict=True)])
+    estimates = np.concatenate([part[2] for part in parts])
+    status = np.concatenate([part[3] for part in parts])
     wide = len(out) >= 2**31  # an Arrow binary array holds at most 2 GiB
     result = pa.Array.from_buffers(
         pa.large_binary() if wide else pa.binary(), n_owners,

@@ -1,6 +1,6 @@
-"""Running the column kernels (``digest_columns``, ``hdr_columns``, ``hdr_encoding``) on
-several cores: a batch's rows split into chunks, each chunk one call of a compiled kernel on a
-thread of a small pool.
+"""Running the column kernels (``digest_columns``, ``hdr_columns``, ``hdr_encoding``,
+``hll_unions``) on several cores: a batch's rows split into chunks, each chunk one call of a
+compiled kernel on a thread of a small pool.
 
 Every kernel is compiled with ``nogil=True``, so the calls of a batch's chunks run at once on
 the pool's threads (:func:`run_chunks`). Each row is computed exactly as in one call over all

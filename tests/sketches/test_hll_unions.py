@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from datasketches import hll_sketch, hll_union, tgt_hll_type
 
+from streamgauge.sketches import kernels
 from streamgauge.sketches.hll import estimate, serialize_hll, union_hll
 from streamgauge.sketches.hll_unions import union_images
 
@@ -97,7 +98,11 @@ def library_union(images: list[bytes], lg_k: int) -> tuple[bytes, float]:
 
 @pytest.mark.parametrize("lg_k", [4, 7, 8, 11])
 @pytest.mark.parametrize("case", list(CASES))
-def test_each_owner_s_union_is_the_library_s_bytes_and_estimate(case: str, lg_k: int) -> None:
+def test_each_owner_s_union_is_the_library_s_bytes_and_estimate(
+    case: str, lg_k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # owners in chunks, as on several threads (kernels.run_chunks), at lgK 11
+    monkeypatch.setattr(kernels, "FORCE_CHUNKS", 3 if lg_k == 11 else None)
     family, per_owner = CASES[case]
     rng = np.random.default_rng(zlib.crc32(f"{case} {lg_k}".encode()))
     owners = 12
