@@ -5,9 +5,11 @@
 N set series, each with ``--panes`` pane images (DataSketches HLL_8, lgK 12, ``--members``
 members a pane from 10,000, as ``bench/window_job.py`` writes them), are unioned per window,
 and each union's distinct count taken. Timed on the same images, alternated, medians of
-``--repeats``: **kernel**, ``hll_unions.union_images`` (what
-``window_rows.WindowBuilder.union_hll`` calls: a compiled call per chunk of windows, on one
-thread and on ``kernels.threads()``, the cores this process may use), and **per window**, one
+``--repeats``, from the panes' image columns (one per pane, as the job holds them) to every
+window's image and count: **kernel**, ``hll_unions.union_rows`` (what
+``window_rows.WindowBuilder.merged`` calls: the images read where they are, a compiled call
+per chunk of windows, on one thread and on ``kernels.threads()``, the cores this process may
+use), and **per window**, the columns concatenated and listed, then one
 ``window_sketches.merge_hll`` and one ``distinct_count`` a window (what it did before),
 checked to give the same bytes and counts. ``same`` panes: a series' pane images are equal
 (the job bench's writer repeats one segment), ``different``: drawn afresh.
@@ -25,7 +27,7 @@ import pyarrow as pa
 
 from streamgauge.sketches import kernels
 from streamgauge.sketches.hll import build_hll, serialize_hll
-from streamgauge.sketches.hll_unions import union_images
+from streamgauge.sketches.hll_unions import ImageRows, union_images, union_rows
 from streamgauge.windows.window_sketches import distinct_count, merge_hll
 
 
@@ -53,19 +55,23 @@ def main() -> None:
             first = _images(rng, args.series, members)
             images = (first * args.panes if panes == "same"
                       else first + _images(rng, args.series * (args.panes - 1), members))
-            column = pa.array(images, pa.binary())
-            by_window = column.take(pa.array(np.argsort(owner, kind="stable"))).to_pylist()
-            union_images(column.slice(0, 10), np.zeros(10, np.int64), 1, 12)  # numba's cache
+            series = np.arange(args.series, dtype=np.int64)
+            panes_of = [pa.array(images[p * args.series:(p + 1) * args.series], pa.binary())
+                        for p in range(args.panes)]  # fmt: skip
+            union_images(panes_of[0].slice(0, 10), np.zeros(10, np.int64), 1, 12)  # the cache
             timings: dict[str, list[float]] = {"1 thread": [], "threads": [], "per window": []}
             for _ in range(args.repeats):
                 for name, count in (("1 thread", 1), ("threads", cores)):
                     kernels.set_threads(count)
                     began = time.perf_counter()
-                    unions = union_images(column, owner, args.series, 12)
+                    unions = union_rows([ImageRows(pane, series, series) for pane in panes_of],
+                                        args.series, 12)  # fmt: skip
                     counts = np.floor(unions.estimates + 0.5)
                     timings[name].append(time.perf_counter() - began)
                 kernels.set_threads(cores)
                 began = time.perf_counter()
+                column = pa.concat_arrays(panes_of)
+                by_window = column.take(pa.array(np.argsort(owner, kind="stable"))).to_pylist()
                 each = [merge_hll(b"", by_window[g * args.panes:(g + 1) * args.panes], 12)
                         for g in range(args.series)]  # fmt: skip
                 each_counts = [distinct_count(blob) for blob in each]

@@ -34,7 +34,7 @@ compares every path with the library's bytes and estimates.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -42,12 +42,13 @@ import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from numba.typed import List as TypedList
 
 from streamgauge.sketches import kernels
 from streamgauge.sketches.digest_columns import binary_parts
 from streamgauge.sketches.hll import MAX_LG_K, MIN_LG_K, estimate, serialize_hll, union_hll
 
-__all__ = ["HllUnions", "union_images"]
+__all__ = ["HllUnions", "ImageRows", "union_images", "union_rows"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -108,6 +109,16 @@ def _inlined(function: _F) -> _F:
     """``_jit``, inlined into its callers: a call passing arrays costs reference counting
     per array, which at a call per coupon was most of the kernel's time."""
     return cast(_F, numba.njit(cache=True, nogil=True, inline="always")(function))
+
+
+@dataclass(frozen=True)
+class ImageRows:
+    """Rows ``rows`` of the binary column ``images`` (HLL images), row ``rows[i]`` going to
+    owner ``owner[i]``."""
+
+    images: pa.Array
+    rows: IntArray
+    owner: IntArray
 
 
 @dataclass(frozen=True)
@@ -399,10 +410,11 @@ def _source_coupons(data: Any, s: Any, size: Any, lg_k: Any, source: Any, sst: A
 
 
 @_jit
-def _union_one(data: Any, starts: Any, lengths: Any, lg_k: Any, table: Any, registers: Any,
-               source: Any, st: Any, fs: Any, sst: Any, xs: Any, ys: Any) -> Any:  # fmt: skip
-    """One owner's images (``starts``/``lengths``, in order) into the gadget; False: an input
-    the kernel leaves to the library."""
+def _union_one(datas: Any, bufs: Any, starts: Any, lengths: Any, lg_k: Any, table: Any,
+               registers: Any, source: Any, st: Any, fs: Any, sst: Any, xs: Any,
+               ys: Any) -> Any:  # fmt: skip
+    """One owner's images (``datas[bufs[i]][starts[i]:][:lengths[i]]``, in order) into the
+    gadget; False: an input the kernel leaves to the library."""
     k = 1 << lg_k
     table[: st[_DIRTY]] = 0
     st[:] = 0
@@ -410,6 +422,7 @@ def _union_one(data: Any, starts: Any, lengths: Any, lg_k: Any, table: Any, regi
     st[_MODE] = _LIST
     st[_LG_ARR] = _LG_INIT_LIST
     for i in range(len(starts)):
+        data = datas[bufs[i]]
         s = starts[i]
         size = lengths[i]
         if size < 8 or data[s + 1] != 1 or data[s + 2] != 7 or np.int64(data[s + 3]) != lg_k:
@@ -478,14 +491,13 @@ def _union_one(data: Any, starts: Any, lengths: Any, lg_k: Any, table: Any, regi
 
 
 @_jit
-def _bound(data: Any, starts: Any, lengths: Any, lg_k: Any) -> Any:
+def _bound(datas: Any, bufs: Any, starts: Any, lengths: Any, lg_k: Any) -> Any:
     """Bytes enough for one owner's result: its coupons as a SET, or an HLL_8 image if they
     are enough to promote it (or an input is in HLL mode)."""
     k = 1 << lg_k
     coupons = 0
     for i in range(len(starts)):
-        s = starts[i]
-        if lengths[i] < 8 or data[s + 7] & 3 == _HLL:
+        if lengths[i] < 8 or datas[bufs[i]][starts[i] + 7] & 3 == _HLL:
             return _HLL_START + k
         coupons += (lengths[i] - _LIST_START) // 4
     promotes = coupons >= 8 if lg_k < 8 else 4 * coupons > 3 << (lg_k - 3)
@@ -554,17 +566,18 @@ def _write(out: Any, p: Any, table: Any, registers: Any, st: Any, fs: Any, lg_k:
 
 
 @_jit
-def _union_all(data: Any, starts: Any, lengths: Any, bounds: Any, lg_k: Any, xs: Any,
-               ys: Any) -> Any:  # fmt: skip
-    """Every owner's union: owner ``g``'s images are ``starts/lengths[bounds[g]:bounds[g+1]]``.
-    Returns the output bytes, n + 1 offsets into them, estimates and a status per owner."""
+def _union_all(datas: Any, bufs: Any, starts: Any, lengths: Any, bounds: Any, lg_k: Any,
+               xs: Any, ys: Any) -> Any:  # fmt: skip
+    """Every owner's union: owner ``g``'s images are those ``bounds[g]:bounds[g+1]`` of
+    ``bufs/starts/lengths`` (in the arrays of ``datas``). Returns the output bytes, n + 1
+    offsets into them, estimates and a status per owner."""
     n = len(bounds) - 1
     k = 1 << lg_k
     capacity = np.zeros(n + 1, np.int64)
     for g in range(n):
         lo, hi = bounds[g], bounds[g + 1]
-        capacity[g + 1] = capacity[g] + (_bound(data, starts[lo:hi], lengths[lo:hi], lg_k)
-                                         if hi > lo else 0)  # fmt: skip
+        capacity[g + 1] = capacity[g] + (
+            _bound(datas, bufs[lo:hi], starts[lo:hi], lengths[lo:hi], lg_k) if hi > lo else 0)
     out = np.zeros(capacity[n], np.uint8)
     offsets = np.zeros(n + 1, np.int64)
     estimates = np.full(n, np.nan)
@@ -581,8 +594,8 @@ def _union_all(data: Any, starts: Any, lengths: Any, bounds: Any, lg_k: Any, xs:
         lo, hi = bounds[g], bounds[g + 1]
         if hi == lo:
             status[g] = _NONE
-        elif not _union_one(data, starts[lo:hi], lengths[lo:hi], lg_k, table, registers,
-                            source, st, fs, sst, xs, ys):  # fmt: skip
+        elif not _union_one(datas, bufs[lo:hi], starts[lo:hi], lengths[lo:hi], lg_k, table,
+                            registers, source, st, fs, sst, xs, ys):  # fmt: skip
             status[g] = _LIBRARY
         else:
             length, est = _write(out, p, table, registers, st, fs, lg_k, xs, ys)
@@ -596,27 +609,55 @@ def _union_all(data: Any, starts: Any, lengths: Any, bounds: Any, lg_k: Any, xs:
 
 def union_images(images: pa.Array, owner: npt.ArrayLike, n_owners: int, lg_k: int) -> HllUnions:
     """Per owner ``0 .. n_owners - 1``, what ``hll_union(lg_k)`` makes of the images ``i``
-    with ``owner[i]`` equal to it, in their order here (NULL images skipped, as
-    ``window_sketches.merge_hll`` skips them): the compact image and DataSketches' estimate
-    of it. Raises ``ValueError`` as ``hll.deserialize_hll`` does for an image that is not
-    one."""
-    if not MIN_LG_K <= lg_k <= MAX_LG_K:
-        raise ValueError(f"lg_k={lg_k} is outside {MIN_LG_K}..{MAX_LG_K}")
+    with ``owner[i]`` equal to it, in their order here: :func:`union_rows` of one array."""
     if isinstance(images, pa.ChunkedArray):
         images = images.combine_chunks() if images.num_chunks != 1 else images.chunk(0)
     owners = np.asarray(owner, dtype=np.int64)
     if owners.shape != (len(images),):
         raise ValueError(f"owner has shape {owners.shape}, expected ({len(images)},)")
-    if owners.size and (owners.min() < 0 or owners.max() >= n_owners):
-        raise ValueError(f"owners must be in 0..{n_owners - 1}")
-    data, offsets, valid, _ = binary_parts(images)
-    order = np.flatnonzero(valid)
-    order = order[np.argsort(owners[order], kind="stable")]
-    bounds = np.searchsorted(owners[order], np.arange(n_owners + 1), side="left")
-    data = data.view()
-    data.flags.writeable = False  # one array type for the kernel, whatever Arrow handed over
-    starts = offsets[order]
-    lengths = offsets[order + 1] - starts
+    rows = np.arange(len(images), dtype=np.int64)
+    return union_rows([ImageRows(images, rows, owners)], n_owners, lg_k)
+
+
+def union_rows(parts: Sequence[ImageRows], n_owners: int, lg_k: int) -> HllUnions:
+    """Per owner ``0 .. n_owners - 1``, what ``hll_union(lg_k)`` makes of the images going to
+    it, in the order of ``parts`` and of their rows (NULL images skipped, as
+    ``window_sketches.merge_hll`` skips them): the compact image and DataSketches' estimate
+    of it. The images are read where they are (no copy into one array). Raises
+    ``ValueError`` as ``hll.deserialize_hll`` does for an image that is not one."""
+    if not MIN_LG_K <= lg_k <= MAX_LG_K:
+        raise ValueError(f"lg_k={lg_k} is outside {MIN_LG_K}..{MAX_LG_K}")
+    datas: Any = TypedList()
+    columns: dict[str, list[IntArray]] = {"buf": [], "row": [], "start": [], "length": [],
+                                          "owner": []}  # fmt: skip
+    for buf, part in enumerate(parts):
+        rows = np.asarray(part.rows, np.int64)
+        owners = np.asarray(part.owner, np.int64)
+        if owners.shape != rows.shape:
+            raise ValueError(f"owner has shape {owners.shape}, expected {rows.shape}")
+        if owners.size and (owners.min() < 0 or owners.max() >= n_owners):
+            raise ValueError(f"owners must be in 0..{n_owners - 1}")
+        images = part.images
+        if isinstance(images, pa.ChunkedArray):
+            images = images.combine_chunks()
+        data, offsets, valid, _ = binary_parts(images)
+        kept = valid[rows]
+        rows, owners = rows[kept], owners[kept]
+        data = data.view()
+        data.flags.writeable = False  # one array type for the kernel, whatever Arrow gave
+        datas.append(data)
+        for name, values in (("buf", np.full(rows.size, buf, np.int64)), ("row", rows),
+                             ("start", offsets[rows]),
+                             ("length", offsets[rows + 1] - offsets[rows]),
+                             ("owner", owners)):  # fmt: skip
+            columns[name].append(values)
+    if not parts or not sum(len(o) for o in columns["owner"]):
+        return HllUnions.none(n_owners)
+    owner = np.concatenate(columns["owner"])
+    order = np.argsort(owner, kind="stable")
+    bufs, rows, starts, lengths = (np.concatenate(columns[name])[order]
+                                   for name in ("buf", "row", "start", "length"))  # fmt: skip
+    bounds = np.searchsorted(owner[order], np.arange(n_owners + 1), side="left")
     # Owners in chunks of about equal bytes, one kernel call each on the kernels' threads.
     read = np.concatenate([[0], np.cumsum(lengths)])[bounds]
     chunks = kernels.chunk_bounds(read)
@@ -625,17 +666,17 @@ def union_images(images: pa.Array, owner: npt.ArrayLike, n_owners: int, lg_k: in
     def union_chunk(c: int) -> tuple[Any, ...]:
         lo, hi = bounds[chunks[c]], bounds[chunks[c + 1]]
         return cast(tuple[Any, ...], _union_all(
-            data, starts[lo:hi], lengths[lo:hi], bounds[chunks[c] : chunks[c + 1] + 1] - lo,
-            lg_k, _COUPON_X, _COUPON_Y,
+            datas, bufs[lo:hi], starts[lo:hi], lengths[lo:hi],
+            bounds[chunks[c] : chunks[c + 1] + 1] - lo, lg_k, _COUPON_X, _COUPON_Y,
         ))  # fmt: skip
 
-    parts = kernels.run_chunks(union_chunk, len(chunks) - 1)
-    out = np.concatenate([part[0] for part in parts])
-    ends = np.cumsum([0] + [len(part[0]) for part in parts])
+    parts_out = kernels.run_chunks(union_chunk, len(chunks) - 1)
+    out = np.concatenate([part[0] for part in parts_out])
+    ends = np.cumsum([0] + [len(part[0]) for part in parts_out])
     out_offsets = np.concatenate(
-        [[0]] + [part[1][1:] + end for part, end in zip(parts, ends[:-1], strict=True)])
-    estimates = np.concatenate([part[2] for part in parts])
-    status = np.concatenate([part[3] for part in parts])
+        [[0]] + [part[1][1:] + end for part, end in zip(parts_out, ends[:-1], strict=True)])
+    estimates = np.concatenate([part[2] for part in parts_out])
+    status = np.concatenate([part[3] for part in parts_out])
     wide = len(out) >= 2**31  # an Arrow binary array holds at most 2 GiB
     result = pa.Array.from_buffers(
         pa.large_binary() if wide else pa.binary(), n_owners,
@@ -646,11 +687,12 @@ def union_images(images: pa.Array, owner: npt.ArrayLike, n_owners: int, lg_k: in
     estimates = np.asarray(estimates, np.float64)
     by_library = np.flatnonzero(status == _LIBRARY)
     if by_library.size:  # their images replace the kernel's NULLs
-        made = pa.array(
-            [serialize_hll(union_hll(images.take(pa.array(order[bounds[g]:bounds[g + 1]]))
-                                     .to_pylist(), lg_k)) for g in by_library.tolist()],
-            result.type,
-        )  # fmt: skip
+        made = pa.array([
+            serialize_hll(union_hll([parts[b].images[r].as_py() for b, r in zip(
+                bufs[bounds[g]:bounds[g + 1]].tolist(), rows[bounds[g]:bounds[g + 1]].tolist(),
+                strict=True)], lg_k))
+            for g in by_library.tolist()
+        ], result.type)  # fmt: skip
         at = np.arange(n_owners)
         at[by_library] = n_owners + np.arange(by_library.size)
         result = pa.concat_arrays([result, made]).take(pa.array(at))

@@ -24,7 +24,7 @@ from streamgauge.sketches import hdr_columns as hc
 from streamgauge.sketches.accuracy import SketchParams
 from streamgauge.sketches.hdr import HdrLayout
 from streamgauge.sketches.hdr_encoding import encode_v2
-from streamgauge.sketches.hll_unions import HllUnions, union_images
+from streamgauge.sketches.hll_unions import HllUnions, ImageRows, union_rows
 from streamgauge.sketches.kernels import run_indices
 from streamgauge.sketches.quantile_kernels import QuantileColumns, QuantileKernel
 from streamgauge.windows.window_sketches import QUANTILE_COLUMNS, QUANTILES
@@ -331,8 +331,7 @@ class WindowBuilder:
         last_event = np.full(n, -(2**62), np.int64)
         at = 0
         quantile_parts, hdr_parts = [], []
-        hll_owner: list[IntArray] = []
-        hll_images: list[pa.Array] = []
+        hll_parts: list[ImageRows] = []
         for table, rows in picked:
             o = owner[at : at + len(rows)]
             at += len(rows)
@@ -351,14 +350,13 @@ class WindowBuilder:
             for held, images in zip(table.hll_rows, table.hll_images, strict=True):
                 mine = row_owner[held]
                 ok = np.flatnonzero(mine >= 0)
-                hll_owner.append(mine[ok])
-                hll_images.append(images.take(pa.array(ok, pa.int64())))
+                hll_parts.append(ImageRows(images, ok, mine[ok]))
         merged = Merged(
             owners, type_code, count, total, low, high, last, last_event,
             self._kernel.merge_by_owner(self._kernel.gather(quantile_parts), owner, n),
             hc.merge_by_owner(hc.concat(hdr_parts), owner, n),
         )  # fmt: skip
-        return merged, self.union_hll(hll_owner, hll_images, n)
+        return merged, union_rows(hll_parts, n, self._lg_k)
 
     def rows(
         self, start: int | IntArray, end: int | IntArray, merged: Merged, hll: HllUnions
@@ -402,12 +400,6 @@ class WindowBuilder:
             })  # fmt: skip
 
         return Windows(values, merged.hdr, encode)
-
-    def union_hll(self, owners: list[IntArray], images: list[pa.Array], n: int) -> HllUnions:
-        """Per owner, the union of its sets' HLL images, in order (NULL: no set image)."""
-        if not owners or not sum(len(o) for o in owners):
-            return HllUnions.none(n)
-        return union_images(pa.concat_arrays(images), np.concatenate(owners), n, self._lg_k)
 
     @staticmethod
     def _distinct_counts(hll: HllUnions) -> pa.Array:

@@ -19,7 +19,7 @@ from datasketches import hll_sketch, hll_union, tgt_hll_type
 
 from streamgauge.sketches import kernels
 from streamgauge.sketches.hll import estimate, serialize_hll, union_hll
-from streamgauge.sketches.hll_unions import union_images
+from streamgauge.sketches.hll_unions import ImageRows, union_images, union_rows
 
 Image = Callable[[np.random.Generator, int], bytes]
 
@@ -149,3 +149,22 @@ def test_bad_input_is_refused(bad: list[bytes], owner: list[int], n_owners: int,
                               message: str) -> None:  # fmt: skip
     with pytest.raises(ValueError, match=message):
         union_images(pa.array(bad, pa.binary()), owner, n_owners, 12)
+
+
+def test_rows_of_several_columns_union_in_the_order_of_parts_and_rows() -> None:
+    """``union_rows`` reads each column where it is: the same as ``union_images`` of the rows
+    taken and concatenated in order (parts, then rows within each)."""
+    rng = np.random.default_rng(11)
+    family = compact([3, 60, 900])
+    columns = [pa.array([family(rng, 12) if rng.random() < 0.9 else None for _ in range(30)],
+                        pa.binary()) for _ in range(3)]  # fmt: skip
+    parts = []
+    for column in columns:
+        rows = np.sort(rng.choice(len(column), 20, replace=False))
+        parts.append(ImageRows(column, rows, rng.integers(0, 6, rows.size)))
+    got = union_rows(parts, 6, 12)
+    taken = pa.concat_arrays([p.images.take(pa.array(p.rows)) for p in parts])
+    expected = union_images(taken, np.concatenate([p.owner for p in parts]), 6, 12)
+    assert got.images.equals(expected.images)
+    np.testing.assert_array_equal(got.estimates, expected.estimates)
+    assert union_rows([], 2, 12).images.null_count == 2
