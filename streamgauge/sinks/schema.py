@@ -1807,8 +1807,9 @@ BEGIN
     END IF;
     -- LIST (coupons after 8 bytes) or SET (after 12): uint32 little-endian coupons, 0 an
     -- updatable table's empty slot; register slot = the coupon's low lgK bits, value = its
-    -- top 6 bits. A loop of set_byte: 4x faster than a set-based hex string at 20 coupons,
-    -- 2x at 300 (at most 3/4 of 2^(lgK-3) coupons before the sketch turns to HLL mode).
+    -- top 6 bits (at most 3/4 of 2^(lgK-3) coupons before a sketch turns to HLL mode). A
+    -- loop of set_byte: faster here than one set-based statement writing the array as hex
+    -- (docs/performance.md, "Sets at 100k series").
     -- (PostgreSQL's | and << share one precedence, left to right: hence the parentheses.)
     registers := decode(repeat('00', k), 'hex');
     IF get_byte(image, 5) & 4 <> 0 THEN  -- the empty flag
