@@ -47,6 +47,7 @@ from numba.typed import List as TypedList
 from streamgauge.sketches import kernels
 from streamgauge.sketches.digest_columns import binary_parts
 from streamgauge.sketches.hll import MAX_LG_K, MIN_LG_K, estimate, serialize_hll, union_hll
+from streamgauge.sketches.kernels import jit as _jit
 
 __all__ = ["HllUnions", "ImageRows", "union_images", "union_rows"]
 
@@ -100,13 +101,8 @@ _COMPOSITE = 2  # the bytes are the kernel's; the estimate is the library's comp
 _NONE = 3  # no image: NULL
 
 
-def _jit(function: _F) -> _F:
-    """numba's ``njit``, typed for mypy (numba ships no annotations)."""
-    return cast(_F, numba.njit(cache=True, nogil=True)(function))
-
-
 def _inlined(function: _F) -> _F:
-    """``_jit``, inlined into its callers: a call passing arrays costs reference counting
+    """``kernels.jit``, inlined into its callers: a call passing arrays costs reference counting
     per array, which at a call per coupon was most of the kernel's time."""
     return cast(_F, numba.njit(cache=True, nogil=True, inline="always")(function))
 
@@ -610,13 +606,8 @@ def _union_all(datas: Any, bufs: Any, starts: Any, lengths: Any, bounds: Any, lg
 def union_images(images: pa.Array, owner: npt.ArrayLike, n_owners: int, lg_k: int) -> HllUnions:
     """Per owner ``0 .. n_owners - 1``, what ``hll_union(lg_k)`` makes of the images ``i``
     with ``owner[i]`` equal to it, in their order here: :func:`union_rows` of one array."""
-    if isinstance(images, pa.ChunkedArray):
-        images = images.combine_chunks() if images.num_chunks != 1 else images.chunk(0)
-    owners = np.asarray(owner, dtype=np.int64)
-    if owners.shape != (len(images),):
-        raise ValueError(f"owner has shape {owners.shape}, expected ({len(images)},)")
     rows = np.arange(len(images), dtype=np.int64)
-    return union_rows([ImageRows(images, rows, owners)], n_owners, lg_k)
+    return union_rows([ImageRows(images, rows, np.asarray(owner, np.int64))], n_owners, lg_k)
 
 
 def union_rows(parts: Sequence[ImageRows], n_owners: int, lg_k: int) -> HllUnions:
