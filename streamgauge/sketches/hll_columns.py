@@ -16,7 +16,7 @@ finer image is folded to ``lg_k`` (slot ``j`` takes the max of slots ``j mod 2^l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -206,21 +206,31 @@ def from_images(images: Any, lg_k: int) -> HllColumns:
     return HllColumns(registers, lg_k)
 
 
+def _by_lg_k(images: pa.Array) -> Iterator[tuple[int, npt.NDArray[np.int64], pa.Array]]:
+    """The images grouped by their own lgK: (lgK, their rows, those images). Raises
+    ``ValueError`` for an image shorter than its preamble or an lgK DataSketches does not
+    have, before anything of 2^lgK bytes is allocated."""
+    data, offsets, _, _ = binary_parts(images)
+    if np.any(np.diff(offsets) < 8):
+        raise ValueError("an HLL image shorter than its preamble")
+    lg_ks = data[offsets[:-1] + 3].astype(np.int64)
+    for lg_k in np.unique(lg_ks).tolist():
+        picked = np.flatnonzero(lg_ks == lg_k)
+        if not MIN_LG_K <= lg_k <= MAX_LG_K:
+            raise ValueError(f"{picked.size} HLL image(s) unusable: lgK {lg_k}")
+        yield lg_k, picked, images if picked.size == len(images) else images.take(
+            pa.array(picked))
+
+
 def own_registers(images: pa.Array) -> pa.ChunkedArray:
     """Each image's 2^lgK registers at its own lgK, the bytes ``hll_registers`` gives, as a
     binary column (in chunks under Arrow's 2 GiB a binary array): one :func:`from_images`
     call per lgK among the images, however many images. ``images``: valid (non-NULL) images
     only. Raises ``ValueError`` as :func:`from_images` does, without naming the image."""
-    data, offsets, _, _ = binary_parts(images)
-    if np.any(np.diff(offsets) < 8):
-        raise ValueError("an HLL image shorter than its preamble")
-    lg_ks = data[offsets[:-1] + 3].astype(np.int64)
     chunks: list[pa.Array] = []
     order: list[npt.NDArray[np.int64]] = []
-    for lg_k in np.unique(lg_ks).tolist():
-        picked = np.flatnonzero(lg_ks == lg_k)
-        subset = images if picked.size == len(images) else images.take(pa.array(picked))
-        matrix = from_images(subset, int(lg_k)).registers
+    for lg_k, picked, subset in _by_lg_k(images):
+        matrix = from_images(subset, lg_k).registers
         width = matrix.shape[1]
         per_chunk = (2**31 - 1) // width
         for first in range(0, matrix.shape[0], per_chunk):
@@ -240,15 +250,7 @@ def check_images(images: pa.Array) -> None:
     """Raises ``ValueError`` as :func:`from_images` does if an image of ``images`` (valid,
     non-NULL ones only) is not a DataSketches HLL image; each is read at its own lgK into one
     scratch row, so nothing of the size of the registers is kept."""
-    data, offsets, _, _ = binary_parts(images)
-    if np.any(np.diff(offsets) < 8):
-        raise ValueError("an HLL image shorter than its preamble")
-    lg_ks = data[offsets[:-1] + 3].astype(np.int64)
-    for lg_k in np.unique(lg_ks).tolist():
-        picked = np.flatnonzero(lg_ks == lg_k)
-        subset = images if picked.size == len(images) else images.take(pa.array(picked))
-        if not MIN_LG_K <= lg_k <= MAX_LG_K:
-            raise ValueError(f"{picked.size} HLL image(s) unusable: lgK {lg_k}")
+    for lg_k, _, subset in _by_lg_k(images):
         scratch = np.zeros((1, 1 << lg_k), np.uint8)
         _decode_into(subset, lg_k, np.zeros(len(subset), np.int64), scratch)
 
