@@ -72,7 +72,7 @@ def _write(url: str, metric_type: str, members: int) -> None:
         centroids = np.sort(rng.lognormal(3, 1, 96))
         sketch = np.stack([centroids, rng.integers(1, 30, 96).astype(float)], 1).tobytes()
         start = T0 + w * SIZE_MS
-        rows = pa.table({
+        columns = {
             "config_name": pa.array(["bench"] * series), "window_name": pa.array(["w"] * series),
             "metric": pa.array(metrics), "tags": pa.array(tags),
             "metric_type": pa.array(["ms"] * series),
@@ -89,25 +89,18 @@ def _write(url: str, metric_type: str, members: int) -> None:
             "is_final": pa.array([True] * series),
             "late_events": pa.array([0] * series, pa.int64()),
             "emitted_at_ms": pa.array([start + SIZE_MS] * series, pa.int64()),
-        })  # fmt: skip
-        if metric_type == "s":
+        }  # fmt: skip
+        if metric_type == "s":  # the same columns, a set's values (keys keep their places)
             picked = rng.integers(0, len(images), series)
-            rows = rows.set_column(
-                rows.schema.get_field_index("metric_type"), "metric_type",
-                pa.array(["s"] * series))
-            for name in ("p50", "p90", "p99", "p999"):
-                rows = rows.set_column(rows.schema.get_field_index(name), name,
-                                       pa.nulls(series, pa.float64()))
-            rows = rows.set_column(
-                rows.schema.get_field_index("distinct_count"), "distinct_count",
-                pa.array([counts_of[i] for i in picked], pa.float64()))
-            rows = rows.set_column(rows.schema.get_field_index("sketch"), "sketch",
-                                   pa.array([images[i] for i in picked], pa.binary()))
-            rows = rows.set_column(rows.schema.get_field_index("hdr_histogram"),
-                                   "hdr_histogram", pa.nulls(series, pa.string()))
-            hdr = HdrColumns(np.zeros(series + 1, np.int64), np.zeros(0, np.int32),
-                             np.zeros(0, np.int64))
-        rows = results.with_hdr_buckets(rows, hdr, layout)
+            columns |= {
+                "metric_type": pa.array(["s"] * series),
+                **{name: pa.nulls(series, pa.float64()) for name in ("p50", "p90", "p99", "p999")},
+                "distinct_count": pa.array([counts_of[i] for i in picked], pa.float64()),
+                "sketch": pa.array([images[i] for i in picked], pa.binary()),
+                "hdr_histogram": pa.nulls(series, pa.string()),
+            }
+            hdr = HdrColumns.empty(series)
+        rows = results.with_hdr_buckets(pa.table(columns), hdr, layout)
         store.commit_batch("bench.w", w, rows.slice(0, 0), [], revision=w + 1, fresh=rows)
     store.close()
 
